@@ -1,0 +1,3 @@
+"""DP causal curator service."""
+
+__version__ = "0.1.0"

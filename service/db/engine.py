@@ -1,0 +1,84 @@
+"""Engine and sessions. Routes get a session through ``SessionDep``; it commits at the edge."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import get_settings
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine. SQLite gets WAL, a busy timeout and write-locking transactions.
+
+    On SQLite every transaction starts with ``BEGIN IMMEDIATE``: it takes the database's write
+    lock up front, so a transaction that reads and then writes (the budget charge) can never
+    fail with a lock upgrade error, and charges are serialised exactly as a row lock would
+    serialise them on PostgreSQL.
+    """
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 60},
+            pool_pre_ping=True,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=60000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+@lru_cache
+def get_engine() -> Engine:
+    return make_engine(get_settings().database_url)
+
+
+@lru_cache
+def get_sessionmaker() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+def get_session() -> Iterator[Session]:
+    """Yield a session; commit if the request succeeded, roll back otherwise."""
+    session = get_sessionmaker()()
+    try:
+        yield session
+    except BaseException:
+        session.rollback()
+        raise
+    else:
+        session.commit()
+    finally:
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def reset_caches() -> None:
+    """Forget the cached engine (tests and process forks)."""
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    get_engine.cache_clear()
+    get_sessionmaker.cache_clear()

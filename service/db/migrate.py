@@ -1,0 +1,31 @@
+"""Apply Alembic migrations programmatically (start-up and tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str) -> None:
+    command.upgrade(alembic_config(url), "head")
+
+
+def at_head(engine: Engine, url: str) -> bool:
+    script = ScriptDirectory.from_config(alembic_config(url))
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_heads()
+    return set(current) == set(script.get_heads())

@@ -1,0 +1,208 @@
+"""ORM models. Tables are singular snake_case with explicit constraint names.
+
+Privacy amounts are integers in fixed units (see ``service.ledger.amounts``): exact on both
+SQLite and PostgreSQL, never floats.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Principal(Base):
+    __tablename__ = "principal"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[str] = mapped_column(String(40))
+    created_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    __table_args__ = (
+        CheckConstraint("role IN ('owner', 'analyst', 'client')", name="role_valid"),
+    )
+
+
+class Dataset(Base):
+    __tablename__ = "dataset"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("principal.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str] = mapped_column(Text, default="")
+    schema_json: Mapped[str] = mapped_column(Text)
+    schema_hash: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    n: Mapped[int] = mapped_column(Integer)
+    q: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="ready")
+    allow_paper_mode: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[str] = mapped_column(String(40))
+    rows_deleted_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+    __table_args__ = (CheckConstraint("status IN ('ready', 'deleted')", name="status_valid"),)
+
+
+class DatasetChunk(Base):
+    """The stored rows: a float64 matrix [X | A | Y] in .npy chunks. Never returned."""
+
+    __tablename__ = "dataset_chunk"
+
+    dataset_id: Mapped[str] = mapped_column(
+        ForeignKey("dataset.id", ondelete="CASCADE"), primary_key=True
+    )
+    chunk_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Budget(Base):
+    """The per-dataset global cap and what has been spent. Only ``service.ledger`` writes it."""
+
+    __tablename__ = "budget"
+
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("dataset.id"), primary_key=True)
+    is_set: Mapped[bool] = mapped_column(Boolean, default=False)
+    epsilon_total: Mapped[int] = mapped_column(BigInteger, default=0)
+    delta_total: Mapped[int] = mapped_column(BigInteger, default=0)
+    epsilon_spent: Mapped[int] = mapped_column(BigInteger, default=0)
+    delta_spent: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Number of ledger entries so far: the next entry's sequence number.
+    entries: Mapped[int] = mapped_column(Integer, default=0)
+    last_hash: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        CheckConstraint(
+            "epsilon_spent >= 0 AND delta_spent >= 0 AND epsilon_spent <= epsilon_total "
+            "AND delta_spent <= delta_total",
+            name="spent_within_total",
+        ),
+    )
+
+
+class Grant(Base):
+    """Access of a principal to a dataset, with an optional per-principal cap."""
+
+    __tablename__ = "dataset_grant"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("dataset.id"))
+    principal_id: Mapped[str] = mapped_column(ForeignKey("principal.id"))
+    epsilon_cap: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    delta_cap: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    epsilon_spent: Mapped[int] = mapped_column(BigInteger, default=0)
+    delta_spent: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[str] = mapped_column(String(40))
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "principal_id", name="uq_dataset_grant_dataset_principal"),
+        CheckConstraint(
+            "(epsilon_cap IS NULL OR epsilon_spent <= epsilon_cap) AND "
+            "(delta_cap IS NULL OR delta_spent <= delta_cap)",
+            name="spent_within_cap",
+        ),
+    )
+
+
+class LedgerEntry(Base):
+    """Append-only, hash-chained record of every budget event of a dataset."""
+
+    __tablename__ = "ledger_entry"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("dataset.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    entry_type: Mapped[str] = mapped_column(String(16))
+    principal_id: Mapped[str] = mapped_column(String(32))
+    release_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    epsilon: Mapped[int] = mapped_column(BigInteger)
+    delta: Mapped[int] = mapped_column(BigInteger)
+    epsilon_spent: Mapped[int] = mapped_column(BigInteger)
+    delta_spent: Mapped[int] = mapped_column(BigInteger)
+    epsilon_total: Mapped[int] = mapped_column(BigInteger)
+    delta_total: Mapped[int] = mapped_column(BigInteger)
+    guarantee: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    details_json: Mapped[str] = mapped_column(Text)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    created_at: Mapped[str] = mapped_column(String(40))
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    row_hash: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "seq", name="uq_ledger_entry_dataset_seq"),
+        CheckConstraint(
+            "entry_type IN ('create', 'budget', 'grant', 'charge', 'rows_deleted')",
+            name="entry_type_valid",
+        ),
+    )
+
+
+class Release(Base):
+    """A requested release: its charge, its job state and, once done, its DP result."""
+
+    __tablename__ = "release"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("dataset.id"))
+    principal_id: Mapped[str] = mapped_column(ForeignKey("principal.id"))
+    kind: Mapped[str] = mapped_column(String(32))
+    params_json: Mapped[str] = mapped_column(Text)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    stage: Mapped[str] = mapped_column(String(64), default="queued")
+    guarantee: Mapped[str] = mapped_column(String(16))
+    epsilon: Mapped[int] = mapped_column(BigInteger)
+    delta: Mapped[int] = mapped_column(BigInteger)
+    record_json: Mapped[str] = mapped_column(Text)
+    result_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[str] = mapped_column(String(40))
+    started_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    finished_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # Monotonic-clock-free padding: the result becomes visible at this wall time.
+    visible_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    ledger_seq: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        UniqueConstraint(
+            "dataset_id", "principal_id", "idempotency_key", name="uq_release_idempotency"
+        ),
+        CheckConstraint(
+            "status IN ('queued', 'running', 'done', 'failed')", name="status_valid"
+        ),
+        Index("ix_release_status", "status"),
+        Index("ix_release_dataset_hash", "dataset_id", "request_hash"),
+    )

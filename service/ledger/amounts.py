@@ -1,0 +1,72 @@
+"""Exact privacy amounts: integers in fixed units, costs rounded up, totals rounded down.
+
+ε is stored in units of 1e-12 and δ in units of 1e-18 (BIGINT on both databases). A cost is
+rounded **up** to the next unit (the ledger never records less loss than the mechanism
+incurs); a total set by an owner is rounded **down** (the cap is never looser than asked).
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+
+EPSILON_SCALE = 10**12
+DELTA_SCALE = 10**18
+MAX_EPSILON = 10**6
+MAX_UNITS = 2**62
+
+
+class InvalidAmount(ValueError):
+    """A privacy amount is NaN, infinite, negative, subnormal or too large."""
+
+
+def _check(value: float, what: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidAmount(f"{what} must be a number")
+    if not math.isfinite(value):
+        raise InvalidAmount(f"{what} must be finite")
+    if value < 0:
+        raise InvalidAmount(f"{what} must be non-negative")
+    if value != 0 and abs(value) < 2.2250738585072014e-308:
+        raise InvalidAmount(f"{what} must not be subnormal")
+    return Decimal(value)  # exact binary value of the float
+
+
+def _to_units(value: float, scale: int, rounding: str, what: str) -> int:
+    units = int((_check(value, what) * scale).to_integral_value(rounding=rounding))
+    if units > MAX_UNITS:
+        raise InvalidAmount(f"{what} is too large")
+    return units
+
+
+def epsilon_cost_units(epsilon: float) -> int:
+    return _to_units(epsilon, EPSILON_SCALE, ROUND_CEILING, "epsilon")
+
+
+def delta_cost_units(delta: float) -> int:
+    return _to_units(delta, DELTA_SCALE, ROUND_CEILING, "delta")
+
+
+def epsilon_total_units(epsilon: float) -> int:
+    return _to_units(epsilon, EPSILON_SCALE, ROUND_FLOOR, "epsilon")
+
+
+def delta_total_units(delta: float) -> int:
+    return _to_units(delta, DELTA_SCALE, ROUND_FLOOR, "delta")
+
+
+def epsilon_value(units: int) -> float:
+    return units / EPSILON_SCALE
+
+
+def delta_value(units: int) -> float:
+    return units / DELTA_SCALE
+
+
+def epsilon_str(units: int) -> str:
+    """Exact decimal text of an ε amount (for exports)."""
+    return str(Decimal(units) / EPSILON_SCALE)
+
+
+def delta_str(units: int) -> str:
+    return str(Decimal(units) / DELTA_SCALE)

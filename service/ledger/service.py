@@ -1,0 +1,420 @@
+"""THE ONLY CODE THAT CHANGES PRIVACY BUDGET.
+
+Every budget event (dataset creation, cap change, grant change, charge, row deletion) appends
+one hash-chained entry, in the caller's transaction, after an atomic conditional ``UPDATE`` of
+the dataset's budget row. That update is the charge itself: ``spent + cost <= total`` is checked
+by the database in the same statement that adds the cost, so concurrent requests can never
+overspend, and the row it locks (PostgreSQL) or the write lock (SQLite, ``BEGIN IMMEDIATE``)
+serialises the chain. Costs are never refunded.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from service.db.models import Budget, Grant, LedgerEntry
+from service.ledger import amounts
+from service.ledger.chain import HASHED_FIELDS, genesis_hash, row_hash
+from service.mechanisms.records import MechanismRecord
+from service.problems import (
+    BudgetBelowSpent,
+    BudgetExhausted,
+    BudgetNotSet,
+    NotFound,
+    PrincipalCapExceeded,
+)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class Charged:
+    seq: int
+    epsilon: int
+    delta: int
+
+
+def _append(
+    session: Session,
+    *,
+    dataset_id: str,
+    entry_type: str,
+    principal_id: str,
+    epsilon: int = 0,
+    delta: int = 0,
+    release_id: str | None = None,
+    guarantee: str | None = None,
+    details: dict[str, Any] | None = None,
+    request_hash: str | None = None,
+    idempotency_key: str | None = None,
+) -> LedgerEntry:
+    """Append one entry. The caller has already locked the budget row in this transaction."""
+    seq, prev_hash = session.execute(
+        update(Budget)
+        .where(Budget.dataset_id == dataset_id)
+        .values(entries=Budget.entries + 1)
+        .returning(Budget.entries, Budget.last_hash)
+    ).one()
+    budget = session.execute(
+        select(
+            Budget.epsilon_spent, Budget.delta_spent, Budget.epsilon_total, Budget.delta_total
+        ).where(Budget.dataset_id == dataset_id)
+    ).one()
+    fields: dict[str, Any] = {
+        "dataset_id": dataset_id,
+        "seq": seq,
+        "entry_type": entry_type,
+        "principal_id": principal_id,
+        "release_id": release_id,
+        "epsilon": epsilon,
+        "delta": delta,
+        "epsilon_spent": budget.epsilon_spent,
+        "delta_spent": budget.delta_spent,
+        "epsilon_total": budget.epsilon_total,
+        "delta_total": budget.delta_total,
+        "guarantee": guarantee,
+        "details_json": json.dumps(details or {}, sort_keys=True, separators=(",", ":")),
+        "request_hash": request_hash,
+        "idempotency_key": idempotency_key,
+        "created_at": now_iso(),
+    }
+    digest = row_hash(prev_hash, fields)
+    entry = LedgerEntry(**fields, prev_hash=prev_hash, row_hash=digest)
+    session.add(entry)
+    session.execute(
+        update(Budget).where(Budget.dataset_id == dataset_id).values(last_hash=digest)
+    )
+    session.flush()
+    return entry
+
+
+def open_ledger(session: Session, *, dataset_id: str, principal_id: str) -> None:
+    """Create the dataset's budget row (no budget yet) and the genesis entry."""
+    session.add(Budget(dataset_id=dataset_id, last_hash=genesis_hash(dataset_id)))
+    session.flush()
+    _append(session, dataset_id=dataset_id, entry_type="create", principal_id=principal_id)
+
+
+def set_budget(
+    session: Session,
+    *,
+    dataset_id: str,
+    principal_id: str,
+    epsilon_total: float,
+    delta_total: float,
+) -> None:
+    """Set the dataset's global cap. It can never drop below what is already spent."""
+    eps = amounts.epsilon_total_units(epsilon_total)
+    dlt = amounts.delta_total_units(delta_total)
+    result = session.execute(
+        update(Budget)
+        .where(
+            Budget.dataset_id == dataset_id,
+            Budget.epsilon_spent <= eps,
+            Budget.delta_spent <= dlt,
+        )
+        .values(epsilon_total=eps, delta_total=dlt, is_set=True)
+        .returning(Budget.dataset_id)
+    ).first()
+    if result is None:
+        raise BudgetBelowSpent("the new total is below the budget already spent")
+    _append(
+        session,
+        dataset_id=dataset_id,
+        entry_type="budget",
+        principal_id=principal_id,
+        details={"epsilon_total": amounts.epsilon_str(eps), "delta_total": amounts.delta_str(dlt)},
+    )
+
+
+def set_grant(
+    session: Session,
+    *,
+    dataset_id: str,
+    owner_id: str,
+    principal_id: str,
+    epsilon_cap: float | None,
+    delta_cap: float | None,
+) -> Grant:
+    """Create or change a principal's grant on a dataset (its per-principal cap included)."""
+    eps = None if epsilon_cap is None else amounts.epsilon_total_units(epsilon_cap)
+    dlt = None if delta_cap is None else amounts.delta_total_units(delta_cap)
+    # Lock the budget row first, as every ledger write does, so the chain stays serial.
+    session.execute(
+        update(Budget).where(Budget.dataset_id == dataset_id).values(entries=Budget.entries)
+    )
+    grant = session.execute(
+        select(Grant).where(Grant.dataset_id == dataset_id, Grant.principal_id == principal_id)
+    ).scalar_one_or_none()
+    if grant is None:
+        grant = Grant(
+            dataset_id=dataset_id,
+            principal_id=principal_id,
+            epsilon_cap=eps,
+            delta_cap=dlt,
+            epsilon_spent=0,
+            delta_spent=0,
+            created_at=now_iso(),
+            revoked=False,
+        )
+        session.add(grant)
+    else:
+        if (eps is not None and grant.epsilon_spent > eps) or (
+            dlt is not None and grant.delta_spent > dlt
+        ):
+            raise BudgetBelowSpent("the new cap is below what this principal already spent")
+        grant.epsilon_cap, grant.delta_cap, grant.revoked = eps, dlt, False
+    session.flush()
+    _append(
+        session,
+        dataset_id=dataset_id,
+        entry_type="grant",
+        principal_id=owner_id,
+        details={
+            "grantee": principal_id,
+            "epsilon_cap": None if eps is None else amounts.epsilon_str(eps),
+            "delta_cap": None if dlt is None else amounts.delta_str(dlt),
+            "revoked": False,
+        },
+    )
+    return grant
+
+
+def revoke_grant(
+    session: Session, *, dataset_id: str, owner_id: str, principal_id: str
+) -> None:
+    """Revoke a grant; what the principal spent stays spent."""
+    session.execute(
+        update(Budget).where(Budget.dataset_id == dataset_id).values(entries=Budget.entries)
+    )
+    done = session.execute(
+        update(Grant)
+        .where(Grant.dataset_id == dataset_id, Grant.principal_id == principal_id)
+        .values(revoked=True)
+        .returning(Grant.id)
+    ).first()
+    if done is None:
+        raise NotFound("no such grant")
+    _append(
+        session,
+        dataset_id=dataset_id,
+        entry_type="grant",
+        principal_id=owner_id,
+        details={"grantee": principal_id, "revoked": True},
+    )
+
+
+def charge(
+    session: Session,
+    *,
+    dataset_id: str,
+    principal_id: str,
+    release_id: str,
+    record: MechanismRecord,
+    request_hash: str,
+    idempotency_key: str,
+    via_grant: bool,
+) -> Charged:
+    """Charge a release's cost atomically, before any data is touched.
+
+    Raises ``BudgetExhausted`` / ``BudgetNotSet`` / ``PrincipalCapExceeded``; the caller's
+    transaction must then be rolled back (the session dependency does this).
+    """
+    eps = amounts.epsilon_cost_units(record.epsilon)
+    dlt = amounts.delta_cost_units(record.delta)
+    if eps == 0 and dlt == 0:
+        raise ValueError("a release must have a positive cost")
+    # The charge: one conditional statement, checked and applied by the database.
+    charged = session.execute(
+        update(Budget)
+        .where(
+            Budget.dataset_id == dataset_id,
+            Budget.is_set.is_(True),
+            Budget.epsilon_spent + eps <= Budget.epsilon_total,
+            Budget.delta_spent + dlt <= Budget.delta_total,
+        )
+        .values(epsilon_spent=Budget.epsilon_spent + eps, delta_spent=Budget.delta_spent + dlt)
+        .returning(Budget.epsilon_spent)
+    ).first()
+    if charged is None:
+        is_set = session.execute(
+            select(Budget.is_set).where(Budget.dataset_id == dataset_id)
+        ).scalar_one_or_none()
+        if is_set is None:
+            raise NotFound("dataset not found")
+        if not is_set:
+            raise BudgetNotSet("the dataset's owner has not set a privacy budget")
+        raise BudgetExhausted(
+            "this release would exceed the dataset's privacy budget",
+            epsilon_requested=record.epsilon,
+            delta_requested=record.delta,
+        )
+    if via_grant:
+        capped = session.execute(
+            update(Grant)
+            .where(
+                Grant.dataset_id == dataset_id,
+                Grant.principal_id == principal_id,
+                Grant.revoked.is_(False),
+                (Grant.epsilon_cap.is_(None)) | (Grant.epsilon_spent + eps <= Grant.epsilon_cap),
+                (Grant.delta_cap.is_(None)) | (Grant.delta_spent + dlt <= Grant.delta_cap),
+            )
+            .values(epsilon_spent=Grant.epsilon_spent + eps, delta_spent=Grant.delta_spent + dlt)
+            .returning(Grant.id)
+        ).first()
+        if capped is None:
+            raise PrincipalCapExceeded("this release would exceed your per-principal cap")
+    entry = _append(
+        session,
+        dataset_id=dataset_id,
+        entry_type="charge",
+        principal_id=principal_id,
+        epsilon=eps,
+        delta=dlt,
+        release_id=release_id,
+        guarantee=str(record.guarantee),
+        details=record.to_dict(),
+        request_hash=request_hash,
+        idempotency_key=idempotency_key,
+    )
+    return Charged(seq=entry.seq, epsilon=eps, delta=dlt)
+
+
+def record_rows_deleted(session: Session, *, dataset_id: str, principal_id: str) -> None:
+    session.execute(
+        update(Budget).where(Budget.dataset_id == dataset_id).values(entries=Budget.entries)
+    )
+    _append(session, dataset_id=dataset_id, entry_type="rows_deleted", principal_id=principal_id)
+
+
+def entries(session: Session, *, dataset_id: str) -> list[LedgerEntry]:
+    return list(
+        session.execute(
+            select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by(LedgerEntry.seq)
+        ).scalars()
+    )
+
+
+@dataclass(frozen=True)
+class Verification:
+    valid: bool
+    entries: int
+    head_hash: str
+    first_invalid_seq: int | None = None
+    reason: str | None = None
+
+
+def verify(session: Session, *, dataset_id: str) -> Verification:
+    """Recompute the chain and the totals from the entries; report the first inconsistency."""
+    budget = session.get(Budget, dataset_id)
+    if budget is None:
+        raise NotFound("dataset not found")
+    prev = genesis_hash(dataset_id)
+    eps_sum = dlt_sum = 0
+    rows = entries(session, dataset_id=dataset_id)
+    for expected_seq, entry in enumerate(rows, start=1):
+        fields = {k: getattr(entry, k) for k in HASHED_FIELDS}
+
+        def bad(reason: str, seq: int = expected_seq) -> Verification:
+            return Verification(False, len(rows), budget.last_hash, seq, reason)
+
+        if entry.seq != expected_seq:
+            return bad("an entry is missing or out of order")
+        if entry.prev_hash != prev or row_hash(prev, fields) != entry.row_hash:
+            return bad("hash mismatch: the entry was altered")
+        if entry.entry_type == "charge":
+            eps_sum += entry.epsilon
+            dlt_sum += entry.delta
+        if (entry.epsilon_spent, entry.delta_spent) != (eps_sum, dlt_sum):
+            return bad("running totals do not match the sum of charges")
+        if entry.epsilon_spent > entry.epsilon_total or entry.delta_spent > entry.delta_total:
+            return bad("spent exceeds total")
+        prev = entry.row_hash
+    if len(rows) != budget.entries or prev != budget.last_hash:
+        return Verification(
+            False, len(rows), budget.last_hash, len(rows) + 1, "entries were removed from the end"
+        )
+    if (budget.epsilon_spent, budget.delta_spent) != (eps_sum, dlt_sum):
+        return Verification(
+            False, len(rows), budget.last_hash, None, "budget does not match the sum of charges"
+        )
+    return Verification(True, len(rows), budget.last_hash)
+
+
+CSV_COLUMNS = (
+    "seq",
+    "entry_type",
+    "created_at",
+    "principal_id",
+    "release_id",
+    "guarantee",
+    "epsilon",
+    "delta",
+    "epsilon_spent",
+    "delta_spent",
+    "epsilon_total",
+    "delta_total",
+    "idempotency_key",
+    "request_hash",
+    "details_json",
+    "prev_hash",
+    "row_hash",
+)
+
+
+def entry_view(entry: LedgerEntry) -> dict[str, Any]:
+    """The owner's audit view of one entry, with exact decimal amounts."""
+    return {
+        "seq": entry.seq,
+        "entry_type": entry.entry_type,
+        "created_at": entry.created_at,
+        "principal_id": entry.principal_id,
+        "release_id": entry.release_id,
+        "guarantee": entry.guarantee,
+        "epsilon": amounts.epsilon_str(entry.epsilon),
+        "delta": amounts.delta_str(entry.delta),
+        "epsilon_spent": amounts.epsilon_str(entry.epsilon_spent),
+        "delta_spent": amounts.delta_str(entry.delta_spent),
+        "epsilon_total": amounts.epsilon_str(entry.epsilon_total),
+        "delta_total": amounts.delta_str(entry.delta_total),
+        "idempotency_key": entry.idempotency_key,
+        "request_hash": entry.request_hash,
+        "details_json": entry.details_json,
+        "prev_hash": entry.prev_hash,
+        "row_hash": entry.row_hash,
+    }
+
+
+def export_csv(rows: list[LedgerEntry]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for entry in rows:
+        writer.writerow(entry_view(entry))
+    return buf.getvalue()
+
+
+__all__ = [
+    "Charged",
+    "Verification",
+    "charge",
+    "entries",
+    "entry_view",
+    "export_csv",
+    "open_ledger",
+    "record_rows_deleted",
+    "revoke_grant",
+    "set_budget",
+    "set_grant",
+    "verify",
+]

@@ -1,0 +1,239 @@
+"""RFC 9457 problem details: one exception class per problem type, one handler renders them.
+
+``type`` is a stable URI listed in ``docs/problems.md``; ``title`` is fixed per type; ``detail``
+describes this occurrence and may quote the request or the public schema, never the data.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
+
+logger = logging.getLogger("service")
+
+TYPE_BASE = "https://dp-curator.dev/problems/"
+MEDIA_TYPE = "application/problem+json"
+
+
+class Problem(Exception):
+    """Base class: subclasses fix ``slug``, ``title`` and ``status``."""
+
+    slug: ClassVar[str] = "about:blank"
+    title: ClassVar[str] = "Error"
+    status: ClassVar[int] = 500
+
+    def __init__(
+        self, detail: str | None = None, *, status_code: int | None = None, **extensions: Any
+    ) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail
+        self.status_code = status_code or self.status
+        self.extensions = extensions
+
+    @classmethod
+    def type_uri(cls) -> str:
+        return TYPE_BASE + cls.slug
+
+    def body(self, instance: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": self.type_uri(),
+            "title": self.title,
+            "status": self.status_code,
+        }
+        if self.detail:
+            out["detail"] = self.detail
+        if instance:
+            out["instance"] = instance
+        out.update(self.extensions)
+        return out
+
+
+class Unauthenticated(Problem):
+    slug, title, status = "unauthenticated", "Missing or invalid API key", 401
+
+
+class Forbidden(Problem):
+    slug, title, status = "forbidden", "Your role does not allow this", 403
+
+
+class NotFound(Problem):
+    slug, title, status = "not-found", "Resource not found", 404
+
+
+class ValidationFailed(Problem):
+    slug, title, status = "validation-failed", "The request is invalid", 422
+
+
+class InvalidCsv(Problem):
+    slug, title, status = "invalid-csv", "The uploaded CSV does not match the schema", 422
+
+
+class InvalidSchema(Problem):
+    slug, title, status = "invalid-schema", "The public schema is invalid", 422
+
+
+class PayloadTooLarge(Problem):
+    slug, title, status = "payload-too-large", "The upload exceeds the configured size", 413
+
+
+class BudgetExhausted(Problem):
+    slug, title, status = "budget-exhausted", "Not enough privacy budget left", 409
+
+
+class BudgetNotSet(Problem):
+    slug, title, status = "budget-not-set", "The dataset has no privacy budget yet", 409
+
+
+class PrincipalCapExceeded(Problem):
+    slug, title, status = "principal-cap-exceeded", "Your per-principal budget cap is reached", 409
+
+
+class BudgetBelowSpent(Problem):
+    slug, title, status = "budget-below-spent", "A budget cannot be set below what is spent", 409
+
+
+class DatasetUnavailable(Problem):
+    slug, title, status = "dataset-unavailable", "The dataset's rows were deleted", 409
+
+
+class Conflict(Problem):
+    slug, title, status = "conflict", "The request conflicts with the resource's state", 409
+
+
+class IdempotencyKeyMissing(Problem):
+    slug, title, status = "idempotency-key-missing", "An Idempotency-Key header is required", 400
+
+
+class IdempotencyKeyReused(Problem):
+    slug, title, status = (
+        "idempotency-key-reused",
+        "The Idempotency-Key was used with a different request",
+        422,
+    )
+
+
+class IdempotencyKeyInFlight(Problem):
+    slug, title, status = (
+        "idempotency-key-in-flight",
+        "A request with this Idempotency-Key is still being processed",
+        409,
+    )
+
+
+class PaperModeNotEnabled(Problem):
+    slug, title, status = "paper-mode-disabled", "Paper mode is not enabled for this dataset", 403
+
+
+class UnknownKind(Problem):
+    slug, title, status = "unknown-release-kind", "Unknown release kind", 422
+
+
+class ReleaseFailedProblem(Problem):
+    slug, title, status = "release-failed", "The release failed; its charge is kept", 500
+
+
+class HttpError(Problem):
+    slug, title, status = "http-error", "HTTP error", 400
+
+
+class InternalError(Problem):
+    slug, title, status = "internal-error", "Internal server error", 500
+
+
+ALL_PROBLEMS: tuple[type[Problem], ...] = (
+    Unauthenticated,
+    Forbidden,
+    NotFound,
+    ValidationFailed,
+    InvalidCsv,
+    InvalidSchema,
+    PayloadTooLarge,
+    BudgetExhausted,
+    BudgetNotSet,
+    PrincipalCapExceeded,
+    BudgetBelowSpent,
+    DatasetUnavailable,
+    Conflict,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    IdempotencyKeyInFlight,
+    PaperModeNotEnabled,
+    UnknownKind,
+    ReleaseFailedProblem,
+    HttpError,
+    InternalError,
+)
+
+
+def problem_response(problem: Problem, instance: str | None) -> JSONResponse:
+    return JSONResponse(
+        problem.body(instance),
+        status_code=problem.status_code,
+        media_type=MEDIA_TYPE,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+def _pointer(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return "#/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def responses(*problems: type[Problem]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entry declaring the problems a route may return."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for p in problems:
+        entry = out.setdefault(p.status, {"description": "", "content": {MEDIA_TYPE: {}}})
+        entry["description"] = (entry["description"] + "; " if entry["description"] else "") + (
+            f"{p.title} ({p.type_uri()})"
+        )
+        entry["content"][MEDIA_TYPE] = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    return out
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Register the problem+json handlers on ``app``."""
+
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc, request.url.path)
+
+    @app.exception_handler(InvalidParameters)
+    async def _invalid(request: Request, exc: InvalidParameters) -> JSONResponse:
+        return problem_response(ValidationFailed(str(exc)), request.url.path)
+
+    @app.exception_handler(PaperModeDisabled)
+    async def _paper(request: Request, exc: PaperModeDisabled) -> JSONResponse:
+        return problem_response(PaperModeNotEnabled(str(exc)), request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"pointer": _pointer(tuple(e.get("loc", ()))), "detail": str(e.get("msg", ""))}
+            for e in exc.errors()
+        ]
+        return problem_response(ValidationFailed(errors=errors), request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return problem_response(NotFound(), request.url.path)
+        return problem_response(
+            HttpError(str(exc.detail), status_code=exc.status_code), request.url.path
+        )
+
+    @app.exception_handler(Exception)
+    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+        request_id = uuid.uuid4().hex
+        # The exception text may contain data; it goes to the operator log with the request id
+        # only as its type, never to the client.
+        logger.error("unhandled error %s (request %s)", type(exc).__name__, request_id)
+        return problem_response(InternalError(request_id=request_id), request.url.path)

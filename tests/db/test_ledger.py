@@ -1,0 +1,141 @@
+"""The ledger on both databases: atomic charges under concurrency, caps, tamper evidence."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from service.db.engine import make_engine
+from service.db.models import Budget, LedgerEntry
+from service.ledger import amounts
+from service.ledger import service as ledger
+from service.problems import BudgetBelowSpent, BudgetExhausted, PrincipalCapExceeded
+from tests.db.ledger_helpers import record, seed_dataset, try_charge
+
+
+def _spent(url: str, dataset: str) -> int:
+    engine = make_engine(url)
+    with Session(engine) as s:
+        b = s.get(Budget, dataset)
+        assert b is not None
+        spent = b.epsilon_spent
+        assert ledger.verify(s, dataset_id=dataset).valid
+    engine.dispose()
+    return spent
+
+
+@pytest.mark.slow
+def test_concurrent_threads_charge_exactly_k(db_url: str) -> None:
+    # Budget 1.0 admits k = 4 charges of 0.25; 16 threads race for it.
+    dataset, _, people = seed_dataset(db_url, epsilon_total=1.0, analysts=4)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(
+            pool.map(lambda i: try_charge(db_url, dataset, people[i % 4], 0.25), range(16))
+        )
+    assert sum(results) == 4
+    assert _spent(db_url, dataset) == amounts.epsilon_cost_units(0.25) * 4
+
+
+@pytest.mark.slow
+def test_concurrent_processes_charge_exactly_k(db_url: str) -> None:
+    dataset, _, people = seed_dataset(db_url, epsilon_total=0.9, analysts=2)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(6) as pool:
+        results = pool.starmap(
+            try_charge, [(db_url, dataset, people[i % 2], 0.3) for i in range(12)]
+        )
+    assert sum(results) == 3
+    assert _spent(db_url, dataset) == amounts.epsilon_cost_units(0.3) * 3
+
+
+def test_per_principal_cap_holds(db_url: str) -> None:
+    dataset, owner, people = seed_dataset(db_url, epsilon_total=10.0, analysts=2)
+    engine = make_engine(db_url)
+    with Session(engine) as s:
+        ledger.set_grant(s, dataset_id=dataset, owner_id=owner, principal_id=people[0],
+                         epsilon_cap=0.5, delta_cap=None)
+        s.commit()
+    assert try_charge(db_url, dataset, people[0], 0.25)
+    assert not try_charge(db_url, dataset, people[0], 0.3)  # 0.55 > cap 0.5
+    assert try_charge(db_url, dataset, people[0], 0.25)  # exactly at the cap (0.25 is exact)
+    assert not try_charge(db_url, dataset, people[0], 1e-9)
+    assert try_charge(db_url, dataset, people[1], 3.0)  # the other analyst is uncapped
+    with Session(engine) as s, pytest.raises(BudgetBelowSpent):
+        ledger.set_grant(s, dataset_id=dataset, owner_id=owner, principal_id=people[0],
+                         epsilon_cap=0.4, delta_cap=None)
+    engine.dispose()
+    assert _spent(db_url, dataset) == amounts.epsilon_cost_units(0.5) + amounts.epsilon_cost_units(
+        3.0
+    )
+
+
+def test_revoked_grant_cannot_charge(db_url: str) -> None:
+    dataset, owner, people = seed_dataset(db_url, epsilon_total=10.0)
+    engine = make_engine(db_url)
+    with Session(engine) as s:
+        ledger.revoke_grant(s, dataset_id=dataset, owner_id=owner, principal_id=people[0])
+        s.commit()
+    engine.dispose()
+    assert not try_charge(db_url, dataset, people[0], 0.1)
+
+
+def test_budget_cannot_drop_below_spent_and_exhaustion_is_refused(db_url: str) -> None:
+    dataset, owner, people = seed_dataset(db_url, epsilon_total=1.0)
+    assert try_charge(db_url, dataset, people[0], 0.75)
+    engine = make_engine(db_url)
+    with Session(engine) as s:
+        with pytest.raises(BudgetBelowSpent):
+            ledger.set_budget(s, dataset_id=dataset, principal_id=owner, epsilon_total=0.5,
+                              delta_total=1e-5)
+        s.rollback()
+        with pytest.raises(BudgetExhausted):
+            ledger.charge(s, dataset_id=dataset, principal_id=people[0], release_id="r",
+                          record=record(0.3), request_hash="h", idempotency_key="k",
+                          via_grant=True)
+        s.rollback()
+    engine.dispose()
+
+
+def _tamper(url: str, sql: str) -> ledger.Verification:
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(sql))
+    with Session(engine) as s:
+        dataset = s.execute(select(LedgerEntry.dataset_id).limit(1)).scalar_one()
+        v = ledger.verify(s, dataset_id=dataset)
+    engine.dispose()
+    return v
+
+
+@pytest.mark.parametrize(
+    ("sql", "bad_seq"),
+    [
+        ("UPDATE ledger_entry SET epsilon = epsilon - 1 WHERE seq = 4", 4),
+        ("UPDATE ledger_entry SET created_at = 'x' WHERE seq = 2", 2),
+        ("UPDATE ledger_entry SET details_json = '{}' WHERE seq = 5", 5),
+        ("DELETE FROM ledger_entry WHERE seq = 3", 3),
+        ("DELETE FROM ledger_entry WHERE seq = 5", 5),
+        ("UPDATE budget SET epsilon_spent = 0", None),
+    ],
+)
+def test_hash_chain_detects_tampering(db_url: str, sql: str, bad_seq: int | None) -> None:
+    dataset, _, people = seed_dataset(db_url, epsilon_total=5.0)  # entries 1-3
+    assert try_charge(db_url, dataset, people[0], 0.5)  # 4
+    assert try_charge(db_url, dataset, people[0], 0.5)  # 5
+    assert _spent(db_url, dataset) > 0
+    v = _tamper(db_url, sql)
+    assert not v.valid
+    assert v.first_invalid_seq == bad_seq
+
+
+def test_costs_round_up_and_totals_round_down() -> None:
+    assert amounts.epsilon_cost_units(0.1) == 100_000_000_001  # 0.1 is slightly above 1/10
+    assert amounts.epsilon_total_units(0.1) == 100_000_000_000
+    assert amounts.delta_cost_units(1e-5) >= 10**13
+    for bad in (float("nan"), float("inf"), -0.1, 5e-324):
+        with pytest.raises(amounts.InvalidAmount):
+            amounts.epsilon_cost_units(bad)
