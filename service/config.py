@@ -23,6 +23,10 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "CURATOR_DATABASE_URL"),
     )
     admin_key: str = DEFAULT_ADMIN_KEY
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # uvicorn worker processes; each runs its own job worker threads.
+    workers: int = 1
     max_upload_bytes: int = 512 * 1024 * 1024
     # Worker threads per server process that run release jobs.
     job_workers: int = 2

@@ -47,7 +47,9 @@ def postgres_database() -> Iterator[str]:
     base = os.environ.get("CURATOR_TEST_POSTGRES_URL", PG_DEFAULT)
     name = f"curator_test_{uuid.uuid4().hex[:10]}"
     try:
-        admin = create_engine(base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+        admin = create_engine(
+            base, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
+        )
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:

@@ -47,9 +47,7 @@ class Principal(Base):
     created_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
 
-    __table_args__ = (
-        CheckConstraint("role IN ('owner', 'analyst', 'client')", name="role_valid"),
-    )
+    __table_args__ = (CheckConstraint("role IN ('owner', 'analyst', 'client')", name="role_valid"),)
 
 
 class Dataset(Base):
@@ -200,9 +198,7 @@ class Release(Base):
         UniqueConstraint(
             "dataset_id", "principal_id", "idempotency_key", name="uq_release_idempotency"
         ),
-        CheckConstraint(
-            "status IN ('queued', 'running', 'done', 'failed')", name="status_valid"
-        ),
+        CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status_valid"),
         Index("ix_release_status", "status"),
         Index("ix_release_dataset_hash", "dataset_id", "request_hash"),
     )

@@ -29,7 +29,11 @@ def _check(value: float, what: str) -> Decimal:
         raise InvalidAmount(f"{what} must be non-negative")
     if value != 0 and abs(value) < 2.2250738585072014e-308:
         raise InvalidAmount(f"{what} must not be subnormal")
-    return Decimal(value)  # exact binary value of the float
+    # The shortest decimal that round-trips to this float: what the caller wrote (1e-05 is
+    # 0.00001, not its binary expansion 0.0000100000000000000008180305...). The difference is
+    # below 1e-21, far below one unit, and is covered by the calibrations' upward rounding
+    # of noise multipliers (to 12 significant digits).
+    return Decimal(repr(float(value)))
 
 
 def _to_units(value: float, scale: int, rounding: str, what: str) -> int:

@@ -91,9 +91,7 @@ def _append(
     digest = row_hash(prev_hash, fields)
     entry = LedgerEntry(**fields, prev_hash=prev_hash, row_hash=digest)
     session.add(entry)
-    session.execute(
-        update(Budget).where(Budget.dataset_id == dataset_id).values(last_hash=digest)
-    )
+    session.execute(update(Budget).where(Budget.dataset_id == dataset_id).values(last_hash=digest))
     session.flush()
     return entry
 
@@ -190,9 +188,7 @@ def set_grant(
     return grant
 
 
-def revoke_grant(
-    session: Session, *, dataset_id: str, owner_id: str, principal_id: str
-) -> None:
+def revoke_grant(session: Session, *, dataset_id: str, owner_id: str, principal_id: str) -> None:
     """Revoke a grant; what the principal spent stays spent."""
     session.execute(
         update(Budget).where(Budget.dataset_id == dataset_id).values(entries=Budget.entries)
@@ -300,7 +296,9 @@ def record_rows_deleted(session: Session, *, dataset_id: str, principal_id: str)
 def entries(session: Session, *, dataset_id: str) -> list[LedgerEntry]:
     return list(
         session.execute(
-            select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by(LedgerEntry.seq)
+            select(LedgerEntry)
+            .where(LedgerEntry.dataset_id == dataset_id)
+            .order_by(LedgerEntry.seq)
         ).scalars()
     )
 

@@ -27,25 +27,50 @@ def record(epsilon: float, delta: float = 0.0) -> MechanismRecord:
     )
 
 
-def seed_dataset(url: str, *, epsilon_total: float, analysts: int = 1) -> tuple[str, str, list[str]]:
+def seed_dataset(
+    url: str, *, epsilon_total: float, analysts: int = 1
+) -> tuple[str, str, list[str]]:
     engine = make_engine(url)
     dataset, owner = uuid.uuid4().hex, uuid.uuid4().hex
     people = [uuid.uuid4().hex for _ in range(analysts)]
     with Session(engine) as s:
         for pid, role in [(owner, "owner")] + [(p, "analyst") for p in people]:
-            s.add(Principal(id=pid, name=pid, role=role, key_hash=pid + pid, key_prefix="x",
-                            created_at="t"))
+            s.add(
+                Principal(
+                    id=pid, name=pid, role=role, key_hash=pid + pid, key_prefix="x", created_at="t"
+                )
+            )
         s.flush()
-        s.add(Dataset(id=dataset, owner_id=owner, name="d", description="", schema_json="{}",
-                      schema_hash="h", version=1, n=100, q=1, status="ready",
-                      allow_paper_mode=False, created_at="t"))
+        s.add(
+            Dataset(
+                id=dataset,
+                owner_id=owner,
+                name="d",
+                description="",
+                schema_json="{}",
+                schema_hash="h",
+                version=1,
+                n=100,
+                q=1,
+                status="ready",
+                allow_paper_mode=False,
+                created_at="t",
+            )
+        )
         s.flush()
         ledger.open_ledger(s, dataset_id=dataset, principal_id=owner)
-        ledger.set_budget(s, dataset_id=dataset, principal_id=owner, epsilon_total=epsilon_total,
-                          delta_total=1e-5)
+        ledger.set_budget(
+            s, dataset_id=dataset, principal_id=owner, epsilon_total=epsilon_total, delta_total=1e-5
+        )
         for p in people:
-            ledger.set_grant(s, dataset_id=dataset, owner_id=owner, principal_id=p,
-                             epsilon_cap=None, delta_cap=None)
+            ledger.set_grant(
+                s,
+                dataset_id=dataset,
+                owner_id=owner,
+                principal_id=p,
+                epsilon_cap=None,
+                delta_cap=None,
+            )
         s.commit()
     engine.dispose()
     return dataset, owner, people
@@ -57,9 +82,16 @@ def try_charge(url: str, dataset: str, principal: str, epsilon: float) -> bool:
     try:
         with Session(engine) as s:
             try:
-                ledger.charge(s, dataset_id=dataset, principal_id=principal,
-                              release_id=uuid.uuid4().hex, record=record(epsilon),
-                              request_hash="h", idempotency_key=uuid.uuid4().hex, via_grant=True)
+                ledger.charge(
+                    s,
+                    dataset_id=dataset,
+                    principal_id=principal,
+                    release_id=uuid.uuid4().hex,
+                    record=record(epsilon),
+                    request_hash="h",
+                    idempotency_key=uuid.uuid4().hex,
+                    via_grant=True,
+                )
                 s.commit()
                 return True
             except (BudgetExhausted, PrincipalCapExceeded):

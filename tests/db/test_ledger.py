@@ -13,7 +13,7 @@ from service.db.engine import make_engine
 from service.db.models import Budget, LedgerEntry
 from service.ledger import amounts
 from service.ledger import service as ledger
-from service.problems import BudgetBelowSpent, BudgetExhausted, PrincipalCapExceeded
+from service.problems import BudgetBelowSpent, BudgetExhausted
 from tests.db.ledger_helpers import record, seed_dataset, try_charge
 
 
@@ -56,8 +56,14 @@ def test_per_principal_cap_holds(db_url: str) -> None:
     dataset, owner, people = seed_dataset(db_url, epsilon_total=10.0, analysts=2)
     engine = make_engine(db_url)
     with Session(engine) as s:
-        ledger.set_grant(s, dataset_id=dataset, owner_id=owner, principal_id=people[0],
-                         epsilon_cap=0.5, delta_cap=None)
+        ledger.set_grant(
+            s,
+            dataset_id=dataset,
+            owner_id=owner,
+            principal_id=people[0],
+            epsilon_cap=0.5,
+            delta_cap=None,
+        )
         s.commit()
     assert try_charge(db_url, dataset, people[0], 0.25)
     assert not try_charge(db_url, dataset, people[0], 0.3)  # 0.55 > cap 0.5
@@ -65,8 +71,14 @@ def test_per_principal_cap_holds(db_url: str) -> None:
     assert not try_charge(db_url, dataset, people[0], 1e-9)
     assert try_charge(db_url, dataset, people[1], 3.0)  # the other analyst is uncapped
     with Session(engine) as s, pytest.raises(BudgetBelowSpent):
-        ledger.set_grant(s, dataset_id=dataset, owner_id=owner, principal_id=people[0],
-                         epsilon_cap=0.4, delta_cap=None)
+        ledger.set_grant(
+            s,
+            dataset_id=dataset,
+            owner_id=owner,
+            principal_id=people[0],
+            epsilon_cap=0.4,
+            delta_cap=None,
+        )
     engine.dispose()
     assert _spent(db_url, dataset) == amounts.epsilon_cost_units(0.5) + amounts.epsilon_cost_units(
         3.0
@@ -89,13 +101,21 @@ def test_budget_cannot_drop_below_spent_and_exhaustion_is_refused(db_url: str) -
     engine = make_engine(db_url)
     with Session(engine) as s:
         with pytest.raises(BudgetBelowSpent):
-            ledger.set_budget(s, dataset_id=dataset, principal_id=owner, epsilon_total=0.5,
-                              delta_total=1e-5)
+            ledger.set_budget(
+                s, dataset_id=dataset, principal_id=owner, epsilon_total=0.5, delta_total=1e-5
+            )
         s.rollback()
         with pytest.raises(BudgetExhausted):
-            ledger.charge(s, dataset_id=dataset, principal_id=people[0], release_id="r",
-                          record=record(0.3), request_hash="h", idempotency_key="k",
-                          via_grant=True)
+            ledger.charge(
+                s,
+                dataset_id=dataset,
+                principal_id=people[0],
+                release_id="r",
+                record=record(0.3),
+                request_hash="h",
+                idempotency_key="k",
+                via_grant=True,
+            )
         s.rollback()
     engine.dispose()
 
@@ -133,9 +153,11 @@ def test_hash_chain_detects_tampering(db_url: str, sql: str, bad_seq: int | None
 
 
 def test_costs_round_up_and_totals_round_down() -> None:
-    assert amounts.epsilon_cost_units(0.1) == 100_000_000_001  # 0.1 is slightly above 1/10
+    assert amounts.epsilon_cost_units(0.1) == 100_000_000_000  # the decimal the caller wrote
+    assert amounts.epsilon_cost_units(0.1 + 0.2) == 300_000_000_001  # 0.30000000000000004
     assert amounts.epsilon_total_units(0.1) == 100_000_000_000
-    assert amounts.delta_cost_units(1e-5) >= 10**13
+    assert amounts.delta_cost_units(1e-5) == 10**13 == amounts.delta_total_units(1e-5)
+    assert amounts.epsilon_cost_units(1e-13) == 1  # never rounded to zero
     for bad in (float("nan"), float("inf"), -0.1, 5e-324):
         with pytest.raises(amounts.InvalidAmount):
             amounts.epsilon_cost_units(bad)

@@ -60,12 +60,33 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
             self.analysts = [uuid.uuid4().hex for _ in range(3)]
             with Session(self.engine) as s:
                 for pid, role in [(self.owner, "owner")] + [(a, "analyst") for a in self.analysts]:
-                    s.add(Principal(id=pid, name=pid, role=role, key_hash=pid + pid,
-                                    key_prefix="x", created_at="t"))
+                    s.add(
+                        Principal(
+                            id=pid,
+                            name=pid,
+                            role=role,
+                            key_hash=pid + pid,
+                            key_prefix="x",
+                            created_at="t",
+                        )
+                    )
                 s.flush()
-                s.add(Dataset(id=self.dataset, owner_id=self.owner, name="d", description="",
-                              schema_json="{}", schema_hash="h", version=1, n=100, q=1,
-                              status="ready", allow_paper_mode=False, created_at="t"))
+                s.add(
+                    Dataset(
+                        id=self.dataset,
+                        owner_id=self.owner,
+                        name="d",
+                        description="",
+                        schema_json="{}",
+                        schema_hash="h",
+                        version=1,
+                        n=100,
+                        q=1,
+                        status="ready",
+                        allow_paper_mode=False,
+                        created_at="t",
+                    )
+                )
                 s.flush()
                 ledger.open_ledger(s, dataset_id=self.dataset, principal_id=self.owner)
                 s.commit()
@@ -73,23 +94,37 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
         def teardown(self) -> None:
             self.engine.dispose()
 
-        @rule(epsilon=st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0]), delta=st.sampled_from([1e-6, 1e-5]))
+        @rule(
+            epsilon=st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0]), delta=st.sampled_from([1e-6, 1e-5])
+        )
         def set_budget(self, epsilon: float, delta: float) -> None:
             with Session(self.engine) as s:
                 try:
-                    ledger.set_budget(s, dataset_id=self.dataset, principal_id=self.owner,
-                                      epsilon_total=epsilon, delta_total=delta)
+                    ledger.set_budget(
+                        s,
+                        dataset_id=self.dataset,
+                        principal_id=self.owner,
+                        epsilon_total=epsilon,
+                        delta_total=delta,
+                    )
                     s.commit()
                 except BudgetBelowSpent:
                     s.rollback()
 
-        @rule(who=st.integers(0, 2), cap=st.one_of(st.none(), st.sampled_from([0.2, 0.5, 1.0, 2.0])))
+        @rule(
+            who=st.integers(0, 2), cap=st.one_of(st.none(), st.sampled_from([0.2, 0.5, 1.0, 2.0]))
+        )
         def grant(self, who: int, cap: float | None) -> None:
             with Session(self.engine) as s:
                 try:
-                    ledger.set_grant(s, dataset_id=self.dataset, owner_id=self.owner,
-                                     principal_id=self.analysts[who], epsilon_cap=cap,
-                                     delta_cap=None)
+                    ledger.set_grant(
+                        s,
+                        dataset_id=self.dataset,
+                        owner_id=self.owner,
+                        principal_id=self.analysts[who],
+                        epsilon_cap=cap,
+                        delta_cap=None,
+                    )
                     s.commit()
                 except BudgetBelowSpent:
                     s.rollback()
@@ -98,8 +133,12 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
         def revoke(self, who: int) -> None:
             with Session(self.engine) as s:
                 try:
-                    ledger.revoke_grant(s, dataset_id=self.dataset, owner_id=self.owner,
-                                        principal_id=self.analysts[who])
+                    ledger.revoke_grant(
+                        s,
+                        dataset_id=self.dataset,
+                        owner_id=self.owner,
+                        principal_id=self.analysts[who],
+                    )
                     s.commit()
                 except Exception:
                     s.rollback()
@@ -108,10 +147,16 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
         def charge(self, who: int, epsilon: float, delta: float) -> None:
             with Session(self.engine) as s:
                 try:
-                    ledger.charge(s, dataset_id=self.dataset, principal_id=self.analysts[who],
-                                  release_id=uuid.uuid4().hex, record=_record(epsilon, delta),
-                                  request_hash="h", idempotency_key=uuid.uuid4().hex,
-                                  via_grant=True)
+                    ledger.charge(
+                        s,
+                        dataset_id=self.dataset,
+                        principal_id=self.analysts[who],
+                        release_id=uuid.uuid4().hex,
+                        record=_record(epsilon, delta),
+                        request_hash="h",
+                        idempotency_key=uuid.uuid4().hex,
+                        via_grant=True,
+                    )
                     s.commit()
                 except (BudgetExhausted, BudgetNotSet, PrincipalCapExceeded):
                     s.rollback()
@@ -123,12 +168,15 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
             with Session(self.engine) as s:
                 b = s.get(Budget, self.dataset)
                 assert b is not None
-                assert b.epsilon_spent <= b.epsilon_total and b.delta_spent <= b.delta_total
+                assert b.epsilon_spent <= b.epsilon_total
+                assert b.delta_spent <= b.delta_total
                 eps_sum, dlt_sum = s.execute(
-                    select(func.coalesce(func.sum(LedgerEntry.epsilon), 0),
-                           func.coalesce(func.sum(LedgerEntry.delta), 0))
-                    .where(LedgerEntry.dataset_id == self.dataset,
-                           LedgerEntry.entry_type == "charge")
+                    select(
+                        func.coalesce(func.sum(LedgerEntry.epsilon), 0),
+                        func.coalesce(func.sum(LedgerEntry.delta), 0),
+                    ).where(
+                        LedgerEntry.dataset_id == self.dataset, LedgerEntry.entry_type == "charge"
+                    )
                 ).one()
                 assert (int(eps_sum), int(dlt_sum)) == (b.epsilon_spent, b.delta_spent)
                 for g in s.execute(select(Grant)).scalars():

@@ -1,0 +1,88 @@
+"""Principals and API keys. Keys are random, shown once, stored as SHA-256 digests."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated
+
+from fastapi import Depends, Header
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.config import get_settings
+from service.db.engine import SessionDep
+from service.db.models import Principal
+from service.ledger.service import now_iso
+from service.problems import Forbidden, Unauthenticated
+
+KEY_PREFIX = "dpc_"
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    OWNER = "owner"
+    ANALYST = "analyst"
+    CLIENT = "client"
+
+
+@dataclass(frozen=True)
+class Caller:
+    id: str
+    role: Role
+    name: str
+
+
+ADMIN = Caller(id="admin", role=Role.ADMIN, name="admin")
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_principal(
+    session: Session, *, name: str, role: Role, created_by: str
+) -> tuple[Principal, str]:
+    """Create a principal; return it with its API key (the only time the key is visible)."""
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    principal = Principal(
+        id=uuid.uuid4().hex,
+        name=name,
+        role=str(role),
+        key_hash=hash_key(key),
+        key_prefix=key[:10],
+        created_at=now_iso(),
+        created_by=created_by,
+    )
+    session.add(principal)
+    session.flush()
+    return principal, key
+
+
+def authenticate(
+    session: SessionDep, authorization: Annotated[str | None, Header()] = None
+) -> Caller:
+    """Resolve ``Authorization: Bearer <key>`` to a caller."""
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise Unauthenticated("send 'Authorization: Bearer <api key>'")
+    key = authorization[7:].strip()
+    if hmac.compare_digest(key.encode(), get_settings().admin_key.encode()):
+        return ADMIN
+    principal = session.execute(
+        select(Principal).where(Principal.key_hash == hash_key(key))
+    ).scalar_one_or_none()
+    if principal is None or principal.disabled:
+        raise Unauthenticated("the API key is not valid")
+    return Caller(id=principal.id, role=Role(principal.role), name=principal.name)
+
+
+CurrentCaller = Annotated[Caller, Depends(authenticate)]
+
+
+def require(caller: Caller, *roles: Role) -> None:
+    if caller.role not in roles:
+        raise Forbidden(f"this action needs one of the roles: {', '.join(map(str, roles))}")

@@ -1,0 +1,223 @@
+"""CSV ingest: parse, check against the public schema, apply the declared policies.
+
+Returns the float64 matrix ``[X | A | Y]`` and an owner-only report. Error messages name the
+column and the row (the owner holds the file) but never quote a value.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from numpy.typing import NDArray
+
+from service.datasets.schemas import (
+    IngestReport,
+    MissingPolicy,
+    OutOfBoundsPolicy,
+    PublicSchema,
+)
+
+
+class CsvError(ValueError):
+    """The file does not match the schema. ``pointer`` names the place, never a value."""
+
+    def __init__(self, detail: str, pointer: str | None = None) -> None:
+        super().__init__(detail)
+        self.pointer = pointer
+
+
+@dataclass(frozen=True)
+class Ingested:
+    matrix: NDArray[np.float64]  # (n, q + 2): covariates, treatment, outcome
+    report: IngestReport
+
+
+_ROW_RE = re.compile(r"Row #(\d+)")
+_COL_RE = re.compile(r"column #(\d+)")
+
+
+def _header(path: Path) -> list[str]:
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        try:
+            row = next(csv.reader(f))
+        except StopIteration:
+            raise CsvError("the file is empty") from None
+        except (csv.Error, UnicodeDecodeError):
+            raise CsvError("the header line cannot be parsed as UTF-8 CSV") from None
+    return [c.strip() for c in row]
+
+
+def _last_line_complete(path: Path, width: int) -> bool:
+    """A file cut mid-row ends with a short last line; a ragged row is caught by the parser."""
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - 65536))
+        tail = f.read().rstrip(b"\r\n")
+    last = tail.rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
+    try:
+        fields = next(csv.reader([last]))
+    except (StopIteration, csv.Error):
+        return False
+    return len(fields) == width
+
+
+def ingest(path: Path, schema: PublicSchema) -> Ingested:
+    header = _header(path)
+    dupes = sorted({c for c in header if header.count(c) > 1})
+    if dupes:
+        raise CsvError(f"duplicated column(s): {', '.join(dupes)}", "#/header")
+    if any(c == "" for c in header):
+        raise CsvError("a column has an empty name", "#/header")
+    wanted = [c.name for c in schema.covariates] + [schema.treatment.name, schema.outcome.name]
+    missing = [c for c in wanted if c not in header]
+    if missing:
+        raise CsvError(f"missing column(s): {', '.join(missing)}", "#/header")
+    extra = [c for c in header if c not in wanted and c not in schema.drop_columns]
+    if extra:
+        raise CsvError(
+            f"column(s) not in the schema: {', '.join(extra)} (declare them in drop_columns)",
+            "#/header",
+        )
+    if not _last_line_complete(path, len(header)):
+        raise CsvError("the last line has the wrong number of fields: the file looks truncated")
+
+    try:
+        table = pacsv.read_csv(
+            path,
+            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=1 << 24),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types={c: pa.float64() for c in wanted},
+                include_columns=wanted,
+                strings_can_be_null=True,
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError) as exc:
+        text = str(exc)
+        row = _ROW_RE.search(text)
+        col = _COL_RE.search(text)
+        where = []
+        if col:
+            idx = int(col.group(1))
+            where.append(f"column '{header[idx]}'" if idx < len(header) else "a column")
+        if row:
+            where.append(f"data row {int(row.group(1))}")
+        if "conversion error" in text.lower():
+            what = "a value that is not a number"
+        elif "expected" in text.lower() and "columns" in text.lower():
+            what = "a row with the wrong number of fields"
+        else:
+            what = "malformed CSV"
+        raise CsvError(f"{what}" + (f" ({', '.join(where)})" if where else "")) from None
+
+    rows_received = table.num_rows
+    if rows_received == 0:
+        raise CsvError("the file has no data rows")
+    matrix = np.empty((rows_received, len(wanted)), dtype=np.float64)
+    for j, name in enumerate(wanted):
+        matrix[:, j] = table.column(name).to_numpy(zero_copy_only=False)
+    del table
+    return _apply_policies(matrix, schema, wanted, rows_received)
+
+
+def _apply_policies(
+    matrix: NDArray[np.float64], schema: PublicSchema, names: list[str], rows_received: int
+) -> Ingested:
+    q = len(schema.covariates)
+    t_col, _y_col = q, q + 1
+    keep = np.ones(matrix.shape[0], dtype=bool)
+    imputed: dict[str, int] = {}
+    clipped: dict[str, int] = {}
+
+    # Categorical values outside the declared codes count as missing.
+    for j, cov in enumerate(schema.covariates):
+        if cov.type == "categorical":
+            assert cov.codes is not None
+            col = matrix[:, j]
+            bad = ~np.isin(col, np.asarray(cov.codes, dtype=np.float64)) & np.isfinite(col)
+            col[bad] = np.nan
+
+    # Missing values (NaN, empty, ±inf).
+    missing = ~np.isfinite(matrix)
+    if missing[:, t_col].any() and schema.missing != MissingPolicy.REJECT_ROW:
+        first = int(np.argmax(missing[:, t_col])) + 1
+        raise CsvError(
+            f"the treatment column '{names[t_col]}' has a missing value (data row {first}); "
+            "treatment cannot be imputed",
+            f"#/rows/{first}/{names[t_col]}",
+        )
+    if missing.any():
+        if schema.missing == MissingPolicy.REJECT_UPLOAD:
+            r, c = np.argwhere(missing)[0]
+            raise CsvError(
+                f"missing or non-finite value in column '{names[c]}' (data row {int(r) + 1}); "
+                "the schema's missing policy is reject_upload",
+                f"#/rows/{int(r) + 1}/{names[c]}",
+            )
+        if schema.missing == MissingPolicy.REJECT_ROW:
+            keep &= ~missing.any(axis=1)
+        else:
+            fills = [c.impute for c in schema.covariates] + [np.nan, schema.outcome.impute]
+            for j, name in enumerate(names):
+                hole = missing[:, j]
+                if hole.any() and j != t_col:
+                    fill = fills[j]
+                    assert fill is not None
+                    matrix[hole, j] = fill
+                    imputed[name] = int(hole.sum())
+
+    # Treatment must be binary.
+    t = matrix[keep, t_col]
+    if not np.isin(t, (0.0, 1.0)).all():
+        rows = np.flatnonzero(keep)
+        first = int(rows[np.argmax(~np.isin(t, (0.0, 1.0)))]) + 1
+        raise CsvError(
+            f"the treatment column '{names[t_col]}' must be 0 or 1 (data row {first})",
+            f"#/rows/{first}/{names[t_col]}",
+        )
+
+    # Bounds.
+    bounds = [c.bounds for c in schema.covariates] + [
+        (0.0, 1.0),
+        (schema.outcome.lower, schema.outcome.upper),
+    ]
+    for j, (lo, hi) in enumerate(bounds):
+        if j == t_col:
+            continue
+        col = matrix[:, j]
+        out = keep & ((col < lo) | (col > hi))
+        if not out.any():
+            continue
+        if schema.out_of_bounds == OutOfBoundsPolicy.REJECT_UPLOAD:
+            first = int(np.argmax(out)) + 1
+            raise CsvError(
+                f"value outside the declared bounds in column '{names[j]}' (data row {first}); "
+                "the schema's out_of_bounds policy is reject_upload",
+                f"#/rows/{first}/{names[j]}",
+            )
+        if schema.out_of_bounds == OutOfBoundsPolicy.REJECT_ROW:
+            keep &= ~out
+        else:
+            np.clip(col, lo, hi, out=col)
+            clipped[names[j]] = int(out.sum())
+
+    if not keep.all():
+        matrix = matrix[keep]
+    n = int(matrix.shape[0])
+    if n < 2:
+        raise CsvError("fewer than two rows remain after the schema's policies")
+    report = IngestReport(
+        rows_received=rows_received,
+        n=n,
+        rows_rejected=rows_received - n,
+        cells_clipped=clipped,
+        cells_imputed=imputed,
+    )
+    return Ingested(matrix=np.ascontiguousarray(matrix), report=report)

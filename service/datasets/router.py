@@ -1,0 +1,251 @@
+"""HTTP routes of datasets, their budget, grants and ledger. Thin: validate, call services."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import PlainTextResponse
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from service.auth.service import CurrentCaller, Role, require
+from service.datasets import service
+from service.datasets.ingest import CsvError
+from service.datasets.schemas import (
+    BudgetRead,
+    BudgetUpdate,
+    DatasetCreated,
+    DatasetRead,
+    DatasetUpdate,
+    GrantRead,
+    GrantUpdate,
+    PublicSchema,
+    VerificationRead,
+)
+from service.db.engine import SessionDep
+from service.db.models import Grant, Principal
+from service.ledger import service as ledger
+from service.problems import (
+    BudgetBelowSpent,
+    DatasetUnavailable,
+    Forbidden,
+    InvalidCsv,
+    InvalidSchema,
+    NotFound,
+    PayloadTooLarge,
+    Unauthenticated,
+    ValidationFailed,
+    responses,
+)
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+
+AUTH = (Unauthenticated, Forbidden, NotFound)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetCreated,
+    responses=responses(*AUTH, InvalidCsv, InvalidSchema, PayloadTooLarge, ValidationFailed),
+    summary="Upload a dataset (CSV) with its public schema",
+)
+def create_dataset(
+    session: SessionDep,
+    caller: CurrentCaller,
+    name: Annotated[str, Form(min_length=1, max_length=200)],
+    schema_text: Annotated[str, Form(alias="schema", description="The public schema, as JSON")],
+    file: Annotated[UploadFile, File(description="The rows, as CSV with a header line")],
+    description: Annotated[str, Form(max_length=10_000)] = "",
+    allow_paper_mode: Annotated[bool, Form()] = False,
+) -> DatasetCreated:
+    require(caller, Role.OWNER)
+    try:
+        public = PublicSchema.model_validate_json(schema_text)
+    except ValidationError as exc:
+        errors = [
+            {
+                "pointer": "#/schema/" + "/".join(str(p) for p in e["loc"]),
+                "detail": e["msg"],
+            }
+            for e in exc.errors()
+        ]
+        raise InvalidSchema(errors=errors) from None
+    except json.JSONDecodeError:
+        raise InvalidSchema("the schema is not valid JSON") from None
+    with tempfile.TemporaryDirectory(prefix="curator-upload-") as tmp:
+        path = Path(tmp) / "rows.csv"
+        with path.open("wb") as out:
+            shutil.copyfileobj(file.file, out, length=1 << 20)
+        try:
+            created = service.create(
+                session,
+                owner=caller,
+                name=name,
+                description=description,
+                schema=public,
+                csv_path=path,
+                allow_paper_mode=allow_paper_mode,
+            )
+        except CsvError as exc:
+            errors = [{"pointer": exc.pointer, "detail": str(exc)}] if exc.pointer else []
+            raise InvalidCsv(str(exc), errors=errors) if errors else InvalidCsv(str(exc)) from None
+    session.commit()
+    return created
+
+
+@router.get("", response_model=list[DatasetRead], responses=responses(Unauthenticated))
+def list_datasets(session: SessionDep, caller: CurrentCaller) -> list[DatasetRead]:
+    return [service.describe(session, d) for d in service.visible(session, caller=caller)]
+
+
+@router.get("/{dataset_id}", response_model=DatasetRead, responses=responses(*AUTH))
+def get_dataset(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> DatasetRead:
+    return service.describe(
+        session, service.readable(session, caller=caller, dataset_id=dataset_id)
+    )
+
+
+@router.patch("/{dataset_id}", response_model=DatasetRead, responses=responses(*AUTH))
+def update_dataset(
+    session: SessionDep, caller: CurrentCaller, dataset_id: str, body: DatasetUpdate
+) -> DatasetRead:
+    dataset = service.owned(session, caller=caller, dataset_id=dataset_id)
+    if body.description is not None:
+        dataset.description = body.description
+    if body.allow_paper_mode is not None:
+        dataset.allow_paper_mode = body.allow_paper_mode
+    session.commit()
+    return service.describe(session, dataset)
+
+
+@router.delete(
+    "/{dataset_id}/rows",
+    status_code=204,
+    responses=responses(*AUTH, DatasetUnavailable),
+    summary="Delete the stored rows; the dataset's ledger and releases stay",
+)
+def delete_rows(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> None:
+    dataset = service.owned(session, caller=caller, dataset_id=dataset_id)
+    service.delete_rows(session, caller=caller, dataset=dataset)
+    session.commit()
+
+
+@router.get("/{dataset_id}/budget", response_model=BudgetRead, responses=responses(*AUTH))
+def get_budget(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> BudgetRead:
+    service.readable(session, caller=caller, dataset_id=dataset_id)
+    return service.budget_view(session, dataset_id)
+
+
+@router.put(
+    "/{dataset_id}/budget",
+    response_model=BudgetRead,
+    responses=responses(*AUTH, BudgetBelowSpent, ValidationFailed),
+)
+def set_budget(
+    session: SessionDep, caller: CurrentCaller, dataset_id: str, body: BudgetUpdate
+) -> BudgetRead:
+    service.owned(session, caller=caller, dataset_id=dataset_id)
+    ledger.set_budget(
+        session,
+        dataset_id=dataset_id,
+        principal_id=caller.id,
+        epsilon_total=body.epsilon_total,
+        delta_total=body.delta_total,
+    )
+    session.commit()
+    return service.budget_view(session, dataset_id)
+
+
+@router.get("/{dataset_id}/grants", response_model=list[GrantRead], responses=responses(*AUTH))
+def list_grants(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> list[GrantRead]:
+    service.owned(session, caller=caller, dataset_id=dataset_id)
+    grants = session.execute(
+        select(Grant).where(Grant.dataset_id == dataset_id).order_by(Grant.id)
+    ).scalars()
+    return [service.grant_view(g) for g in grants]
+
+
+@router.put(
+    "/{dataset_id}/grants/{principal_id}",
+    response_model=GrantRead,
+    responses=responses(*AUTH, BudgetBelowSpent, ValidationFailed),
+    summary="Grant an analyst or client access, optionally with a per-principal cap",
+)
+def put_grant(
+    session: SessionDep,
+    caller: CurrentCaller,
+    dataset_id: str,
+    principal_id: str,
+    body: GrantUpdate,
+) -> GrantRead:
+    service.owned(session, caller=caller, dataset_id=dataset_id)
+    grantee = session.get(Principal, principal_id)
+    if grantee is None or grantee.role not in (Role.ANALYST, Role.CLIENT):
+        raise ValidationFailed("grants go to an existing analyst or client principal")
+    grant = ledger.set_grant(
+        session,
+        dataset_id=dataset_id,
+        owner_id=caller.id,
+        principal_id=principal_id,
+        epsilon_cap=body.epsilon_cap,
+        delta_cap=body.delta_cap,
+    )
+    session.commit()
+    return service.grant_view(grant)
+
+
+@router.delete("/{dataset_id}/grants/{principal_id}", status_code=204, responses=responses(*AUTH))
+def revoke_grant(
+    session: SessionDep, caller: CurrentCaller, dataset_id: str, principal_id: str
+) -> None:
+    service.owned(session, caller=caller, dataset_id=dataset_id)
+    ledger.revoke_grant(
+        session, dataset_id=dataset_id, owner_id=caller.id, principal_id=principal_id
+    )
+    session.commit()
+
+
+@router.get(
+    "/{dataset_id}/ledger",
+    responses={
+        **responses(*AUTH),
+        200: {"content": {"application/json": {}, "text/csv": {}}, "description": "Entries"},
+    },
+    summary="The dataset's ledger (owner's audit view), as JSON or CSV",
+)
+def get_ledger(
+    session: SessionDep,
+    caller: CurrentCaller,
+    dataset_id: str,
+    format: Annotated[Literal["json", "csv"], Query()] = "json",
+) -> object:
+    service.owned(session, caller=caller, dataset_id=dataset_id)
+    rows = ledger.entries(session, dataset_id=dataset_id)
+    if format == "csv":
+        return PlainTextResponse(
+            ledger.export_csv(rows),
+            media_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="ledger-{dataset_id}.csv"'},
+        )
+    return {"dataset_id": dataset_id, "entries": [ledger.entry_view(e) for e in rows]}
+
+
+@router.get(
+    "/{dataset_id}/ledger/verify", response_model=VerificationRead, responses=responses(*AUTH)
+)
+def verify_ledger(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> VerificationRead:
+    service.owned(session, caller=caller, dataset_id=dataset_id)
+    v = ledger.verify(session, dataset_id=dataset_id)
+    return VerificationRead(
+        valid=v.valid,
+        entries=v.entries,
+        head_hash=v.head_hash,
+        first_invalid_seq=v.first_invalid_seq,
+        reason=v.reason,
+    )

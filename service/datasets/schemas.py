@@ -1,0 +1,221 @@
+"""Request and response models of the datasets resource, the public schema included."""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_PATTERN = r"^[^\x00-\x1f]{1,200}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OutOfBoundsPolicy(StrEnum):
+    CLIP = "clip"
+    REJECT_ROW = "reject_row"
+    REJECT_UPLOAD = "reject_upload"
+
+
+class MissingPolicy(StrEnum):
+    IMPUTE = "impute"
+    REJECT_ROW = "reject_row"
+    REJECT_UPLOAD = "reject_upload"
+
+
+def _finite(value: float | None, what: str) -> None:
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"{what} must be finite")
+
+
+class Covariate(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    type: Literal["numeric", "categorical"] = "numeric"
+    lower: float | None = None
+    upper: float | None = None
+    codes: list[int] | None = Field(default=None, min_length=2, max_length=1000)
+    impute: float | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.type == "numeric":
+            if self.lower is None or self.upper is None:
+                raise ValueError(f"numeric covariate '{self.name}' needs lower and upper bounds")
+            if self.codes is not None:
+                raise ValueError(f"numeric covariate '{self.name}' cannot have codes")
+        else:
+            if not self.codes:
+                raise ValueError(f"categorical covariate '{self.name}' needs its codes")
+            if len(set(self.codes)) != len(self.codes):
+                raise ValueError(f"categorical covariate '{self.name}' lists a code twice")
+            if self.lower is not None or self.upper is not None:
+                raise ValueError(f"categorical covariate '{self.name}' takes codes, not bounds")
+        _finite(self.lower, "lower")
+        _finite(self.upper, "upper")
+        _finite(self.impute, "impute")
+        if self.type == "numeric":
+            assert self.lower is not None
+            assert self.upper is not None
+            if not self.lower < self.upper:
+                raise ValueError(f"covariate '{self.name}': lower must be below upper")
+            if self.impute is not None and not self.lower <= self.impute <= self.upper:
+                raise ValueError(f"covariate '{self.name}': impute lies outside its bounds")
+        elif self.impute is not None and self.codes and int(self.impute) not in self.codes:
+            raise ValueError(f"covariate '{self.name}': impute is not one of its codes")
+        return self
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        if self.type == "categorical":
+            assert self.codes
+            return float(min(self.codes)), float(max(self.codes))
+        assert self.lower is not None
+        assert self.upper is not None
+        return self.lower, self.upper
+
+
+class Treatment(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+
+
+class Outcome(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    lower: float
+    upper: float
+    impute: float | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        _finite(self.lower, "lower")
+        _finite(self.upper, "upper")
+        _finite(self.impute, "impute")
+        if not self.lower < self.upper:
+            raise ValueError("outcome: lower must be below upper")
+        if self.impute is not None and not self.lower <= self.impute <= self.upper:
+            raise ValueError("outcome: impute lies outside its bounds")
+        return self
+
+
+class PublicSchema(Strict):
+    """Declared by the owner; public; never derived from the data."""
+
+    covariates: list[Covariate] = Field(min_length=1, max_length=500)
+    treatment: Treatment
+    outcome: Outcome
+    drop_columns: list[str] = Field(default_factory=list, max_length=1000)
+    out_of_bounds: OutOfBoundsPolicy = OutOfBoundsPolicy.CLIP
+    missing: MissingPolicy = MissingPolicy.REJECT_UPLOAD
+    design: Literal["observational", "rct"] = "observational"
+    treatment_probability: float | None = Field(default=None, gt=0, lt=1)
+    min_propensity_clip: float = Field(default=0.01, gt=0, le=0.5)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        names = [c.name for c in self.covariates] + [self.treatment.name, self.outcome.name]
+        names += self.drop_columns
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ValueError(f"column '{name}' is named twice in the schema")
+            seen.add(name)
+        if self.design == "rct" and self.treatment_probability is None:
+            raise ValueError("an RCT schema must declare treatment_probability")
+        if self.design == "observational" and self.treatment_probability is not None:
+            raise ValueError("treatment_probability is only declared for an RCT")
+        if self.missing == MissingPolicy.IMPUTE:
+            lacking = [c.name for c in self.covariates if c.impute is None]
+            if self.outcome.impute is None:
+                lacking.append(self.outcome.name)
+            if lacking:
+                raise ValueError(
+                    "missing='impute' needs an impute value for: " + ", ".join(lacking)
+                )
+        return self
+
+
+class IngestReport(BaseModel):
+    """Shown once, to the uploading owner only; never stored, logged or shown to others."""
+
+    rows_received: int
+    n: int
+    rows_rejected: int
+    cells_clipped: dict[str, int]
+    cells_imputed: dict[str, int]
+
+
+class BudgetRead(BaseModel):
+    is_set: bool
+    epsilon_total: float
+    delta_total: float
+    epsilon_spent: float
+    delta_spent: float
+    epsilon_remaining: float
+    delta_remaining: float
+    epsilon_spent_paper: float = Field(
+        description="Part of epsilon_spent charged by paper-mode (heuristic) releases."
+    )
+
+
+class DatasetRead(BaseModel):
+    id: str
+    name: str
+    description: str
+    owner_id: str
+    version: int
+    n: int
+    status: str
+    allow_paper_mode: bool
+    created_at: str
+    schema_: PublicSchema = Field(alias="schema", serialization_alias="schema")
+    schema_hash: str
+    budget: BudgetRead
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class DatasetCreated(DatasetRead):
+    ingest_report: IngestReport
+
+
+class DatasetUpdate(Strict):
+    description: str | None = Field(default=None, max_length=10_000)
+    allow_paper_mode: bool | None = None
+
+
+class BudgetUpdate(Strict):
+    epsilon_total: float = Field(gt=0, le=1e6)
+    delta_total: float = Field(ge=0, lt=1)
+
+    @field_validator("epsilon_total", "delta_total")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be finite")
+        return v
+
+
+class GrantUpdate(Strict):
+    epsilon_cap: float | None = Field(default=None, gt=0, le=1e6)
+    delta_cap: float | None = Field(default=None, ge=0, lt=1)
+
+
+class GrantRead(BaseModel):
+    principal_id: str
+    epsilon_cap: float | None
+    delta_cap: float | None
+    epsilon_spent: float
+    delta_spent: float
+    revoked: bool
+    created_at: str
+
+
+class VerificationRead(BaseModel):
+    valid: bool
+    entries: int
+    head_hash: str
+    first_invalid_seq: int | None
+    reason: str | None

@@ -1,0 +1,145 @@
+"""The application: routers, problem handlers, middleware, lifespan (migrations, job runner)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from service import __version__
+from service.auth.router import router as principals_router
+from service.config import Settings, get_settings
+from service.datasets.router import router as datasets_router
+from service.db import migrate
+from service.db.engine import get_engine, get_sessionmaker
+from service.jobs.runner import JobRunner
+from service.metrics import Metrics
+from service.problems import PayloadTooLarge, install_handlers, problem_response
+from service.releases.router import router as releases_router
+
+logger = logging.getLogger("service")
+
+DESCRIPTION = """
+Sensitive datasets stay on the server; analysts get only differentially private causal
+estimates. Every release is charged to the dataset's privacy budget, atomically and before any
+data is touched, and recorded in an append-only, hash-chained ledger. Errors are RFC 9457
+`application/problem+json`.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.run_migrations_on_start and settings.workers == 1:
+            migrate.upgrade(settings.database_url)
+        runner = None
+        if settings.start_job_runner:
+            runner = JobRunner(
+                get_sessionmaker(),
+                workers=settings.job_workers,
+                latency_buckets=settings.latency_buckets,
+                poll_seconds=settings.job_poll_seconds,
+            )
+            runner.start()
+        app.state.runner = runner
+        try:
+            yield
+        finally:
+            if runner is not None:
+                runner.stop()
+
+    app = FastAPI(
+        title="DP causal curator",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    install_handlers(app)
+
+    @app.middleware("http")
+    async def limits_and_headers(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes:
+            return problem_response(
+                PayloadTooLarge(f"the limit is {settings.max_upload_bytes} bytes"),
+                request.url.path,
+            )
+        response = await call_next(request)
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    app.middleware("http")(metrics.middleware)
+
+    app.include_router(principals_router)
+    app.include_router(datasets_router)
+    app.include_router(releases_router)
+
+    @app.get("/healthz", tags=["operations"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"])
+    def readyz() -> Any:
+        try:
+            engine = get_engine()
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            ready = migrate.at_head(engine, settings.database_url)
+        except Exception:
+            ready = False
+        if not ready:
+            return JSONResponse({"status": "not ready"}, status_code=503)
+        return {"status": "ready"}
+
+    @app.get("/metrics", tags=["operations"], response_class=Response)
+    def metrics_endpoint() -> Response:
+        return metrics.render()
+
+    _add_problem_schema(app)
+    return app
+
+
+def _add_problem_schema(app: FastAPI) -> None:
+    """Declare the RFC 9457 Problem schema in the OpenAPI document."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = original()
+        schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = {
+            "type": "object",
+            "description": "RFC 9457 problem details",
+            "properties": {
+                "type": {"type": "string", "format": "uri"},
+                "title": {"type": "string"},
+                "status": {"type": "integer"},
+                "detail": {"type": "string"},
+                "instance": {"type": "string"},
+                "errors": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "pointer": {"type": "string"},
+                            "detail": {"type": "string"},
+                        },
+                    },
+                },
+            },
+            "required": ["type", "title", "status"],
+        }
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,52 @@
+"""The contract every release kind implements. A new kind is one module plus a REGISTRY line.
+
+A kind is a thin adapter between the HTTP layer (pydantic ``Params``) and a pure mechanism in
+``service.mechanisms``:
+
+* ``record(params, domain)`` computes the mechanism record (and so the privacy cost) from the
+  request and the public domain only; it raises ``InvalidParameters`` / ``PaperModeDisabled``
+  before anything is charged.
+* ``quote(params, domain)`` returns the public expected-accuracy preview (no data, no charge).
+* ``run(arrays, domain, params, rng=..., noise=..., progress=...)`` runs after the charge and
+  returns the JSON-able DP result. It must raise ``ReleaseFailed`` (generic) on any failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.noise import NoiseSampler
+from service.mechanisms.records import MechanismRecord
+
+Progress = Callable[[float, str], None]
+
+
+class KindParams(BaseModel):
+    """Base of every kind's parameters: unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReleaseKind(Protocol):
+    name: ClassVar[str]
+    Params: ClassVar[type[KindParams]]
+
+    def record(self, params: Any, domain: PublicDomain) -> MechanismRecord: ...
+
+    def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]: ...
+
+    def run(
+        self,
+        arrays: Arrays,
+        domain: PublicDomain,
+        params: Any,
+        *,
+        rng: np.random.Generator,
+        noise: NoiseSampler,
+        progress: Progress,
+    ) -> dict[str, Any]: ...

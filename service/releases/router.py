@@ -1,0 +1,104 @@
+"""HTTP routes of releases and quotes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response
+
+from service.auth.service import CurrentCaller
+from service.db.engine import SessionDep
+from service.problems import (
+    BudgetExhausted,
+    BudgetNotSet,
+    DatasetUnavailable,
+    Forbidden,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    NotFound,
+    PaperModeNotEnabled,
+    PrincipalCapExceeded,
+    Unauthenticated,
+    UnknownKind,
+    ValidationFailed,
+    responses,
+)
+from service.releases import service
+from service.releases.schemas import QuoteCreate, QuoteRead, ReleaseCreate, ReleaseRead
+
+router = APIRouter(tags=["releases"])
+
+AUTH = (Unauthenticated, Forbidden, NotFound)
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/releases",
+    status_code=202,
+    response_model=ReleaseRead,
+    responses={
+        200: {"description": "An identical release already exists (replay or cache)"},
+        **responses(
+            *AUTH,
+            BudgetExhausted,
+            BudgetNotSet,
+            PrincipalCapExceeded,
+            DatasetUnavailable,
+            IdempotencyKeyMissing,
+            IdempotencyKeyReused,
+            IdempotencyKeyInFlight,
+            PaperModeNotEnabled,
+            UnknownKind,
+            ValidationFailed,
+        ),
+    },
+    summary="Request a DP release; it is charged now and runs as a job",
+)
+def create_release(
+    session: SessionDep,
+    caller: CurrentCaller,
+    dataset_id: str,
+    body: ReleaseCreate,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> ReleaseRead:
+    if not idempotency_key or not idempotency_key.strip():
+        raise IdempotencyKeyMissing("send an Idempotency-Key header (any unique string)")
+    release, created = service.create(
+        session,
+        caller=caller,
+        dataset_id=dataset_id,
+        body=body,
+        idempotency_key=idempotency_key.strip(),
+    )
+    session.commit()
+    response.headers["Location"] = f"/v1/releases/{release.id}"
+    if not created:
+        response.status_code = 200
+    return service.view(release, cached=not created)
+
+
+@router.get(
+    "/v1/datasets/{dataset_id}/releases",
+    response_model=list[ReleaseRead],
+    responses=responses(*AUTH),
+)
+def list_releases(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> list[ReleaseRead]:
+    return [service.view(r) for r in service.listing(session, caller=caller, dataset_id=dataset_id)]
+
+
+@router.get("/v1/releases/{release_id}", response_model=ReleaseRead, responses=responses(*AUTH))
+def get_release(session: SessionDep, caller: CurrentCaller, release_id: str) -> ReleaseRead:
+    return service.view(service.readable(session, caller=caller, release_id=release_id))
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/quotes",
+    response_model=QuoteRead,
+    responses=responses(*AUTH, UnknownKind, ValidationFailed, PaperModeNotEnabled),
+    summary="Cost and expected accuracy of a release, from public quantities only; no charge",
+)
+def create_quote(
+    session: SessionDep, caller: CurrentCaller, dataset_id: str, body: QuoteCreate
+) -> QuoteRead:
+    return service.quote(session, caller=caller, dataset_id=dataset_id, body=body)

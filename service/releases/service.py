@@ -1,0 +1,245 @@
+"""Releases: validate -> record -> charge -> enqueue; read back with the padding applied."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.auth.service import Caller, Role
+from service.datasets import service as datasets
+from service.db.models import Dataset, Release
+from service.ledger import amounts
+from service.ledger import service as ledger
+from service.ledger.chain import canonical_json
+from service.mechanisms.domain import PublicDomain
+from service.mechanisms.records import MechanismRecord
+from service.problems import (
+    DatasetUnavailable,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyReused,
+    NotFound,
+    ReleaseFailedProblem,
+    UnknownKind,
+    ValidationFailed,
+)
+from service.releases.kinds import REGISTRY
+from service.releases.kinds.base import KindParams, ReleaseKind
+from service.releases.schemas import (
+    QuoteCreate,
+    QuoteRead,
+    ReleaseCreate,
+    ReleaseError,
+    ReleaseRead,
+)
+
+
+def resolve_kind(name: str, raw: dict[str, Any]) -> tuple[ReleaseKind, KindParams]:
+    kind = REGISTRY.get(name)
+    if kind is None:
+        raise UnknownKind(f"unknown release kind '{name}'; known: {', '.join(sorted(REGISTRY))}")
+    try:
+        params = kind.Params.model_validate(raw)
+    except ValidationError as exc:
+        errors = [
+            {"pointer": "#/params/" + "/".join(str(p) for p in e["loc"]), "detail": e["msg"]}
+            for e in exc.errors()
+        ]
+        raise ValidationFailed("invalid parameters for this release kind", errors=errors) from None
+    return kind, params
+
+
+def _plan(
+    dataset: Dataset, name: str, raw: dict[str, Any]
+) -> tuple[ReleaseKind, KindParams, PublicDomain, MechanismRecord]:
+    kind, params = resolve_kind(name, raw)
+    domain = datasets.domain_of(dataset)
+    record = kind.record(params, domain)
+    return kind, params, domain, record
+
+
+def request_hash(dataset: Dataset, kind: str, params: KindParams) -> str:
+    canonical = {
+        "dataset_id": dataset.id,
+        "dataset_version": dataset.version,
+        "schema_hash": dataset.schema_hash,
+        "kind": kind,
+        "params": params.model_dump(mode="json"),
+    }
+    return hashlib.sha256(canonical_json(canonical).encode()).hexdigest()
+
+
+def create(
+    session: Session, *, caller: Caller, dataset_id: str, body: ReleaseCreate, idempotency_key: str
+) -> tuple[Release, bool]:
+    """Return (release, created). ``created`` is False for an idempotent replay or a cache hit."""
+    dataset, via_grant = datasets.usable_for_release(session, caller=caller, dataset_id=dataset_id)
+    if dataset.status != "ready":
+        raise DatasetUnavailable("the dataset's rows were deleted")
+    kind, params, _domain, record = _plan(dataset, body.kind, body.params)
+    digest = request_hash(dataset, body.kind, params)
+    stored_params = {"params": params.model_dump(mode="json"), "fresh": body.fresh}
+
+    existing = _by_key(session, dataset_id, caller.id, idempotency_key)
+    if existing is not None:
+        return _replay(existing, digest, stored_params), False
+    if not body.fresh:
+        cached = session.execute(
+            select(Release)
+            .where(
+                Release.dataset_id == dataset_id,
+                Release.principal_id == caller.id,
+                Release.request_hash == digest,
+                Release.status != "failed",
+            )
+            .order_by(Release.created_at.desc())
+            .limit(1)
+        ).scalar_one_or_none()
+        if cached is not None:
+            return cached, False
+
+    release_id = uuid.uuid4().hex
+    try:
+        with session.begin_nested():
+            charged = ledger.charge(
+                session,
+                dataset_id=dataset_id,
+                principal_id=caller.id,
+                release_id=release_id,
+                record=record,
+                request_hash=digest,
+                idempotency_key=idempotency_key,
+                via_grant=via_grant,
+            )
+            release = Release(
+                id=release_id,
+                dataset_id=dataset_id,
+                principal_id=caller.id,
+                kind=body.kind,
+                params_json=canonical_json(stored_params),
+                request_hash=digest,
+                idempotency_key=idempotency_key,
+                status="queued",
+                progress=0.0,
+                stage="queued",
+                guarantee=str(record.guarantee),
+                epsilon=charged.epsilon,
+                delta=charged.delta,
+                record_json=canonical_json(record.to_dict()),
+                created_at=ledger.now_iso(),
+                ledger_seq=charged.seq,
+            )
+            session.add(release)
+            session.flush()
+    except IntegrityError:
+        # A concurrent request with the same key won the race; it has committed or will.
+        session.rollback()
+        existing = _by_key(session, dataset_id, caller.id, idempotency_key)
+        if existing is None:
+            raise IdempotencyKeyInFlight() from None
+        return _replay(existing, digest, stored_params), False
+    return release, True
+
+
+def _by_key(session: Session, dataset_id: str, principal_id: str, key: str) -> Release | None:
+    return session.execute(
+        select(Release).where(
+            Release.dataset_id == dataset_id,
+            Release.principal_id == principal_id,
+            Release.idempotency_key == key,
+        )
+    ).scalar_one_or_none()
+
+
+def _replay(existing: Release, digest: str, stored_params: dict[str, Any]) -> Release:
+    if existing.request_hash != digest or json.loads(existing.params_json) != stored_params:
+        raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
+    return existing
+
+
+def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreate) -> QuoteRead:
+    dataset, via_grant = datasets.usable_for_release(session, caller=caller, dataset_id=dataset_id)
+    kind, params, domain, record = _plan(dataset, body.kind, body.params)
+    budget = datasets.budget_view(session, dataset_id)
+    eps = amounts.epsilon_cost_units(record.epsilon)
+    dlt = amounts.delta_cost_units(record.delta)
+    fits = (
+        budget.is_set
+        and eps <= amounts.epsilon_total_units(budget.epsilon_remaining) + 1
+        and dlt <= amounts.delta_total_units(budget.delta_remaining) + 1
+    )
+    return QuoteRead(
+        kind=body.kind,
+        guarantee=str(record.guarantee),
+        epsilon=amounts.epsilon_value(eps),
+        delta=amounts.delta_value(dlt),
+        fits_budget=bool(fits),
+        epsilon_remaining=budget.epsilon_remaining,
+        delta_remaining=budget.delta_remaining,
+        accuracy=kind.quote(params, domain),
+        mechanism=record.to_dict(),
+    )
+
+
+def readable(session: Session, *, caller: Caller, release_id: str) -> Release:
+    release = session.get(Release, release_id)
+    if release is None:
+        raise NotFound("release not found")
+    datasets.readable(session, caller=caller, dataset_id=release.dataset_id)
+    if caller.role == Role.CLIENT and release.status != "done":
+        raise NotFound("release not found")
+    return release
+
+
+def listing(session: Session, *, caller: Caller, dataset_id: str) -> list[Release]:
+    datasets.readable(session, caller=caller, dataset_id=dataset_id)
+    query = select(Release).where(Release.dataset_id == dataset_id).order_by(Release.created_at)
+    if caller.role == Role.CLIENT:
+        query = query.where(Release.status == "done")
+    return list(session.execute(query).scalars())
+
+
+def view(release: Release, *, cached: bool = False, now: float | None = None) -> ReleaseRead:
+    """The client's view. A finished job stays 'running' until its padded completion time."""
+    now = time.time() if now is None else now
+    status, progress, stage = release.status, release.progress, release.stage
+    finished = status in ("done", "failed")
+    if finished and release.visible_at is not None and now < release.visible_at:
+        status, stage = "running", "running"
+        progress = min(progress, 0.99)
+        finished = False
+    error = None
+    if finished and status == "failed":
+        error = ReleaseError(
+            type=ReleaseFailedProblem.type_uri(),
+            title=ReleaseFailedProblem.title,
+            detail="the release failed after its charge; the charge is kept",
+        )
+    stored = json.loads(release.params_json)
+    return ReleaseRead(
+        id=release.id,
+        dataset_id=release.dataset_id,
+        principal_id=release.principal_id,
+        kind=release.kind,
+        status=status,
+        progress=1.0 if finished else progress,
+        stage=status if finished else stage,
+        guarantee=release.guarantee,
+        epsilon=amounts.epsilon_value(release.epsilon),
+        delta=amounts.delta_value(release.delta),
+        params=stored["params"],
+        mechanism=json.loads(release.record_json),
+        result=json.loads(release.result_json) if finished and release.result_json else None,
+        error=error,
+        cached=cached,
+        created_at=release.created_at,
+        started_at=release.started_at,
+        finished_at=release.finished_at if finished else None,
+    )

@@ -1,0 +1,85 @@
+"""A job killed after its charge never releases twice and never refunds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from service.db.models import Release
+from tests.conftest import RCT_SCHEMA, Api
+
+pytestmark = pytest.mark.slow
+
+WORKER = """
+import sys, time
+from service.db.engine import get_sessionmaker
+from service.jobs.runner import JobRunner
+runner = JobRunner(get_sessionmaker(), workers=1, latency_buckets=(0.01,))
+release_id = runner.claim_next()
+print(release_id, flush=True)
+runner.execute(release_id, run_hook=lambda: time.sleep(3600))
+"""
+
+
+def _status(db_url: str, release_id: str) -> str:
+    eng = create_engine(db_url)
+    with Session(eng) as s:
+        status = s.execute(select(Release.status).where(Release.id == release_id)).scalar_one()
+    eng.dispose()
+    return str(status)
+
+
+def test_killed_job_fails_keeps_charge_and_never_reruns(
+    api: Api, client: TestClient, db_url: str
+) -> None:
+    client.app.state.runner.stop()  # type: ignore[attr-defined]
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], n=500, schema=RCT_SCHEMA, epsilon_total=2.0)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/releases",
+        json={"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}},
+        headers=api.auth(analyst["api_key"]) | {"Idempotency-Key": uuid.uuid4().hex},
+    )
+    release_id = r.json()["id"]
+    env = {**os.environ, "DATABASE_URL": db_url}
+    proc = subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().decode().strip() == release_id
+    time.sleep(1.0)  # inside run_hook: the rows were read
+    assert _status(db_url, release_id) == "running"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+
+    from service.db.engine import get_sessionmaker
+    from service.jobs.runner import JobRunner
+
+    sweeper = JobRunner(get_sessionmaker(), workers=1, latency_buckets=(0.01,), stale_after=0.0)
+    assert sweeper.fail_stale() == 1
+    assert sweeper.claim_next() is None  # never re-run
+    body = client.get(f"/v1/releases/{release_id}", headers=api.auth(analyst["api_key"])).json()
+    assert body["status"] == "failed"
+    assert body["result"] is None
+    h = api.auth(owner["api_key"])
+    assert client.get(f"/v1/datasets/{ds['id']}/budget", headers=h).json()["epsilon_spent"] == 1.0
+    assert client.get(f"/v1/datasets/{ds['id']}/ledger/verify", headers=h).json()["valid"]
+    # A retry with the same key returns the failed release, it does not charge again.
+    again = client.post(
+        f"/v1/datasets/{ds['id']}/releases",
+        json={"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}},
+        headers=api.auth(analyst["api_key"])
+        | {"Idempotency-Key": r.request.headers["idempotency-key"]},
+    )
+    assert again.status_code == 200
+    assert again.json()["id"] == release_id
+    assert client.get(f"/v1/datasets/{ds['id']}/budget", headers=h).json()["epsilon_spent"] == 1.0
