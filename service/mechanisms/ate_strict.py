@@ -1,0 +1,998 @@
+"""Strict DP AIPW average treatment effect with a confidence interval (ate_ci.md §3).
+
+What it releases:
+    ``theta_DP``, a DP estimate of the AIPW functional at DP nuisances (the ATE under
+    unconfoundedness and positivity), a (1 - alpha) confidence interval built only from
+    ``theta_DP``, a DP second moment ``m2_DP`` and public constants, the DP sandwich-variance
+    estimate ``V_hat``, and the public noise scales ``s_theta`` and ``s_2``. Never the
+    non-private ``theta_hat`` / ``m2_hat``, per-row pseudo-outcomes, fold membership or the
+    nuisance models' non-DP internals (ate_ci.md §3.8, threats.md §9).
+
+Neighbouring relation:
+    replace-one on records (X, A, Y), with n public (spec README §1.2). Fold sizes are fixed
+    public functions of n.
+
+Claim:
+    ``run`` is (epsilon, delta)-DP, where (epsilon, delta) is the cost in ``plan``'s record:
+
+    * propensity DP-EBM on D_pi: mu_pi-GDP under replace-one with ``delta(epsilon; mu_pi) <=
+      delta`` (epsilon_p rule of README §1.2, with the mu values interpret actually uses);
+    * outcome DP-EBM on D_mu: likewise;
+    * on D_2 two lattice Gaussians with sensitivities ``2B/n2`` and ``B^2/n2`` (plus float and
+      lattice slack), calibrated by the analytic Gaussian to (f eps, f delta) and
+      ((1 - f) eps, (1 - f) delta): sequential composition gives (eps, delta);
+    * the folds are disjoint, of public sizes, drawn by a uniformly random permutation, and
+      the pseudo-outcome is row-wise given the nuisances, so Niu et al.'s Theorem 6 gives the
+      max over modules, (eps, delta);
+    * the CI and V_hat are post-processing.
+
+    Proof: ``docs/proofs/ate_strict.md``. Steps are labelled ``# proof step N`` below.
+
+Designs:
+    * observational: three folds (propensity, outcome, estimation), default (0.25, 0.25, 0.5);
+      B = R / c_pi.
+    * RCT with public assignment probability p: pi_hat = p, no propensity fold; default folds
+      (0.5, 0.5) for (outcome, estimation); B = R / min(p, 1 - p).
+    * RCT with ``nuisance="none"``: mu_hat = the midpoint of the public outcome bounds (a
+      Horvitz-Thompson estimator), a single estimation fold (all n records);
+      B = R / (2 min(p, 1 - p)), since |Y - midpoint| <= R / 2.
+
+References:
+    Schroeder, Hartenstein, Feuerriegel (2025). PrivATE. NeurIPS (arXiv 2505.21641v1).
+    Niu, Nori, Quistorff, Caruana, Ngwe, Kannan (2022). Differentially private estimation of
+    heterogeneous causal effects. CLeaR (Theorem 6).
+    Balle and Wang (2018). Improving the Gaussian mechanism for differential privacy. ICML.
+    Dong, Roth and Su (2019). Gaussian differential privacy. arXiv:1905.02383.
+    Canonne, Kamath and Steinke (2020). The discrete Gaussian for differential privacy.
+    Nori, Caruana, Zhong, Hsu, Sharma (2021). Accuracy, interpretability, and differential
+    privacy via explainable boosting. ICML (DP-EBM; interpret-core 0.7.8).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.special import ndtri
+
+from service.mechanisms.calibration import (
+    default_delta,
+    gdp_delta,
+    round_down_significant,
+    round_up_significant,
+    validate_alpha,
+    validate_delta,
+    validate_epsilon,
+    validate_finite_positive,
+)
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters, ReleaseFailed
+from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.records import (
+    Composition,
+    Guarantee,
+    MechanismRecord,
+    NoiseEvent,
+)
+
+MECHANISM = "ate_strict"
+VERSION = "1"
+
+Nuisance = Literal["dp_ebm", "none"]
+Progress = Callable[[float, str], None]
+
+# ---- public constants (part of the mechanism version) ---------------------------------------
+MIN_EPSILON = 0.01
+MAX_EPSILON = 100.0
+# Minimum-n guard: every fold (each module's input) has at least this many records.
+MIN_FOLD_SIZE = 100
+DEFAULT_FOLDS_OBSERVATIONAL = (0.25, 0.25, 0.5)  # propensity, outcome, estimation
+DEFAULT_FOLDS_RCT = (0.5, 0.5)  # outcome, estimation
+DEFAULT_FOLDS_RCT_NO_NUISANCE = (1.0,)  # estimation
+_FOLD_SUM_TOLERANCE = 1e-9
+
+# DP-EBM hyperparameters: interpret 0.7.8 defaults (dp_ebm_learners.md §8). Timed at
+# q = 20 features: about 4 s per fit at 250,000 rows on one core, so n = 10^6 runs in well
+# under a minute; no reduction of max_rounds is needed.
+DP_EBM_MAX_BINS = 32
+DP_EBM_MAX_ROUNDS = 300
+DP_EBM_LEARNING_RATE = 0.01
+DP_EBM_MAX_LEAVES = 3
+DP_EBM_BIN_BUDGET_FRAC = 0.1
+DP_EBM_OUTER_BAGS = 1
+# Relative slack on GDP mu: the epsilon_p solve requires the check to hold at mu * (1 + slack),
+# and the fitted models' noise scales are verified to imply a mu within it.
+_MU_RTOL = 1e-9
+# Float summation slack (module helper ``_float_slack``): fsum and one division add at most
+# about 2.01 * 2^-53 * B of error on each side of a mean of values in [-B, B].
+_FLOAT_SLACK_BITS = 50
+
+# interpret's warnings are promoted to errors inside this lock; ``warnings.catch_warnings`` is
+# process-global, so concurrent fits in other threads must not interleave with it.
+_INTERPRET_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class AteStrictParams:
+    """Public request parameters of the strict ATE (ate_ci.md §3.1).
+
+    Attributes:
+        epsilon: total epsilon of the release.
+        delta: total delta of the release (0 < delta < 1 / smallest fold).
+        alpha: miscoverage of the CI.
+        propensity_clip: c_pi; pi_hat is clipped to [c_pi, 1 - c_pi] (observational only).
+        pseudo_outcome_clip: optional public K < B; pseudo-outcomes are clipped to [-K, K].
+        fold_fractions: fractions of n per fold; None means the design's default
+            ((0.25, 0.25, 0.5) observational, (0.5, 0.5) RCT, (1.0,) RCT without nuisance).
+        mean_share: f, the share of the estimation budget spent on the mean.
+        variance_inflation: use V_hat + z_{1 - alpha_v} s_2 in the CI (§3.2 step 9).
+        alpha_v: level of the variance inflation.
+        nuisance: ``"dp_ebm"`` or ``"none"`` (RCT only: mu_hat = midpoint of the bounds).
+    """
+
+    epsilon: float
+    delta: float
+    alpha: float = 0.05
+    propensity_clip: float = 0.1
+    pseudo_outcome_clip: float | None = None
+    fold_fractions: tuple[float, ...] | None = None
+    mean_share: float = 0.8
+    variance_inflation: bool = False
+    alpha_v: float = 0.05
+    nuisance: Nuisance = "dp_ebm"
+
+
+# ---- DP-EBM accounting (README §1.2, dp_ebm_learners.md §4, §7) -----------------------------
+
+
+@dataclass(frozen=True)
+class DpEbmAccounting:
+    """The privacy of one interpret DP-EBM fit, with the mu values interpret actually uses.
+
+    interpret splits (epsilon_p, delta_p) into binning (beta epsilon_p, delta_p / 2) and
+    boosting ((1 - beta) epsilon_p, delta_p / 2) and calibrates each part to the mu returned by
+    its own bisection (``calc_gdp_noise_multi``). Under add/remove the fit is
+    ``hypot(mu_binning, mu_boosting)``-GDP; under replace-one at most twice that.
+    """
+
+    epsilon_p: float
+    delta_p: float
+    mu_binning: float
+    mu_boosting: float
+
+    @property
+    def mu_add_remove(self) -> float:
+        return math.hypot(self.mu_binning, self.mu_boosting)
+
+    @property
+    def mu_replace_one(self) -> float:
+        return 2.0 * self.mu_add_remove
+
+
+def dp_ebm_accounting(epsilon_p: float, delta_p: float) -> DpEbmAccounting:
+    """The mu values interpret 0.7.8 uses for a DP-EBM fit at (epsilon_p, delta_p).
+
+    Reproduces interpret's split exactly (``bin_eps = epsilon * bin_budget_frac``, ``training
+    eps = epsilon - bin_eps``, ``delta / 2`` each) and calls its own bisection.
+
+    Args:
+        epsilon_p: the epsilon passed to interpret.
+        delta_p: the delta passed to interpret.
+
+    Returns:
+        The accounting.
+    """
+    from interpret.utils._privacy import calc_gdp_noise_multi
+
+    bin_epsilon = epsilon_p * DP_EBM_BIN_BUDGET_FRAC
+    bin_delta = delta_p / 2
+    training_epsilon = epsilon_p - bin_epsilon
+    training_delta = delta_p - bin_delta
+    try:
+        mu_binning = 1.0 / float(calc_gdp_noise_multi(1, bin_epsilon, bin_delta))
+        mu_boosting = 1.0 / float(calc_gdp_noise_multi(1, training_epsilon, training_delta))
+    except (ValueError, ArithmeticError):
+        raise InvalidParameters("(epsilon, delta) outside the DP-EBM accountant's range") from None
+    return DpEbmAccounting(epsilon_p, delta_p, mu_binning, mu_boosting)
+
+
+def solve_dp_ebm_epsilon_p(epsilon: float, delta: float) -> DpEbmAccounting:
+    """Largest epsilon_p (rounded down) whose replace-one DP-EBM fit is (epsilon, delta)-DP.
+
+    README §1.2: pass epsilon_p with ``gdp_delta(epsilon, 2 mu(epsilon_p, delta)) <= delta``,
+    where mu is what interpret actually uses (``dp_ebm_accounting``), checked here with a
+    relative slack of 1e-9 on mu.
+
+    Args:
+        epsilon: the module's target epsilon.
+        delta: the module's delta (also passed to interpret).
+
+    Returns:
+        The accounting at the solved epsilon_p.
+    """
+
+    def is_valid(epsilon_p: float) -> bool:
+        accounting = dp_ebm_accounting(epsilon_p, delta)
+        return gdp_delta(epsilon, accounting.mu_replace_one * (1.0 + _MU_RTOL)) <= delta
+
+    if is_valid(epsilon):
+        return dp_ebm_accounting(epsilon, delta)
+    lower, upper = epsilon / 8.0, epsilon
+    while not is_valid(lower):
+        upper = lower
+        lower /= 2.0
+        if lower < 1e-6:
+            raise InvalidParameters("epsilon is too small for a DP-EBM fit")
+    for _ in range(80):
+        if upper - lower <= 1e-13 * upper:
+            break
+        middle = 0.5 * (lower + upper)
+        if is_valid(middle):
+            lower = middle
+        else:
+            upper = middle
+    # Round down to 10 significant digits; re-check (the bracket's lower end is valid).
+    rounded = round_down_significant(lower, 10)
+    epsilon_p = rounded if is_valid(rounded) else lower
+    return dp_ebm_accounting(epsilon_p, delta)
+
+
+# ---- pure D_2 helpers (tested directly for sensitivity) -------------------------------------
+
+
+def pseudo_outcomes(
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    pi_hat: NDArray[np.float64],
+    mu0_hat: NDArray[np.float64],
+    mu1_hat: NDArray[np.float64],
+    *,
+    bound: float,
+) -> NDArray[np.float64]:
+    """AIPW pseudo-outcomes, clipped to [-bound, bound] (ate_ci.md §3.2 step 5).
+
+    ``Gamma = mu1 - mu0 + a (y - mu1) / pi - (1 - a)(y - mu0) / (1 - pi)``. With pi in [c, 1 - c]
+    and y, mu0, mu1 in [y_lo, y_hi], |Gamma| <= R / c (§3.3), so the clip only removes float
+    rounding, unless ``bound`` is a tighter public K. Non-finite values map to 0 (a row-wise,
+    public rule), so the result always lies in [-bound, bound].
+
+    Args:
+        a: treatment in {0, 1}.
+        y: outcome.
+        pi_hat: clipped propensity at the rows.
+        mu0_hat: clipped outcome model at (x, 0).
+        mu1_hat: clipped outcome model at (x, 1).
+        bound: the public bound B (or K).
+
+    Returns:
+        Gamma, one value per row, in [-bound, bound].
+    """
+    with np.errstate(all="ignore"):
+        gamma = (
+            mu1_hat
+            - mu0_hat
+            + a * (y - mu1_hat) / pi_hat
+            - (1.0 - a) * (y - mu0_hat) / (1.0 - pi_hat)
+        )
+    gamma = np.where(np.isfinite(gamma), gamma, 0.0)
+    return np.asarray(np.clip(gamma, -bound, bound), dtype=np.float64)
+
+
+def d2_statistics(gamma: NDArray[np.float64], *, bound: float) -> tuple[float, float]:
+    """The non-private statistics theta_hat = mean(Gamma) and m2_hat = mean(Gamma^2).
+
+    Sums are exact-then-rounded (``math.fsum``), so replacing one row moves theta_hat by at
+    most ``2 bound / n2`` and m2_hat by at most ``bound^2 / n2``, up to the float slack
+    accounted for in calibration. NEVER release these values.
+
+    Args:
+        gamma: pseudo-outcomes in [-bound, bound].
+        bound: the public bound B.
+
+    Returns:
+        (theta_hat, m2_hat).
+    """
+    values = np.clip(np.asarray(gamma, dtype=np.float64), -bound, bound)
+    n2 = int(values.size)
+    if n2 == 0:
+        raise ValueError("empty estimation fold")
+    squares = np.minimum(values * values, bound * bound)
+    theta_hat = math.fsum(values.tolist()) / n2
+    m2_hat = math.fsum(squares.tolist()) / n2
+    return theta_hat, m2_hat
+
+
+def _float_slack(nominal: float, n2: int) -> float:
+    """Nominal sensitivity inflated for the float rounding of fsum and the division by n2."""
+    return math.nextafter(nominal * (1.0 + (n2 + 8) * 2.0**-_FLOAT_SLACK_BITS), math.inf)
+
+
+def confidence_interval(
+    theta_dp: float,
+    m2_dp: float,
+    *,
+    s_theta: float,
+    s_2: float,
+    n2: int,
+    alpha: float,
+    variance_inflation: bool = False,
+    alpha_v: float = 0.05,
+) -> dict[str, float]:
+    """CI from DP values and public constants only (ate_ci.md §3.2 steps 8–9; post-processing).
+
+    ``V_hat = max(0, m2_DP - theta_DP^2 + s_theta^2)``; optionally ``V_hat + z_{1-alpha_v} s_2``;
+    ``theta_DP +- z_{1 - alpha/2} sqrt(V / n2 + s_theta^2)``.
+
+    Returns:
+        ``variance_estimate`` (V_hat), ``variance_used``, ``half_width``, ``ci_lower``,
+        ``ci_upper``.
+    """
+    variance = max(0.0, m2_dp - theta_dp * theta_dp + s_theta * s_theta)
+    variance_used = variance + float(ndtri(1.0 - alpha_v)) * s_2 if variance_inflation else variance
+    half_width = float(ndtri(1.0 - alpha / 2.0)) * math.sqrt(variance_used / n2 + s_theta**2)
+    return {
+        "variance_estimate": variance,
+        "variance_used": variance_used,
+        "half_width": half_width,
+        "ci_lower": theta_dp - half_width,
+        "ci_upper": theta_dp + half_width,
+    }
+
+
+# ---- planning (no data) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    params: AteStrictParams
+    design: StudyDesign
+    nuisance: Nuisance
+    modules: tuple[str, ...]  # fold names, in partition order
+    fold_sizes: tuple[int, ...]
+    bound: float  # B (or K)
+    bound_natural: float  # R / c, R / min(p, 1 - p) or R / (2 min(p, 1 - p))
+    propensity: float | None  # RCT: p; observational: None
+    dp_ebm: DpEbmAccounting | None
+    mean: GaussianCalibration
+    second_moment: GaussianCalibration
+    record: MechanismRecord
+
+    @property
+    def n2(self) -> int:
+        return self.fold_sizes[-1]
+
+
+def default_fold_fractions(domain: PublicDomain, nuisance: Nuisance) -> tuple[float, ...]:
+    """The design's default fold fractions."""
+    if domain.design == StudyDesign.RCT:
+        return DEFAULT_FOLDS_RCT_NO_NUISANCE if nuisance == "none" else DEFAULT_FOLDS_RCT
+    return DEFAULT_FOLDS_OBSERVATIONAL
+
+
+def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
+    """Public fold sizes: ``floor(fraction * n)`` per fold; the last fold takes the rest."""
+    sizes = [math.floor(fraction * n) for fraction in fractions[:-1]]
+    return (*sizes, n - sum(sizes))
+
+
+def _modules(domain: PublicDomain, nuisance: Nuisance) -> tuple[str, ...]:
+    if domain.design == StudyDesign.RCT:
+        return ("estimation",) if nuisance == "none" else ("outcome", "estimation")
+    return ("propensity", "outcome", "estimation")
+
+
+def default_delta_for(
+    domain: PublicDomain,
+    fold_fractions: tuple[float, ...] | None = None,
+    nuisance: Nuisance = "dp_ebm",
+) -> float:
+    """README §1.7 default delta, ``min(1e-5, 1 / (10 n_min))`` over this release's folds."""
+    _validate_domain(domain, nuisance)
+    fractions = _validate_fractions(domain, nuisance, fold_fractions)
+    return default_delta(min(fold_sizes(domain.n, fractions)))
+
+
+def _validate_domain(domain: PublicDomain, nuisance: Nuisance) -> None:
+    if isinstance(domain.n, bool) or not isinstance(domain.n, int) or domain.n < 1:
+        raise InvalidParameters("the dataset size n must be a positive integer")
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    if lower.ndim != 1 or lower.shape != upper.shape or lower.size == 0:
+        raise InvalidParameters("covariate bounds must be two vectors of the same length q >= 1")
+    if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper)) and np.all(lower < upper)):
+        raise InvalidParameters("covariate bounds must be finite with lower < upper")
+    if not (math.isfinite(domain.y_lower) and math.isfinite(domain.y_upper)):
+        raise InvalidParameters("outcome bounds must be finite")
+    if not domain.y_lower < domain.y_upper:
+        raise InvalidParameters("outcome bounds must satisfy y_lower < y_upper")
+    validate_finite_positive(domain.outcome_range, "outcome range")
+    if nuisance not in ("dp_ebm", "none"):
+        raise InvalidParameters("nuisance must be 'dp_ebm' or 'none'")
+    if domain.design == StudyDesign.RCT:
+        p = domain.treatment_probability
+        if p is None or isinstance(p, bool) or not isinstance(p, int | float):
+            raise InvalidParameters("an RCT needs a declared treatment_probability")
+        if not (math.isfinite(p) and 0.0 < p < 1.0):
+            raise InvalidParameters("treatment_probability must be in (0, 1)")
+    elif domain.design == StudyDesign.OBSERVATIONAL:
+        if nuisance == "none":
+            raise InvalidParameters("nuisance='none' is only valid for an RCT design")
+    else:
+        raise InvalidParameters("unknown study design")
+
+
+def _validate_fractions(
+    domain: PublicDomain, nuisance: Nuisance, fold_fractions: tuple[float, ...] | None
+) -> tuple[float, ...]:
+    modules = _modules(domain, nuisance)
+    fractions = (
+        default_fold_fractions(domain, nuisance) if fold_fractions is None else fold_fractions
+    )
+    if len(fractions) != len(modules):
+        raise InvalidParameters(
+            f"fold_fractions must have {len(modules)} entries ({', '.join(modules)})"
+        )
+    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
+    if abs(math.fsum(checked) - 1.0) > _FOLD_SUM_TOLERANCE:
+        raise InvalidParameters("fold_fractions must sum to 1")
+    sizes = fold_sizes(domain.n, checked)
+    if min(sizes) < MIN_FOLD_SIZE:
+        raise InvalidParameters(
+            f"every fold needs at least {MIN_FOLD_SIZE} records (fold sizes {list(sizes)})"
+        )
+    return checked
+
+
+def _split_share(total: float, share: float) -> tuple[float, float]:
+    """Split ``total`` into (share * total, rest) with ``first + second == total`` exactly.
+
+    The larger part is the rounded product; the smaller is ``total - larger``, which is exact by
+    Sterbenz's lemma (larger >= total / 2), so the float sum is exactly ``total``.
+    """
+    if share >= 0.5:
+        first = total * share
+        second = total - first
+    else:
+        second = total * (1.0 - share)
+        first = total - second
+    if first + second != total or first <= 0.0 or second <= 0.0:
+        raise InvalidParameters("the budget split does not add up exactly")
+    return first, second
+
+
+def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
+    """Validate everything and compute the calibration and the record. Touches no data."""
+    nuisance = params.nuisance
+    _validate_domain(domain, nuisance)
+    epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    fractions = _validate_fractions(domain, nuisance, params.fold_fractions)
+    modules = _modules(domain, nuisance)
+    sizes = fold_sizes(domain.n, fractions)
+    delta = validate_delta(params.delta, n_min=min(sizes))
+    validate_alpha(params.alpha)
+    validate_alpha(params.alpha_v, name="alpha_v")
+    mean_share = validate_alpha(params.mean_share, name="mean_share")  # in (0, 1)
+    if not isinstance(params.variance_inflation, bool):
+        raise InvalidParameters("variance_inflation must be a boolean")
+    n2 = sizes[-1]
+    big_r = domain.outcome_range
+
+    # proof step 1: the public bound B on |Gamma| (ate_ci.md §3.3).
+    propensity: float | None
+    if domain.design == StudyDesign.RCT:
+        p = float(domain.treatment_probability)  # type: ignore[arg-type]
+        propensity = p
+        smaller_arm = min(p, 1.0 - p)
+        bound_natural = big_r / (2.0 * smaller_arm) if nuisance == "none" else big_r / smaller_arm
+    else:
+        propensity = None
+        clip = validate_finite_positive(params.propensity_clip, "propensity_clip")
+        if clip < domain.min_propensity_clip:
+            raise InvalidParameters(
+                f"propensity_clip must be at least the dataset's minimum "
+                f"{domain.min_propensity_clip}"
+            )
+        if clip > 0.5:
+            raise InvalidParameters("propensity_clip must be at most 0.5")
+        bound_natural = big_r / clip
+    bound = bound_natural
+    if params.pseudo_outcome_clip is not None:
+        clip_k = validate_finite_positive(params.pseudo_outcome_clip, "pseudo_outcome_clip")
+        if not clip_k < bound_natural:
+            raise InvalidParameters(
+                f"pseudo_outcome_clip must be below the natural bound {bound_natural:.6g}"
+            )
+        bound = clip_k
+    validate_finite_positive(bound, "pseudo-outcome bound")
+
+    # proof step 2: nuisance modules (DP-EBM) at (epsilon, delta) each under replace-one.
+    dp_ebm = solve_dp_ebm_epsilon_p(epsilon, delta) if nuisance == "dp_ebm" else None
+
+    # proof step 3: estimation budget split, sensitivities and lattice Gaussian calibration.
+    epsilon_theta, epsilon_v = _split_share(epsilon, mean_share)
+    delta_theta, delta_v = _split_share(delta, mean_share)
+    sensitivity_theta = _float_slack(2.0 * bound / n2, n2)
+    sensitivity_m2 = _float_slack(bound * bound / n2, n2)
+    mean = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity_theta)
+    second_moment = calibrate_gaussian(epsilon_v, delta_v, sensitivity_m2)
+
+    events: list[NoiseEvent] = []
+    q = domain.q
+    if dp_ebm is not None:
+        if "propensity" in modules:
+            events.append(_dp_ebm_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
+        events.append(_dp_ebm_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r))
+    events.append(_gaussian_event("mean_pseudo_outcome", 2.0 * bound / n2, mean, bound))
+    events.append(
+        _gaussian_event("second_moment_pseudo_outcome", bound * bound / n2, second_moment, bound)
+    )
+    # proof step 6: within a module, sequential composition; across modules, the max.
+    per_module: dict[str, tuple[float, float]] = {}
+    for event in events:
+        spent_epsilon, spent_delta = per_module.get(event.module, (0.0, 0.0))
+        per_module[event.module] = (spent_epsilon + event.epsilon, spent_delta + event.delta)
+    cost_epsilon = max(value[0] for value in per_module.values())
+    cost_delta = max(value[1] for value in per_module.values())
+    if cost_epsilon != epsilon or cost_delta != delta:  # pragma: no cover - guarded by the split
+        raise InvalidParameters("internal budget accounting mismatch")
+    record = MechanismRecord(
+        mechanism=MECHANISM,
+        version=VERSION,
+        guarantee=Guarantee.STRICT,
+        n=domain.n,
+        fold_sizes=dict(zip(modules, sizes, strict=True)),
+        composition=Composition.THEOREM6_MAX if len(modules) > 1 else Composition.SEQUENTIAL,
+        events=tuple(events),
+        epsilon=cost_epsilon,
+        delta=cost_delta,
+    )
+    return _Plan(
+        params=params,
+        design=domain.design,
+        nuisance=nuisance,
+        modules=modules,
+        fold_sizes=sizes,
+        bound=bound,
+        bound_natural=bound_natural,
+        propensity=propensity,
+        dp_ebm=dp_ebm,
+        mean=mean,
+        second_moment=second_moment,
+        record=record,
+    )
+
+
+def _dp_ebm_event(
+    module: str,
+    epsilon: float,
+    delta: float,
+    accounting: DpEbmAccounting,
+    n_features: int,
+    target_range: float,
+) -> NoiseEvent:
+    learner = "Classifier" if module == "propensity" else "Regressor"
+    return NoiseEvent(
+        type="gdp_module",
+        module=module,
+        epsilon=epsilon,
+        delta=delta,
+        params={
+            "learner": f"interpret-core 0.7.8 DPExplainableBoosting{learner}",
+            "epsilon_p": accounting.epsilon_p,
+            "delta_p": accounting.delta_p,
+            "mu_binning": accounting.mu_binning,
+            "mu_boosting": accounting.mu_boosting,
+            "mu_add_remove": accounting.mu_add_remove,
+            "mu": accounting.mu_replace_one,
+            "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
+            "max_bins": DP_EBM_MAX_BINS,
+            "max_rounds": DP_EBM_MAX_ROUNDS,
+            "learning_rate": DP_EBM_LEARNING_RATE,
+            "max_leaves": DP_EBM_MAX_LEAVES,
+            "outer_bags": DP_EBM_OUTER_BAGS,
+            "n_features": n_features,
+            "target_range": target_range,
+        },
+    )
+
+
+def _gaussian_event(
+    statistic: str, nominal_sensitivity: float, calibration: GaussianCalibration, bound: float
+) -> NoiseEvent:
+    return NoiseEvent(
+        type="gaussian",
+        module="estimation",
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": statistic,
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "bound": bound,
+            "sensitivity_l2_nominal": nominal_sensitivity,
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "mu": calibration.mu,
+        },
+    )
+
+
+def plan(domain: PublicDomain, params: AteStrictParams) -> MechanismRecord:
+    """Validate the request and compute its mechanism record (the cost) without data.
+
+    Raises:
+        InvalidParameters: any invalid parameter (before any charge).
+    """
+    return _make_plan(domain, params).record
+
+
+def _public_parameters(state: _Plan) -> dict[str, Any]:
+    params = state.params
+    return {
+        "mode": "strict",
+        "guarantee": str(Guarantee.STRICT),
+        "design": str(state.design),
+        "nuisance": state.nuisance,
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "alpha": params.alpha,
+        "propensity_clip": params.propensity_clip if state.propensity is None else None,
+        "treatment_probability": state.propensity,
+        "pseudo_outcome_clip": params.pseudo_outcome_clip,
+        "bound": state.bound,
+        "fold_sizes": dict(state.record.fold_sizes),
+        "mean_share": params.mean_share,
+        "variance_inflation": params.variance_inflation,
+        "alpha_v": params.alpha_v,
+    }
+
+
+def quote(
+    domain: PublicDomain, params: AteStrictParams, *, target_half_width: float | None = None
+) -> dict[str, Any]:
+    """Public accuracy preview (ate_ci.md §3.6): no data, no charge.
+
+    The CI half-width is at least ``z_{1 - alpha/2} s_theta``. With ``target_half_width``, also
+    returns the smallest epsilon (other parameters fixed) whose minimum half-width is at most the
+    target, or None if no epsilon up to ``MAX_EPSILON`` reaches it.
+
+    Raises:
+        InvalidParameters: invalid parameters.
+    """
+    state = _make_plan(domain, params)
+    z = float(ndtri(1.0 - state.params.alpha / 2.0))
+    out: dict[str, Any] = {
+        **_public_parameters(state),
+        "ci_level": 1.0 - state.params.alpha,
+        "min_half_width": z * state.mean.sigma,
+        "s_theta": state.mean.sigma,
+        "s_2": state.second_moment.sigma,
+        "n2": state.n2,
+    }
+    if target_half_width is not None:
+        out["target_half_width"] = target_half_width
+        out["epsilon_for_target_half_width"] = epsilon_for_half_width(
+            domain, params, target_half_width
+        )
+    return out
+
+
+def epsilon_for_half_width(
+    domain: PublicDomain, params: AteStrictParams, half_width: float
+) -> float | None:
+    """Smallest epsilon (rounded up) with ``z_{1-alpha/2} s_theta(epsilon) <= half_width``.
+
+    Bisection on the public formula, all other parameters (delta, folds, shares) fixed.
+
+    Returns:
+        epsilon in [MIN_EPSILON, MAX_EPSILON], or None if unreachable at MAX_EPSILON.
+
+    Raises:
+        InvalidParameters: invalid parameters or half-width.
+    """
+    target = validate_finite_positive(half_width, "target_half_width")
+    base = _make_plan(domain, params)
+    z = float(ndtri(1.0 - base.params.alpha / 2.0))
+    sensitivity = base.mean.sensitivity_l2
+    delta_theta = base.mean.delta
+    share = base.params.mean_share
+
+    def reaches(epsilon: float) -> bool:
+        epsilon_theta, _ = _split_share(epsilon, share)
+        sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity).sigma
+        return z * sigma <= target
+
+    if not reaches(MAX_EPSILON):
+        return None
+    if reaches(MIN_EPSILON):
+        return MIN_EPSILON
+    lower, upper = MIN_EPSILON, MAX_EPSILON
+    for _ in range(200):
+        if upper - lower <= 1e-12 * upper:
+            break
+        middle = math.sqrt(lower * upper)
+        if reaches(middle):
+            upper = middle
+        else:
+            lower = middle
+    rounded = min(round_up_significant(upper, 10), MAX_EPSILON)
+    return rounded if reaches(rounded) else upper
+
+
+# ---- running (after the charge) -------------------------------------------------------------
+
+
+@contextmanager
+def _interpret_guard() -> Iterator[None]:
+    """Serialise interpret calls and turn every warning inside them into an error."""
+    with _INTERPRET_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def _prepare(
+    arrays: Arrays, domain: PublicDomain
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """Row-wise public clean-up: impute non-finite values, clip to the public box, binarise A."""
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    x = np.asarray(arrays.x, dtype=np.float64)
+    a = np.asarray(arrays.a, dtype=np.float64)
+    y = np.asarray(arrays.y, dtype=np.float64)
+    if x.shape != (domain.n, domain.q) or a.shape != (domain.n,) or y.shape != (domain.n,):
+        raise ValueError("arrays do not match the public domain")
+    x = np.clip(np.where(np.isnan(x), lower, x), lower, upper)
+    a = np.where(a >= 0.5, 1.0, 0.0)
+    y = np.clip(np.where(np.isnan(y), domain.y_lower, y), domain.y_lower, domain.y_upper)
+    return x, a, y
+
+
+def _dp_ebm_common(accounting: DpEbmAccounting) -> dict[str, Any]:
+    return {
+        "epsilon": accounting.epsilon_p,
+        "delta": accounting.delta_p,
+        "composition": "gdp",
+        "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
+        "max_bins": DP_EBM_MAX_BINS,
+        "max_rounds": DP_EBM_MAX_ROUNDS,
+        "learning_rate": DP_EBM_LEARNING_RATE,
+        "max_leaves": DP_EBM_MAX_LEAVES,
+        "outer_bags": DP_EBM_OUTER_BAGS,
+        "validation_size": 0,
+        "n_jobs": 1,
+        "random_state": None,  # never a fixed seed (threats.md §2)
+    }
+
+
+def _check_fitted_noise(
+    model: Any, accounting: DpEbmAccounting, n_features: int, target_range: float
+) -> None:
+    """Verify from the fitted noise scales that the fit is within the planned mu."""
+    mu_binning = math.sqrt(n_features) / float(model.noise_scale_binning_)
+    queries = DP_EBM_MAX_ROUNDS * n_features * DP_EBM_OUTER_BAGS
+    mu_boosting = (
+        math.sqrt(queries)
+        * DP_EBM_LEARNING_RATE
+        * target_range
+        / float(model.noise_scale_boosting_)
+    )
+    if 2.0 * math.hypot(mu_binning, mu_boosting) > accounting.mu_replace_one * (1.0 + _MU_RTOL):
+        raise ValueError("DP-EBM noise scale below the planned calibration")
+
+
+def _fit_propensity(
+    x: NDArray[np.float64], a: NDArray[np.float64], domain: PublicDomain, state: _Plan
+) -> Any:
+    """DP-EBM classifier for P(A = 1 | X) on D_pi (ate_ci.md §3.2 step 3)."""
+    from interpret.privacy import DPExplainableBoostingClassifier
+
+    accounting = state.dp_ebm
+    if accounting is None:
+        raise ValueError("no DP-EBM accounting in this plan")
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    q = domain.q
+    # proof step 2a: two public anchor rows (A = 0 and A = 1 at the box centre) make both
+    # classes present in every fit, so interpret's data-derived ``classes_`` is constant and
+    # never reveals that a fold holds a single class. They are public constants: the fit on
+    # D_pi + anchors is a DP function of D_pi.
+    centre = (lower + upper) / 2.0
+    x_fit = np.vstack([x, centre, centre])
+    a_fit = np.concatenate([a, [0.0, 1.0]]).astype(np.int64)
+    model = DPExplainableBoostingClassifier(
+        **_dp_ebm_common(accounting),
+        feature_types=["continuous"] * q,
+        privacy_bounds=[(float(lo), float(hi)) for lo, hi in zip(lower, upper, strict=True)],
+    )
+    with _interpret_guard():
+        model.fit(x_fit, a_fit)
+    if list(np.asarray(model.classes_).tolist()) != [0, 1]:
+        raise ValueError("unexpected classes")
+    _check_fitted_noise(model, accounting, q, 1.0)
+    return model
+
+
+def _fit_outcome(
+    x: NDArray[np.float64],
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    domain: PublicDomain,
+    state: _Plan,
+) -> tuple[Any, float]:
+    """DP-EBM regressor for E[Y | X, A] on D_mu, A a continuous feature on (0, 1), centred Y."""
+    from interpret.privacy import DPExplainableBoostingRegressor
+
+    accounting = state.dp_ebm
+    if accounting is None:
+        raise ValueError("no DP-EBM accounting in this plan")
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    # proof step 2b: centre the target on the public midpoint (dp_ebm_learners.md §3.2, §7.4).
+    midpoint = (domain.y_lower + domain.y_upper) / 2.0
+    target_min = domain.y_lower - midpoint
+    target_max = domain.y_upper - midpoint
+    model = DPExplainableBoostingRegressor(
+        **_dp_ebm_common(accounting),
+        feature_types=["continuous"] * (domain.q + 1),
+        privacy_bounds=[(0.0, 1.0)]
+        + [(float(lo), float(hi)) for lo, hi in zip(lower, upper, strict=True)],
+        privacy_target_min=target_min,
+        privacy_target_max=target_max,
+    )
+    with _interpret_guard():
+        model.fit(np.column_stack([a, x]), y - midpoint)
+    _check_fitted_noise(
+        model, accounting, domain.q + 1, float(model.max_target_) - float(model.min_target_)
+    )
+    return model, midpoint
+
+
+def _release(values: float, calibration: GaussianCalibration, noise: NoiseSampler) -> float:
+    out = noise.gaussian(
+        np.array([values], dtype=np.float64),
+        sigma=calibration.sigma,
+        sensitivity_l2=calibration.sensitivity_l2,
+    )
+    result = float(out[0])
+    if not math.isfinite(result):
+        raise ValueError("non-finite release")
+    return result
+
+
+def run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    params: AteStrictParams,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Run the strict DP AIPW release (after the charge).
+
+    Args:
+        arrays: the private data (already clipped to the public box at ingest).
+        domain: the public domain.
+        params: the request (validated again here, before any data access).
+        rng: generator for the partition (``secure_rng()`` in production).
+        noise: the noise sampler (``OpenDPSampler()`` in production).
+        progress: called as ``progress(fraction, stage)`` at stage boundaries.
+
+    Returns:
+        DP and public values only: ``estimate``, ``ci_lower``, ``ci_upper``, ``ci_level``,
+        ``half_width``, ``variance_estimate``, ``s_theta``, ``s_2``, ``n2`` and the public
+        parameters.
+
+    Raises:
+        InvalidParameters: invalid parameters (before the data is touched).
+        ReleaseFailed: any failure after the data is touched (generic by construction).
+    """
+    state = _make_plan(domain, params)
+    try:
+        return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
+    except Exception:
+        # threats.md §3: one generic error, no cause chain (it could quote data).
+        raise ReleaseFailed() from None
+
+
+def _run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    state: _Plan,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    params = state.params
+    x, a, y = _prepare(arrays, domain)
+
+    # proof step 4: a uniformly random permutation (CSPRNG-seeded) cut at public sizes.
+    permutation = rng.permutation(domain.n)
+    folds: dict[str, NDArray[np.intp]] = {}
+    start = 0
+    for name, size in zip(state.modules, state.fold_sizes, strict=True):
+        folds[name] = permutation[start : start + size]
+        start += size
+    del permutation
+    progress(0.05, "partition")
+
+    estimation = folds["estimation"]
+    x2, a2, y2 = x[estimation], a[estimation], y[estimation]
+    low, high = domain.y_lower, domain.y_upper
+
+    # proof step 2: nuisances, each fitted only on its own fold; predictions on D_2 are
+    # row-wise post-processing of the DP models.
+    if state.propensity is not None:
+        pi_hat = np.full(x2.shape[0], state.propensity, dtype=np.float64)
+    else:
+        pi_fold = folds["propensity"]
+        propensity_model = _fit_propensity(x[pi_fold], a[pi_fold], domain, state)
+        with _interpret_guard():
+            probabilities = np.asarray(propensity_model.predict_proba(x2), dtype=np.float64)
+        clip = params.propensity_clip
+        pi_hat = np.clip(np.nan_to_num(probabilities[:, 1], nan=0.5), clip, 1.0 - clip)
+        del propensity_model, probabilities
+        progress(0.40, "propensity")
+
+    if state.nuisance == "none":
+        midpoint = (low + high) / 2.0
+        mu0_hat = np.full(x2.shape[0], midpoint, dtype=np.float64)
+        mu1_hat = mu0_hat
+    else:
+        mu_fold = folds["outcome"]
+        outcome_model, midpoint = _fit_outcome(x[mu_fold], a[mu_fold], y[mu_fold], domain, state)
+        ones = np.ones(x2.shape[0], dtype=np.float64)
+        with _interpret_guard():
+            raw1 = np.asarray(outcome_model.predict(np.column_stack([ones, x2])), np.float64)
+            raw0 = np.asarray(outcome_model.predict(np.column_stack([0.0 * ones, x2])), np.float64)
+        mu1_hat = np.clip(np.nan_to_num(raw1 + midpoint, nan=midpoint), low, high)
+        mu0_hat = np.clip(np.nan_to_num(raw0 + midpoint, nan=midpoint), low, high)
+        del outcome_model, raw0, raw1
+        progress(0.75, "outcome")
+
+    # proof step 1 (applied): |Gamma| <= B by construction, then clip to [-B, B] (or K).
+    gamma = pseudo_outcomes(a2, y2, pi_hat, mu0_hat, mu1_hat, bound=state.bound)
+    # proof step 3 (applied): exact-then-rounded sums; the sensitivities include the slack.
+    theta_hat, m2_hat = d2_statistics(gamma, bound=state.bound)
+    del gamma, x2, a2, y2, pi_hat, mu0_hat, mu1_hat
+    # proof step 5: two lattice Gaussian releases with public sigma.
+    theta_dp = _release(theta_hat, state.mean, noise)
+    m2_dp = _release(m2_hat, state.second_moment, noise)
+    del theta_hat, m2_hat
+    progress(0.95, "estimation")
+
+    # proof step 7: post-processing of (theta_DP, m2_DP) and public constants only.
+    interval = confidence_interval(
+        theta_dp,
+        m2_dp,
+        s_theta=state.mean.sigma,
+        s_2=state.second_moment.sigma,
+        n2=state.n2,
+        alpha=params.alpha,
+        variance_inflation=params.variance_inflation,
+        alpha_v=params.alpha_v,
+    )
+    result: dict[str, Any] = {
+        "estimate": theta_dp,
+        "ci_lower": interval["ci_lower"],
+        "ci_upper": interval["ci_upper"],
+        "ci_level": 1.0 - params.alpha,
+        "half_width": interval["half_width"],
+        "variance_estimate": interval["variance_estimate"],
+        "s_theta": state.mean.sigma,
+        "s_2": state.second_moment.sigma,
+        "n2": state.n2,
+        **_public_parameters(state),
+    }
+    progress(1.0, "done")
+    return result
