@@ -75,9 +75,15 @@ def authenticate(
     principal = session.execute(
         select(Principal).where(Principal.key_hash == hash_key(key))
     ).scalar_one_or_none()
-    if principal is None or principal.disabled:
+    caller = None
+    if principal is not None and not principal.disabled:
+        caller = Caller(id=principal.id, role=Role(principal.role), name=principal.name)
+    # End this read transaction here: FastAPI runs the route in another worker thread, and a
+    # transaction held across that hop (on SQLite, a write lock) could starve the thread pool.
+    session.rollback()
+    if caller is None:
         raise Unauthenticated("the API key is not valid")
-    return Caller(id=principal.id, role=Role(principal.role), name=principal.name)
+    return caller
 
 
 CurrentCaller = Annotated[Caller, Depends(authenticate)]

@@ -7,8 +7,17 @@ import re
 from pathlib import Path
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
-BUDGET_COLUMNS = {"epsilon_spent", "delta_spent", "epsilon_total", "delta_total", "epsilon_cap",
-                  "delta_cap", "last_hash", "entries", "is_set"}
+BUDGET_COLUMNS = {
+    "epsilon_spent",
+    "delta_spent",
+    "epsilon_total",
+    "delta_total",
+    "epsilon_cap",
+    "delta_cap",
+    "last_hash",
+    "entries",
+    "is_set",
+}
 
 
 def _py_files() -> list[Path]:
@@ -23,7 +32,10 @@ def test_only_the_ledger_writes_budget() -> None:
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in {"update", "insert"}:
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in {
+                "update",
+                "insert",
+            }:
                 arg = node.args[0] if node.args else None
                 if isinstance(arg, ast.Name) and arg.id in {"Budget", "Grant", "LedgerEntry"}:
                     offenders.append(f"{path}:{node.lineno}")
@@ -32,7 +44,9 @@ def test_only_the_ledger_writes_budget() -> None:
                     if isinstance(target, ast.Attribute) and target.attr in BUDGET_COLUMNS:
                         offenders.append(f"{path}:{node.lineno}")
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in {
-                "Budget", "LedgerEntry", "Grant"
+                "Budget",
+                "LedgerEntry",
+                "Grant",
             }:
                 offenders.append(f"{path}:{node.lineno}")
     assert offenders == []
@@ -48,4 +62,5 @@ def test_no_seed_parameter_on_any_endpoint() -> None:
     from service.openapi import document
 
     text = str(document()).lower()
-    assert "'seed'" not in text and "random_state" not in text
+    assert "'seed'" not in text
+    assert "random_state" not in text

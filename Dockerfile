@@ -1,0 +1,24 @@
+# The curator service. Configure with DATABASE_URL and CURATOR_ADMIN_KEY (see README).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    CURATOR_HOST=0.0.0.0 \
+    CURATOR_PORT=8000 \
+    CURATOR_ENVIRONMENT=production
+
+WORKDIR /app
+RUN useradd --create-home --uid 10001 curator
+
+COPY pyproject.toml README.md alembic.ini ./
+COPY service ./service
+COPY migrations ./migrations
+RUN pip install --no-cache-dir -e . \
+    && mkdir -p /app/data && chown curator /app/data
+
+USER curator
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s \
+  CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz').status != 200)"
+# Migrates the database (alembic upgrade head), then serves.
+CMD ["python", "-m", "service"]

@@ -1,0 +1,18 @@
+"""CI smoke: every benchmark in its --quick form (small sizes, both databases)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHES = ("bench.upload", "bench.load")
+
+
+def main() -> None:
+    for name in BENCHES:
+        print(f"== {name} --quick", flush=True)
+        subprocess.run([sys.executable, "-m", name, "--quick"], check=True)
+
+
+if __name__ == "__main__":
+    main()
