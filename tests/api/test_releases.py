@@ -264,3 +264,30 @@ def test_release_on_deleted_rows_fails_but_keeps_charge(client: TestClient, rct:
         409,
         "dataset-unavailable",
     )
+
+
+def test_any_failure_after_the_charge_is_one_generic_error(
+    client: TestClient, rct: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data-dependent failure (here: an exception quoting a value) looks like any other."""
+    from service.releases.kinds import REGISTRY
+
+    owner, analyst, ds = rct
+    kind = REGISTRY["ate"]
+
+    def explode(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise ValueError("patient P000017 has outcome 4.2137; singular matrix")
+
+    monkeypatch.setattr(type(kind), "run", explode)
+    rel = post_release(client, analyst["api_key"], ds["id"], FAST).json()
+    done = wait(client, analyst["api_key"], rel["id"])
+    assert done["status"] == "failed"
+    assert done["error"] == {
+        "type": "https://dp-curator.dev/problems/release-failed",
+        "title": "The release failed; its charge is kept",
+        "detail": "the release failed after its charge; the charge is kept",
+    }
+    listing = client.get(f"/v1/datasets/{ds['id']}/releases", headers=Api.auth(owner["api_key"]))
+    assert "4.2137" not in listing.text
+    assert "P000017" not in listing.text
+    assert "singular" not in listing.text
