@@ -28,6 +28,22 @@ Claim:
 
     Proof: ``docs/proofs/ate_strict.md``. Steps are labelled ``# proof step N`` below.
 
+Nuisance presets:
+    * ``"dp_ebm"`` (default): interpret DP-EBM classifier / regressor (proof §2);
+    * ``"dp_linear"``: DP logistic regression by output perturbation for pi and DP per-arm
+      ridge regression by sufficient-statistics perturbation for mu
+      (``service.mechanisms.dp_linear``; proof §10–§11). Fast enough for hundreds of
+      benchmark repetitions at n = 10^6;
+    * ``"none"`` (RCT only).
+
+Cross-fitting (``cross_fit=True``, ``dp_linear`` only; proof §12):
+    two halves of public sizes from a uniformly random permutation; each half's nuisances (DP,
+    at (epsilon_nuis, delta_nuis) split between pi and mu) are fitted on the other half, and
+    the DP mean and second moment are taken over all n records. The nuisance fits are parallel
+    over the disjoint halves; the estimation composes sequentially with them: the release
+    costs ``(epsilon_nuis + epsilon_stat, delta_nuis + delta_stat) = (epsilon, delta)``, with
+    ``epsilon_nuis = nuisance_share * epsilon`` (public).
+
 Designs:
     * observational: three folds (propensity, outcome, estimation), default (0.25, 0.25, 0.5);
       B = R / c_pi.
@@ -62,6 +78,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import ndtri
 
+from service.mechanisms import dp_linear
 from service.mechanisms.calibration import (
     default_delta,
     gdp_delta,
@@ -85,7 +102,8 @@ from service.mechanisms.records import (
 MECHANISM = "ate_strict"
 VERSION = "1"
 
-Nuisance = Literal["dp_ebm", "none"]
+Nuisance = Literal["dp_ebm", "dp_linear", "none"]
+NUISANCES: tuple[str, ...] = ("dp_ebm", "dp_linear", "none")
 Progress = Callable[[float, str], None]
 
 # ---- public constants (part of the mechanism version) ---------------------------------------
@@ -96,6 +114,8 @@ MIN_FOLD_SIZE = 100
 DEFAULT_FOLDS_OBSERVATIONAL = (0.25, 0.25, 0.5)  # propensity, outcome, estimation
 DEFAULT_FOLDS_RCT = (0.5, 0.5)  # outcome, estimation
 DEFAULT_FOLDS_RCT_NO_NUISANCE = (1.0,)  # estimation
+DEFAULT_NUISANCE_SHARE = 0.5  # cross-fitting: share of epsilon and delta for the nuisances
+CROSS_FIT_FOLDS = (0.5, 0.5)  # cross-fitting: two halves
 _FOLD_SUM_TOLERANCE = 1e-9
 
 # DP-EBM hyperparameters: interpret 0.7.8 defaults (dp_ebm_learners.md §8). Timed at
@@ -134,7 +154,13 @@ class AteStrictParams:
         mean_share: f, the share of the estimation budget spent on the mean.
         variance_inflation: use V_hat + z_{1 - alpha_v} s_2 in the CI (§3.2 step 9).
         alpha_v: level of the variance inflation.
-        nuisance: ``"dp_ebm"`` or ``"none"`` (RCT only: mu_hat = midpoint of the bounds).
+        nuisance: ``"dp_ebm"``, ``"dp_linear"`` or ``"none"`` (RCT only: mu_hat = midpoint
+            of the bounds).
+        cross_fit: 2-fold cross-fitting (``dp_linear`` only; fold_fractions must be None).
+        nuisance_share: cross-fitting only: the share of (epsilon, delta) spent on the
+            nuisance fits; the rest goes to the DP mean and second moment over all n.
+        regularization: ``dp_linear`` ridge lambda (logistic and outcome); None means the
+            public rules ``m^(-1/3)`` (logistic) and ``m^(-1/2)`` (outcome) for m fit records.
     """
 
     epsilon: float
@@ -147,6 +173,9 @@ class AteStrictParams:
     variance_inflation: bool = False
     alpha_v: float = 0.05
     nuisance: Nuisance = "dp_ebm"
+    cross_fit: bool = False
+    nuisance_share: float = DEFAULT_NUISANCE_SHARE
+    regularization: float | None = None
 
 
 # ---- DP-EBM accounting (README §1.2, dp_ebm_learners.md §4, §7) -----------------------------
@@ -360,17 +389,25 @@ class _Plan:
     bound_natural: float  # R / c, R / min(p, 1 - p) or R / (2 min(p, 1 - p))
     propensity: float | None  # RCT: p; observational: None
     dp_ebm: DpEbmAccounting | None
+    dp_logistic: dp_linear.DpLogistic | None
+    dp_ridge: dp_linear.DpRidge | None
+    cross_fit: bool
     mean: GaussianCalibration
     second_moment: GaussianCalibration
     record: MechanismRecord
 
     @property
     def n2(self) -> int:
-        return self.fold_sizes[-1]
+        """Records averaged by the estimation stage (all n with cross-fitting)."""
+        return sum(self.fold_sizes) if self.cross_fit else self.fold_sizes[-1]
 
 
-def default_fold_fractions(domain: PublicDomain, nuisance: Nuisance) -> tuple[float, ...]:
-    """The design's default fold fractions."""
+def default_fold_fractions(
+    domain: PublicDomain, nuisance: Nuisance, cross_fit: bool = False
+) -> tuple[float, ...]:
+    """The design's default fold fractions (cross-fitting: two halves)."""
+    if cross_fit:
+        return CROSS_FIT_FOLDS
     if domain.design == StudyDesign.RCT:
         return DEFAULT_FOLDS_RCT_NO_NUISANCE if nuisance == "none" else DEFAULT_FOLDS_RCT
     return DEFAULT_FOLDS_OBSERVATIONAL
@@ -382,7 +419,9 @@ def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
     return (*sizes, n - sum(sizes))
 
 
-def _modules(domain: PublicDomain, nuisance: Nuisance) -> tuple[str, ...]:
+def _modules(domain: PublicDomain, nuisance: Nuisance, cross_fit: bool = False) -> tuple[str, ...]:
+    if cross_fit:
+        return ("half_1", "half_2")
     if domain.design == StudyDesign.RCT:
         return ("estimation",) if nuisance == "none" else ("outcome", "estimation")
     return ("propensity", "outcome", "estimation")
@@ -392,10 +431,12 @@ def default_delta_for(
     domain: PublicDomain,
     fold_fractions: tuple[float, ...] | None = None,
     nuisance: Nuisance = "dp_ebm",
+    cross_fit: bool = False,
 ) -> float:
     """README §1.7 default delta, ``min(1e-5, 1 / (10 n_min))`` over this release's folds."""
     _validate_domain(domain, nuisance)
-    fractions = _validate_fractions(domain, nuisance, fold_fractions)
+    _validate_cross_fit(nuisance, cross_fit, fold_fractions)
+    fractions = _validate_fractions(domain, nuisance, fold_fractions, cross_fit)
     return default_delta(min(fold_sizes(domain.n, fractions)))
 
 
@@ -413,8 +454,8 @@ def _validate_domain(domain: PublicDomain, nuisance: Nuisance) -> None:
     if not domain.y_lower < domain.y_upper:
         raise InvalidParameters("outcome bounds must satisfy y_lower < y_upper")
     validate_finite_positive(domain.outcome_range, "outcome range")
-    if nuisance not in ("dp_ebm", "none"):
-        raise InvalidParameters("nuisance must be 'dp_ebm' or 'none'")
+    if nuisance not in NUISANCES:
+        raise InvalidParameters("nuisance must be 'dp_ebm', 'dp_linear' or 'none'")
     if domain.design == StudyDesign.RCT:
         p = domain.treatment_probability
         if p is None or isinstance(p, bool) or not isinstance(p, int | float):
@@ -428,12 +469,28 @@ def _validate_domain(domain: PublicDomain, nuisance: Nuisance) -> None:
         raise InvalidParameters("unknown study design")
 
 
+def _validate_cross_fit(
+    nuisance: Nuisance, cross_fit: object, fold_fractions: tuple[float, ...] | None
+) -> None:
+    if not isinstance(cross_fit, bool):
+        raise InvalidParameters("cross_fit must be a boolean")
+    if cross_fit and nuisance != "dp_linear":
+        raise InvalidParameters("cross_fit=true needs nuisance='dp_linear'")
+    if cross_fit and fold_fractions is not None:
+        raise InvalidParameters("fold_fractions must be omitted with cross_fit=true (two halves)")
+
+
 def _validate_fractions(
-    domain: PublicDomain, nuisance: Nuisance, fold_fractions: tuple[float, ...] | None
+    domain: PublicDomain,
+    nuisance: Nuisance,
+    fold_fractions: tuple[float, ...] | None,
+    cross_fit: bool = False,
 ) -> tuple[float, ...]:
-    modules = _modules(domain, nuisance)
+    modules = _modules(domain, nuisance, cross_fit)
     fractions = (
-        default_fold_fractions(domain, nuisance) if fold_fractions is None else fold_fractions
+        default_fold_fractions(domain, nuisance, cross_fit)
+        if fold_fractions is None
+        else fold_fractions
     )
     if len(fractions) != len(modules):
         raise InvalidParameters(
@@ -450,7 +507,7 @@ def _validate_fractions(
     return checked
 
 
-def _split_share(total: float, share: float) -> tuple[float, float]:
+def split_share(total: float, share: float) -> tuple[float, float]:
     """Split ``total`` into (share * total, rest) with ``first + second == total`` exactly.
 
     The larger part is the rounded product; the smaller is ``total - larger``, which is exact by
@@ -471,17 +528,23 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
     """Validate everything and compute the calibration and the record. Touches no data."""
     nuisance = params.nuisance
     _validate_domain(domain, nuisance)
+    cross_fit = params.cross_fit
+    _validate_cross_fit(nuisance, cross_fit, params.fold_fractions)
     epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
-    fractions = _validate_fractions(domain, nuisance, params.fold_fractions)
-    modules = _modules(domain, nuisance)
+    fractions = _validate_fractions(domain, nuisance, params.fold_fractions, cross_fit)
+    modules = _modules(domain, nuisance, cross_fit)
     sizes = fold_sizes(domain.n, fractions)
     delta = validate_delta(params.delta, n_min=min(sizes))
+    if params.regularization is not None:
+        validate_finite_positive(params.regularization, "regularization")
+        if nuisance != "dp_linear":
+            raise InvalidParameters("regularization is only used with nuisance='dp_linear'")
     validate_alpha(params.alpha)
     validate_alpha(params.alpha_v, name="alpha_v")
     mean_share = validate_alpha(params.mean_share, name="mean_share")  # in (0, 1)
     if not isinstance(params.variance_inflation, bool):
         raise InvalidParameters("variance_inflation must be a boolean")
-    n2 = sizes[-1]
+    n2 = domain.n if cross_fit else sizes[-1]
     big_r = domain.outcome_range
 
     # proof step 1: the public bound B on |Gamma| (ate_ci.md §3.3).
@@ -514,10 +577,40 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
 
     # proof step 2: nuisance modules (DP-EBM) at (epsilon, delta) each under replace-one.
     dp_ebm = solve_dp_ebm_epsilon_p(epsilon, delta) if nuisance == "dp_ebm" else None
+    # proof step 8 (dp_linear, §10-§12): budgets of the linear nuisance fits.
+    observational = domain.design == StudyDesign.OBSERVATIONAL
+    epsilon_stat, delta_stat = epsilon, delta
+    epsilon_pi = epsilon_mu = epsilon
+    delta_pi = delta_mu = delta
+    if cross_fit:
+        share = validate_alpha(params.nuisance_share, name="nuisance_share")  # in (0, 1)
+        epsilon_nuis, epsilon_stat = split_share(epsilon, share)
+        delta_nuis, delta_stat = split_share(delta, share)
+        epsilon_pi = epsilon_mu = epsilon_nuis
+        delta_pi = delta_mu = delta_nuis
+        if observational:
+            epsilon_pi, epsilon_mu = split_share(epsilon_nuis, 0.5)
+            delta_pi, delta_mu = split_share(delta_nuis, 0.5)
+    dp_logistic: dp_linear.DpLogistic | None = None
+    dp_ridge: dp_linear.DpRidge | None = None
+    if nuisance == "dp_linear":
+        # calibrate for the smallest fold a fit runs on: calibrating for the smallest m is
+        # conservative for a larger fold (sensitivity decreases in m, proof §10).
+        if cross_fit:
+            m_pi = m_mu = min(sizes)
+        else:
+            m_pi = sizes[modules.index("propensity")] if observational else 0
+            m_mu = sizes[modules.index("outcome")]
+        d = domain.q + 1
+        if observational:
+            lam_pi = params.regularization or dp_linear.default_regularization(m_pi)
+            dp_logistic = dp_linear.DpLogistic.plan(m_pi, d, epsilon_pi, delta_pi, lam_pi)
+        lam_mu = params.regularization or dp_linear.default_ridge_regularization(m_mu)
+        dp_ridge = dp_linear.DpRidge.plan(m_mu, d, epsilon_mu, delta_mu, lam_mu)
 
     # proof step 3: estimation budget split, sensitivities and lattice Gaussian calibration.
-    epsilon_theta, epsilon_v = _split_share(epsilon, mean_share)
-    delta_theta, delta_v = _split_share(delta, mean_share)
+    epsilon_theta, epsilon_v = split_share(epsilon_stat, mean_share)
+    delta_theta, delta_v = split_share(delta_stat, mean_share)
     sensitivity_theta = _float_slack(2.0 * bound / n2, n2)
     sensitivity_m2 = _float_slack(bound * bound / n2, n2)
     mean = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity_theta)
@@ -529,17 +622,25 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         if "propensity" in modules:
             events.append(_dp_ebm_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
         events.append(_dp_ebm_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r))
+    nuisance_module = "nuisance" if cross_fit else None
+    if dp_logistic is not None:
+        events.append(_dp_logistic_event(nuisance_module or "propensity", dp_logistic, cross_fit))
+    if dp_ridge is not None:
+        events.append(_dp_ridge_event(nuisance_module or "outcome", dp_ridge, cross_fit))
     events.append(_gaussian_event("mean_pseudo_outcome", 2.0 * bound / n2, mean, bound))
     events.append(
         _gaussian_event("second_moment_pseudo_outcome", bound * bound / n2, second_moment, bound)
     )
     # proof step 6: within a module, sequential composition; across modules, the max.
-    per_module: dict[str, tuple[float, float]] = {}
+    # Cross-fitting (proof §12): every event composes sequentially; each nuisance event is one
+    # mechanism run in parallel on the two disjoint halves, so it is counted once.
+    # Sums are exact-then-rounded (fsum): every split above adds up exactly, so the exact sum
+    # of the shares is the requested total.
+    per_module: dict[str, list[NoiseEvent]] = {}
     for event in events:
-        spent_epsilon, spent_delta = per_module.get(event.module, (0.0, 0.0))
-        per_module[event.module] = (spent_epsilon + event.epsilon, spent_delta + event.delta)
-    cost_epsilon = max(value[0] for value in per_module.values())
-    cost_delta = max(value[1] for value in per_module.values())
+        per_module.setdefault("all" if cross_fit else event.module, []).append(event)
+    cost_epsilon = max(math.fsum(e.epsilon for e in group) for group in per_module.values())
+    cost_delta = max(math.fsum(e.delta for e in group) for group in per_module.values())
     if cost_epsilon != epsilon or cost_delta != delta:  # pragma: no cover - guarded by the split
         raise InvalidParameters("internal budget accounting mismatch")
     record = MechanismRecord(
@@ -548,7 +649,11 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         guarantee=Guarantee.STRICT,
         n=domain.n,
         fold_sizes=dict(zip(modules, sizes, strict=True)),
-        composition=Composition.THEOREM6_MAX if len(modules) > 1 else Composition.SEQUENTIAL,
+        composition=(
+            Composition.THEOREM6_MAX
+            if len(modules) > 1 and not cross_fit
+            else Composition.SEQUENTIAL
+        ),
         events=tuple(events),
         epsilon=cost_epsilon,
         delta=cost_delta,
@@ -563,6 +668,9 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         bound_natural=bound_natural,
         propensity=propensity,
         dp_ebm=dp_ebm,
+        dp_logistic=dp_logistic,
+        dp_ridge=dp_ridge,
+        cross_fit=cross_fit,
         mean=mean,
         second_moment=second_moment,
         record=record,
@@ -599,6 +707,56 @@ def _dp_ebm_event(
             "outer_bags": DP_EBM_OUTER_BAGS,
             "n_features": n_features,
             "target_range": target_range,
+        },
+    )
+
+
+def _dp_logistic_event(module: str, model: dp_linear.DpLogistic, cross_fit: bool) -> NoiseEvent:
+    calibration = model.calibration
+    return NoiseEvent(
+        type="gaussian",
+        module=module,
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": "dp_logistic_regression_weights",
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "parallel_folds": 2 if cross_fit else 1,
+            "fit_size": model.m,
+            "regularization": model.regularization,
+            "intercept": dp_linear.INTERCEPT,
+            "dim": calibration.dim,
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "mu": calibration.mu,
+        },
+    )
+
+
+def _dp_ridge_event(module: str, model: dp_linear.DpRidge, cross_fit: bool) -> NoiseEvent:
+    calibration = model.calibration
+    return NoiseEvent(
+        type="gaussian",
+        module=module,
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": "per_arm_ridge_sufficient_statistics",
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "parallel_folds": 2 if cross_fit else 1,
+            "fit_size": model.m,
+            "regularization": model.regularization,
+            "intercept": dp_linear.INTERCEPT,
+            "dim": calibration.dim,
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "mu": calibration.mu,
         },
     )
 
@@ -640,8 +798,11 @@ def _public_parameters(state: _Plan) -> dict[str, Any]:
     return {
         "mode": "strict",
         "guarantee": str(Guarantee.STRICT),
+        "estimator": "aipw",
         "design": str(state.design),
         "nuisance": state.nuisance,
+        "cross_fit": state.cross_fit,
+        "nuisance_share": params.nuisance_share if state.cross_fit else None,
         "epsilon": state.record.epsilon,
         "delta": state.record.delta,
         "alpha": params.alpha,
@@ -674,6 +835,8 @@ def quote(
         **_public_parameters(state),
         "ci_level": 1.0 - state.params.alpha,
         "min_half_width": z * state.mean.sigma,
+        "expected_half_width": z * state.mean.sigma,
+        "half_width_basis": "noise_only",
         "s_theta": state.mean.sigma,
         "s_2": state.second_moment.sigma,
         "n2": state.n2,
@@ -707,7 +870,9 @@ def epsilon_for_half_width(
     share = base.params.mean_share
 
     def reaches(epsilon: float) -> bool:
-        epsilon_theta, _ = _split_share(epsilon, share)
+        if base.cross_fit:
+            _, epsilon = split_share(epsilon, base.params.nuisance_share)
+        epsilon_theta, _ = split_share(epsilon, share)
         sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity).sigma
         return z * sigma <= target
 
@@ -754,6 +919,9 @@ def _prepare(
     a = np.where(a >= 0.5, 1.0, 0.0)
     y = np.clip(np.where(np.isnan(y), domain.y_lower, y), domain.y_lower, domain.y_upper)
     return x, a, y
+
+
+prepare_arrays = _prepare
 
 
 def _dp_ebm_common(accounting: DpEbmAccounting) -> dict[str, Any]:
@@ -926,6 +1094,10 @@ def _run(
     del permutation
     progress(0.05, "partition")
 
+    if state.cross_fit:
+        gamma = _cross_fit_pseudo_outcomes(x, a, y, folds, domain, state, noise, progress)
+        return _estimate(gamma, state, noise, progress)
+
     estimation = folds["estimation"]
     x2, a2, y2 = x[estimation], a[estimation], y[estimation]
     low, high = domain.y_lower, domain.y_upper
@@ -934,6 +1106,10 @@ def _run(
     # row-wise post-processing of the DP models.
     if state.propensity is not None:
         pi_hat = np.full(x2.shape[0], state.propensity, dtype=np.float64)
+    elif state.dp_logistic is not None:
+        pi_fold = folds["propensity"]
+        pi_hat = _linear_propensity(x[pi_fold], a[pi_fold], x2, domain, state, noise)
+        progress(0.40, "propensity")
     else:
         pi_fold = folds["propensity"]
         propensity_model = _fit_propensity(x[pi_fold], a[pi_fold], domain, state)
@@ -948,6 +1124,12 @@ def _run(
         midpoint = (low + high) / 2.0
         mu0_hat = np.full(x2.shape[0], midpoint, dtype=np.float64)
         mu1_hat = mu0_hat
+    elif state.dp_ridge is not None:
+        mu_fold = folds["outcome"]
+        mu0_hat, mu1_hat = _linear_outcome(
+            x[mu_fold], a[mu_fold], y[mu_fold], x2, domain, state, noise
+        )
+        progress(0.75, "outcome")
     else:
         mu_fold = folds["outcome"]
         outcome_model, midpoint = _fit_outcome(x[mu_fold], a[mu_fold], y[mu_fold], domain, state)
@@ -962,9 +1144,89 @@ def _run(
 
     # proof step 1 (applied): |Gamma| <= B by construction, then clip to [-B, B] (or K).
     gamma = pseudo_outcomes(a2, y2, pi_hat, mu0_hat, mu1_hat, bound=state.bound)
+    del x2, a2, y2, pi_hat, mu0_hat, mu1_hat
+    return _estimate(gamma, state, noise, progress)
+
+
+def _linear_propensity(
+    x_fit: NDArray[np.float64],
+    a_fit: NDArray[np.float64],
+    x_predict: NDArray[np.float64],
+    domain: PublicDomain,
+    state: _Plan,
+    noise: NoiseSampler,
+) -> NDArray[np.float64]:
+    """proof step 8: DP logistic regression on one fold, clipped predictions on another."""
+    model = state.dp_logistic
+    if model is None:
+        raise ValueError("no DP logistic plan")
+    z_fit = dp_linear.unit_ball_features(x_fit, domain.x_lower, domain.x_upper)
+    w_tilde = model.release(z_fit, a_fit, noise)
+    z_predict = dp_linear.unit_ball_features(x_predict, domain.x_lower, domain.x_upper)
+    clip = state.params.propensity_clip
+    pi_hat = np.nan_to_num(dp_linear.predict_propensity(w_tilde, z_predict), nan=0.5)
+    return np.asarray(np.clip(pi_hat, clip, 1.0 - clip), dtype=np.float64)
+
+
+def _linear_outcome(
+    x_fit: NDArray[np.float64],
+    a_fit: NDArray[np.float64],
+    y_fit: NDArray[np.float64],
+    x_predict: NDArray[np.float64],
+    domain: PublicDomain,
+    state: _Plan,
+    noise: NoiseSampler,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """proof step 8: DP per-arm ridge on one fold, clipped predictions on another."""
+    model = state.dp_ridge
+    if model is None:
+        raise ValueError("no DP ridge plan")
+    low, high = domain.y_lower, domain.y_upper
+    z_fit = dp_linear.unit_ball_features(x_fit, domain.x_lower, domain.x_upper)
+    w0, w1 = model.release(z_fit, a_fit, y_fit, y_lower=low, y_upper=high, noise=noise)
+    z_predict = dp_linear.unit_ball_features(x_predict, domain.x_lower, domain.x_upper)
+    return (
+        dp_linear.predict_outcome(w0, z_predict, y_lower=low, y_upper=high),
+        dp_linear.predict_outcome(w1, z_predict, y_lower=low, y_upper=high),
+    )
+
+
+def _cross_fit_pseudo_outcomes(
+    x: NDArray[np.float64],
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    folds: dict[str, NDArray[np.intp]],
+    domain: PublicDomain,
+    state: _Plan,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> NDArray[np.float64]:
+    """proof step 9 (§12): each half's Gamma uses DP nuisances fitted on the other half."""
+    parts: list[NDArray[np.float64]] = []
+    halves = (folds["half_1"], folds["half_2"])
+    for index, (fit, target) in enumerate(((halves[0], halves[1]), (halves[1], halves[0]))):
+        if state.propensity is not None:
+            pi_hat = np.full(target.size, state.propensity, dtype=np.float64)
+        else:
+            pi_hat = _linear_propensity(x[fit], a[fit], x[target], domain, state, noise)
+        mu0_hat, mu1_hat = _linear_outcome(x[fit], a[fit], y[fit], x[target], domain, state, noise)
+        parts.append(
+            pseudo_outcomes(a[target], y[target], pi_hat, mu0_hat, mu1_hat, bound=state.bound)
+        )
+        progress(0.35 * (index + 1), f"nuisance fold {index + 1}")
+    return np.concatenate(parts)
+
+
+def _estimate(
+    gamma: NDArray[np.float64], state: _Plan, noise: NoiseSampler, progress: Progress
+) -> dict[str, Any]:
+    """proof steps 3, 5, 7: DP mean and second moment of Gamma, then the CI."""
+    params = state.params
     # proof step 3 (applied): exact-then-rounded sums; the sensitivities include the slack.
+    if gamma.size != state.n2:
+        raise ValueError("estimation size differs from the plan")
     theta_hat, m2_hat = d2_statistics(gamma, bound=state.bound)
-    del gamma, x2, a2, y2, pi_hat, mu0_hat, mu1_hat
+    del gamma
     # proof step 5: two lattice Gaussian releases with public sigma.
     theta_dp = _release(theta_hat, state.mean, noise)
     m2_dp = _release(m2_hat, state.second_moment, noise)

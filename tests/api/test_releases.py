@@ -167,14 +167,16 @@ def test_budget_not_set(api: Api, client: TestClient) -> None:
         ({"epsilon": 1, "delta": 0}, "validation-failed"),
         ({"epsilon": 1, "alpha": 1.5}, "validation-failed"),
         ({"epsilon": 1, "unknown": 3}, "validation-failed"),
-        ({"epsilon": 1, "mode": "paper"}, "validation-failed"),
+        ({"epsilon": 1, "mode": "paper", "estimator": "ipw"}, "validation-failed"),
+        ({"epsilon": 1, "mode": "paper"}, "paper-mode-disabled"),
     ],
 )
 def test_invalid_parameters_are_refused_before_any_charge(
     client: TestClient, rct: Any, params: dict[str, Any], slug: str
 ) -> None:
     owner, analyst, ds = rct
-    problem(post_release(client, analyst["api_key"], ds["id"], params), 422, slug)
+    status = 403 if slug == "paper-mode-disabled" else 422
+    problem(post_release(client, analyst["api_key"], ds["id"], params), status, slug)
     budget = client.get(
         f"/v1/datasets/{ds['id']}/budget", headers=Api.auth(owner["api_key"])
     ).json()

@@ -393,6 +393,9 @@ ALLOWED_KEYS = {
     "mean_share",
     "variance_inflation",
     "alpha_v",
+    "estimator",
+    "cross_fit",
+    "nuisance_share",
 }
 FORBIDDEN_FRAGMENTS = ("theta_hat", "m2_hat", "gamma", "fold_membership", "model", "assign")
 
@@ -523,8 +526,8 @@ def test_kind_registry_and_params() -> None:
     assert kind.record(params, big).delta == pytest.approx(4e-7)  # 1 / (10 * 250000)
     preview = kind.quote(AteParams(epsilon=0.5, target_half_width=0.606), domain)
     assert preview["epsilon_for_target_half_width"] == pytest.approx(1.0, rel=2e-3)
-    with pytest.raises(pydantic.ValidationError, match="paper mode"):
-        AteParams(mode="paper", epsilon=1.0)
+    with pytest.raises(pydantic.ValidationError, match="not DP for the estimation fold"):
+        AteParams(mode="paper", estimator="ipw", epsilon=1.0)
     with pytest.raises(pydantic.ValidationError):
         AteParams(epsilon=1.0, seed=3)  # type: ignore[call-arg]
     with pytest.raises(pydantic.ValidationError):

@@ -1,59 +1,186 @@
 """The ``ate`` release kind: a DP average treatment effect with a confidence interval.
 
-Strict mode only for now (``service.mechanisms.ate_strict``, ate_ci.md §3); paper mode
-(PrivATE, ate_ci.md §2) is a later issue and is refused at validation.
-"""
+Combinations of ``mode`` and ``estimator`` (each validated; fields that a combination does not
+use are refused by name):
+
+| mode | estimator | mechanism | guarantee |
+|---|---|---|---|
+| strict | aipw (default) | ``ate_strict`` (ate_ci.md §3; DP-EBM or dp_linear nuisances, optional cross-fitting) | strict |
+| strict | ipw | ``ate_ipw`` (private_propensity.md §6) | strict |
+| strict | rct_difference | ``ate_rct`` (adum.md §7; RCT datasets only) | strict |
+| paper | aipw | ``ate_privATE`` (ate_ci.md §2; needs ``allow_paper_mode``) | paper |
+
+``paper`` + ``ipw`` (Lee et al.'s release is not DP for the estimation fold) and ``paper`` +
+``rct_difference`` (no paper version exists) are refused.
+"""  # noqa: E501
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 
-from service.mechanisms import ate_strict
+from service.mechanisms import ate_ipw, ate_privATE, ate_rct, ate_strict
+from service.mechanisms.calibration import default_delta
 from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
 from service.releases.kinds.base import KindParams, Progress
+
+Mode = Literal["strict", "paper"]
+Estimator = Literal["aipw", "ipw", "rct_difference"]
+
+# Fields each combination uses (besides mode, estimator, epsilon, alpha, target_half_width).
+_FIELDS: dict[tuple[str, str], frozenset[str]] = {
+    ("strict", "aipw"): frozenset(
+        {
+            "delta",
+            "propensity_clip",
+            "pseudo_outcome_clip",
+            "fold_fractions",
+            "mean_share",
+            "variance_inflation",
+            "alpha_v",
+            "nuisance",
+            "cross_fit",
+            "nuisance_share",
+            "regularization",
+        }
+    ),
+    ("strict", "ipw"): frozenset(
+        {"delta", "trim", "fold_fractions", "mean_share", "regularization"}
+    ),
+    ("strict", "rct_difference"): frozenset({"variance"}),
+    ("paper", "aipw"): frozenset(
+        {"delta", "propensity_clip", "ate_share", "nuisance", "gamma_mode"}
+    ),
+}
+_COMMON = frozenset({"mode", "estimator", "epsilon", "alpha", "target_half_width"})
+_NUISANCES: dict[str, tuple[str, ...]] = {
+    "strict": ("dp_ebm", "dp_linear", "none"),
+    "paper": ("kernel", "linear"),
+}
 
 
 class AteParams(KindParams):
     """Request parameters of an ``ate`` release (validated again by the mechanism)."""
 
-    mode: Literal["strict"] = "strict"
+    mode: Mode = "strict"
+    estimator: Estimator = "aipw"
     epsilon: float = Field(gt=0, allow_inf_nan=False)
-    # None: README §1.7 default, min(1e-5, 1 / (10 * smallest fold size)).
+    # None: README §1.7 default, min(1e-5, 1 / (10 * smallest fold size)); rct_difference: 0.
     delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     alpha: float = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
     propensity_clip: float = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
     pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # None: the design's default ((0.25, 0.25, 0.5) observational; (0.5, 0.5) RCT; (1.0,) RCT
-    # with nuisance "none").
+    # with nuisance "none"; (0.5, 0.5) for ipw).
     fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
     mean_share: float = Field(default=0.8, gt=0, lt=1, allow_inf_nan=False)
     variance_inflation: bool = False
     alpha_v: float = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
-    nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
+    # None: "dp_ebm" (strict) or "kernel" (paper).
+    nuisance: Literal["dp_ebm", "dp_linear", "none", "kernel", "linear"] | None = None
+    cross_fit: bool = False
+    nuisance_share: float = Field(
+        default=ate_strict.DEFAULT_NUISANCE_SHARE, gt=0, lt=1, allow_inf_nan=False
+    )
+    regularization: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    trim: float = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
+    variance: Literal["dp_second_moment", "public_bound"] = "dp_second_moment"
+    ate_share: float = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
+    gamma_mode: Literal["optimizer", "analytic"] = "optimizer"
     # Quote only: also return the epsilon needed for this CI half-width. Ignored by a release.
     target_half_width: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _strict_only(cls, value: object) -> object:
-        if value != "strict":
+    @model_validator(mode="after")
+    def _check_combination(self) -> AteParams:
+        combination = (self.mode, self.estimator)
+        if combination == ("paper", "ipw"):
             raise ValueError(
-                "only mode='strict' is available for the ate kind; paper mode (PrivATE) is "
-                "not implemented yet"
+                "estimator='ipw' is not available with mode='paper': Lee et al.'s release is "
+                "not DP for the estimation fold; use mode='strict'"
             )
+        if combination == ("paper", "rct_difference"):
+            raise ValueError(
+                "estimator='rct_difference' is strict only; use mode='strict' (there is no "
+                "paper version)"
+            )
+        allowed = _FIELDS[combination] | _COMMON
+        # A field a combination does not use must keep its default (stored requests are
+        # re-validated from a full dump, so "was it sent" is not enough).
+        fields = type(self).model_fields
+        for name in sorted(set(fields) - allowed):
+            if getattr(self, name) == fields[name].default:
+                continue
+            raise ValueError(
+                f"field '{name}' is not used by mode='{self.mode}', estimator='{self.estimator}'"
+            )
+        if self.nuisance is not None and self.nuisance not in _NUISANCES[self.mode]:
+            raise ValueError(
+                f"field 'nuisance' must be one of {list(_NUISANCES[self.mode])} with "
+                f"mode='{self.mode}'"
+            )
+        if self.estimator == "ipw" and self.fold_fractions is not None:
+            if len(self.fold_fractions) != 2:
+                raise ValueError("field 'fold_fractions' needs 2 entries (fit, estimation)")
+        return self
+
+
+def _strict_nuisance(params: AteParams) -> ate_strict.Nuisance:
+    value = params.nuisance or "dp_ebm"
+    if value == "dp_ebm" or value == "dp_linear" or value == "none":
         return value
+    raise InvalidParameters("field 'nuisance' is invalid for mode='strict'")  # pragma: no cover
 
 
-def to_mechanism_params(params: AteParams, domain: PublicDomain) -> ate_strict.AteStrictParams:
+def to_mechanism_params(
+    params: AteParams, domain: PublicDomain
+) -> (
+    ate_strict.AteStrictParams
+    | ate_ipw.AteIpwParams
+    | ate_rct.AteRctParams
+    | ate_privATE.PrivateParams
+):
     """Map request parameters to the mechanism's, filling the public default delta."""
+    if params.mode == "paper":
+        nuisance: ate_privATE.NuisancePreset = "linear" if params.nuisance == "linear" else "kernel"
+        return ate_privATE.PrivateParams(
+            epsilon=params.epsilon,
+            delta=params.delta if params.delta is not None else default_delta(domain.n),
+            alpha=params.alpha,
+            propensity_clip=params.propensity_clip,
+            ate_share=params.ate_share,
+            nuisance=nuisance,
+            gamma_mode=params.gamma_mode,
+        )
+    if params.estimator == "rct_difference":
+        return ate_rct.AteRctParams(
+            epsilon=params.epsilon, alpha=params.alpha, variance=params.variance
+        )
+    if params.estimator == "ipw":
+        fractions = params.fold_fractions
+        pair = None if fractions is None else (fractions[0], fractions[1])
+        delta = params.delta
+        if delta is None:
+            delta = ate_ipw.default_delta_for(domain, pair)
+        return ate_ipw.AteIpwParams(
+            epsilon=params.epsilon,
+            delta=delta,
+            alpha=params.alpha,
+            trim=params.trim,
+            fold_fractions=pair,
+            mean_share=params.mean_share,
+            regularization=params.regularization,
+        )
+    nuisance_strict = _strict_nuisance(params)
     delta = params.delta
     if delta is None:
-        delta = ate_strict.default_delta_for(domain, params.fold_fractions, params.nuisance)
+        delta = ate_strict.default_delta_for(
+            domain, params.fold_fractions, nuisance_strict, params.cross_fit
+        )
     return ate_strict.AteStrictParams(
         epsilon=params.epsilon,
         delta=delta,
@@ -64,28 +191,46 @@ def to_mechanism_params(params: AteParams, domain: PublicDomain) -> ate_strict.A
         mean_share=params.mean_share,
         variance_inflation=params.variance_inflation,
         alpha_v=params.alpha_v,
-        nuisance=params.nuisance,
+        nuisance=nuisance_strict,
+        cross_fit=params.cross_fit,
+        nuisance_share=params.nuisance_share,
+        regularization=params.regularization,
     )
 
 
 class AteKind:
-    """Adapter between the HTTP layer and ``service.mechanisms.ate_strict``."""
+    """Adapter between the HTTP layer and the ATE mechanisms."""
 
     name: ClassVar[str] = "ate"
     Params: ClassVar[type[KindParams]] = AteParams
 
     def record(self, params: Any, domain: PublicDomain) -> MechanismRecord:
         """The release's mechanism record and cost, from public inputs only."""
-        return ate_strict.plan(domain, to_mechanism_params(_as_params(params), domain))
+        mechanism = to_mechanism_params(_as_params(params), domain)
+        if isinstance(mechanism, ate_privATE.PrivateParams):
+            return ate_privATE.plan(domain, mechanism)
+        if isinstance(mechanism, ate_rct.AteRctParams):
+            return ate_rct.plan(domain, mechanism)
+        if isinstance(mechanism, ate_ipw.AteIpwParams):
+            return ate_ipw.plan(domain, mechanism)
+        return ate_strict.plan(domain, mechanism)
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
-        """Public accuracy preview (minimum CI half-width; optionally the epsilon for a target)."""
+        """Public accuracy preview: expected half-width (basis stated) and optionally the
+        epsilon for ``target_half_width``."""
         checked = _as_params(params)
-        return ate_strict.quote(
-            domain,
-            to_mechanism_params(checked, domain),
-            target_half_width=checked.target_half_width,
-        )
+        mechanism = to_mechanism_params(checked, domain)
+        target = checked.target_half_width
+        out: dict[str, Any]
+        if isinstance(mechanism, ate_privATE.PrivateParams):
+            out = ate_privATE.quote(domain, mechanism, target_half_width=target)
+        elif isinstance(mechanism, ate_rct.AteRctParams):
+            out = ate_rct.quote(domain, mechanism, target_half_width=target)
+        elif isinstance(mechanism, ate_ipw.AteIpwParams):
+            out = ate_ipw.quote(domain, mechanism, target_half_width=target)
+        else:
+            out = ate_strict.quote(domain, mechanism, target_half_width=target)
+        return out
 
     def run(
         self,
@@ -98,14 +243,15 @@ class AteKind:
         progress: Progress,
     ) -> dict[str, Any]:
         """Run the release after the charge; raises ``ReleaseFailed`` on any data-time failure."""
-        return ate_strict.run(
-            arrays,
-            domain,
-            to_mechanism_params(_as_params(params), domain),
-            rng=rng,
-            noise=noise,
-            progress=progress,
-        )
+        mechanism = to_mechanism_params(_as_params(params), domain)
+        options: dict[str, Any] = {"rng": rng, "noise": noise, "progress": progress}
+        if isinstance(mechanism, ate_privATE.PrivateParams):
+            return ate_privATE.run(arrays, domain, mechanism, **options)
+        if isinstance(mechanism, ate_rct.AteRctParams):
+            return ate_rct.run(arrays, domain, mechanism, **options)
+        if isinstance(mechanism, ate_ipw.AteIpwParams):
+            return ate_ipw.run(arrays, domain, mechanism, **options)
+        return ate_strict.run(arrays, domain, mechanism, **options)
 
 
 def _as_params(params: Any) -> AteParams:

@@ -1,0 +1,440 @@
+"""DP inverse-propensity-weighted ATE with a private propensity (Lee et al.; private_propensity.md).
+
+What it releases:
+    strict (``run``): ``theta_DP``, the DP mean of the trimmed, centred Horvitz–Thompson terms
+    ``h_i = t_i y_i / pi_i - (1 - t_i) y_i / (1 - pi_i)`` on the estimation fold D_n, with the
+    propensity ``pi_i = clip(sigmoid(w_tilde . z_i), xi, 1 - xi)`` from a DP logistic
+    regression ``w_tilde`` fitted on the disjoint fit fold D_m; a DP second moment; the CI of
+    private_propensity.md §6 (Gaussian noise, so the normal quantile is valid for the privacy
+    part) and the public noise scales. Never ``w_hat``, ``w_tilde`` (not needed by this kind),
+    the h_i, the fraction trimmed, fold membership or the non-private mean (threats.md §9).
+
+    paper (``run_paper``, benchmark harness only): the paper's release, DP for D_m only; the
+    IPTW on D_n is computed in the clear. It is NOT a service release (private_propensity.md
+    table "Service modes"): the ``ate`` kind refuses it.
+
+Neighbouring relation:
+    replace-one, n public; fold sizes public functions of n.
+
+Claim (strict):
+    ``run`` is (epsilon, delta)-DP: the DP logistic fit on D_m is (epsilon, delta)-DP
+    (output perturbation with replace-one sensitivity ``2 / (m lam) + 2 g_tol / lam``,
+    ``dp_linear``); on D_n, given w_tilde, ``|h_i| <= B = C_y / xi`` with ``C_y = R / 2``
+    (centred outcome), so the mean has sensitivity ``2 B / n`` and the second moment ``B^2 / n``;
+    two lattice Gaussians at (f eps, f delta) and ((1 - f) eps, (1 - f) delta) compose to
+    (eps, delta); the folds are disjoint from a data-independent permutation, so Theorem 6 of
+    Niu et al. charges the max, (eps, delta). Proof: ``docs/proofs/ate_ipw.md``.
+
+References:
+    Lee, K., Gresele, L., Park, M. and Muandet, K. (2019). Private causal inference using
+    propensity scores. arXiv:1905.12592.
+    Chaudhuri, K., Monteleoni, C. and Sarwate, A. D. (2011). Differentially private empirical
+    risk minimization. JMLR 12.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.special import ndtri
+
+from service.mechanisms import dp_linear
+from service.mechanisms.ate_rct import solve_epsilon
+from service.mechanisms.ate_strict import (
+    MAX_EPSILON,
+    MIN_EPSILON,
+    MIN_FOLD_SIZE,
+    confidence_interval,
+    d2_statistics,
+    fold_sizes,
+    prepare_arrays,
+    split_share,
+)
+from service.mechanisms.calibration import (
+    classic_gaussian_multiplier,
+    default_delta,
+    validate_alpha,
+    validate_delta,
+    validate_epsilon,
+    validate_finite_positive,
+)
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters, ReleaseFailed
+from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
+
+MECHANISM = "ate_ipw_private_propensity"
+VERSION = "1"
+Progress = Callable[[float, str], None]
+DEFAULT_FOLDS = (0.5, 0.5)  # fit (D_m), estimation (D_n)
+DEFAULT_TRIM = 0.05
+PAPER_REGULARIZATION = 0.1  # Lee et al. lambda
+_FLOAT_SLACK_BITS = 50
+
+
+@dataclass(frozen=True)
+class AteIpwParams:
+    """Public request parameters of the private-propensity IPW ATE.
+
+    Attributes:
+        epsilon: total epsilon (each fold's module gets (epsilon, delta); Theorem 6).
+        delta: total delta.
+        alpha: miscoverage of the CI.
+        trim: xi; the propensity is clipped to [xi, 1 - xi] (>= the dataset's minimum clip).
+        fold_fractions: (fit, estimation) fractions of n; default (0.5, 0.5).
+        mean_share: share f of the estimation budget for the mean.
+        regularization: logistic ridge lambda; None means ``m^(-1/2)`` (strict; IPW is not
+            doubly robust, so less shrinkage than the AIPW preset) or Lee et al.'s 0.1 (paper).
+    """
+
+    epsilon: float
+    delta: float
+    alpha: float = 0.05
+    trim: float = DEFAULT_TRIM
+    fold_fractions: tuple[float, float] | None = None
+    mean_share: float = 0.8
+    regularization: float | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    params: AteIpwParams
+    fit_size: int
+    n2: int
+    bound: float
+    propensity: dp_linear.DpLogistic
+    mean: GaussianCalibration
+    second_moment: GaussianCalibration
+    record: MechanismRecord
+
+
+def _slack(nominal: float, n: int) -> float:
+    return math.nextafter(nominal * (1.0 + (n + 8) * 2.0**-_FLOAT_SLACK_BITS), math.inf)
+
+
+def _fractions(domain: PublicDomain, params: AteIpwParams) -> tuple[int, int]:
+    if isinstance(domain.n, bool) or not isinstance(domain.n, int) or domain.n < 1:
+        raise InvalidParameters("the dataset size n must be a positive integer")
+    fractions = DEFAULT_FOLDS if params.fold_fractions is None else params.fold_fractions
+    if len(fractions) != 2:
+        raise InvalidParameters("fold_fractions must have 2 entries (fit, estimation)")
+    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
+    if abs(math.fsum(checked) - 1.0) > 1e-9:
+        raise InvalidParameters("fold_fractions must sum to 1")
+    fit_size, n2 = fold_sizes(domain.n, checked)
+    if min(fit_size, n2) < MIN_FOLD_SIZE:
+        raise InvalidParameters(
+            f"every fold needs at least {MIN_FOLD_SIZE} records (fold sizes {[fit_size, n2]})"
+        )
+    return fit_size, n2
+
+
+def default_delta_for(domain: PublicDomain, fold_fractions: tuple[float, float] | None) -> float:
+    """README §1.7 default delta over this release's folds."""
+    fit_size, n2 = _fractions(domain, AteIpwParams(1.0, 1e-9, fold_fractions=fold_fractions))
+    return default_delta(min(fit_size, n2))
+
+
+def _make_plan(domain: PublicDomain, params: AteIpwParams, *, paper: bool = False) -> _Plan:
+    if domain.design not in (StudyDesign.OBSERVATIONAL, StudyDesign.RCT):
+        raise InvalidParameters("unknown study design")
+    if not (math.isfinite(domain.y_lower) and math.isfinite(domain.y_upper)):
+        raise InvalidParameters("outcome bounds must be finite")
+    validate_finite_positive(domain.outcome_range, "outcome range")
+    epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    fit_size, n2 = _fractions(domain, params)
+    delta = validate_delta(params.delta, n_min=min(fit_size, n2))
+    validate_alpha(params.alpha)
+    mean_share = validate_alpha(params.mean_share, name="mean_share")
+    trim = validate_finite_positive(params.trim, "trim")
+    if trim < domain.min_propensity_clip:
+        raise InvalidParameters(
+            f"trim must be at least the dataset's minimum propensity clip "
+            f"{domain.min_propensity_clip}"
+        )
+    if trim >= 0.5:
+        raise InvalidParameters("trim must be below 0.5")
+    if params.regularization is not None:
+        validate_finite_positive(params.regularization, "regularization")
+    default_lam = PAPER_REGULARIZATION if paper else 1.0 / math.sqrt(fit_size)
+    lam = params.regularization or default_lam
+    if paper and not epsilon < 1.0:
+        raise InvalidParameters("the paper's classic Gaussian calibration needs epsilon < 1")
+
+    # proof step 1: DP logistic regression on D_m at (epsilon, delta).
+    propensity = dp_linear.DpLogistic.plan(fit_size, domain.q + 1, epsilon, delta, lam)
+    # proof step 2: |h| <= B = (R / 2) / xi; sensitivities 2B / n2 and B^2 / n2 (+ float slack).
+    bound = (domain.outcome_range / 2.0) / trim
+    epsilon_theta, epsilon_v = split_share(epsilon, mean_share)
+    delta_theta, delta_v = split_share(delta, mean_share)
+    mean = calibrate_gaussian(epsilon_theta, delta_theta, _slack(2.0 * bound / n2, n2))
+    second = calibrate_gaussian(epsilon_v, delta_v, _slack(bound * bound / n2, n2))
+    events = (
+        NoiseEvent(
+            type="gaussian",
+            module="propensity",
+            epsilon=epsilon,
+            delta=delta,
+            params={
+                "statistic": "dp_logistic_regression_weights",
+                "sampler": "opendp discrete gaussian on 2^k lattice",
+                "fit_size": fit_size,
+                "regularization": lam,
+                "intercept": dp_linear.INTERCEPT,
+                "dim": propensity.calibration.dim,
+                "sensitivity_l2": propensity.calibration.sensitivity_l2,
+                "sensitivity_l2_effective": propensity.calibration.sensitivity_l2_effective,
+                "sigma": propensity.calibration.sigma,
+                "mu": propensity.calibration.mu,
+            },
+        ),
+        _gaussian_event("mean_ipw_term", 2.0 * bound / n2, mean, bound),
+        _gaussian_event("second_moment_ipw_term", bound * bound / n2, second, bound),
+    )
+    # proof step 3: Theorem 6 over the two disjoint folds: max of (eps, delta) and (eps, delta).
+    record = MechanismRecord(
+        mechanism=MECHANISM,
+        version=VERSION,
+        guarantee=Guarantee.PAPER if paper else Guarantee.STRICT,
+        n=domain.n,
+        fold_sizes={"propensity": fit_size, "estimation": n2},
+        composition=Composition.THEOREM6_MAX,
+        events=events,
+        epsilon=epsilon,
+        delta=delta,
+    )
+    return _Plan(params, fit_size, n2, bound, propensity, mean, second, record)
+
+
+def _gaussian_event(
+    statistic: str, nominal: float, calibration: GaussianCalibration, bound: float
+) -> NoiseEvent:
+    return NoiseEvent(
+        type="gaussian",
+        module="estimation",
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": statistic,
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "bound": bound,
+            "sensitivity_l2_nominal": nominal,
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "mu": calibration.mu,
+        },
+    )
+
+
+def plan(domain: PublicDomain, params: AteIpwParams) -> MechanismRecord:
+    """Validate the strict request and compute its record (no data).
+
+    Raises:
+        InvalidParameters: invalid parameters.
+    """
+    return _make_plan(domain, params).record
+
+
+def ipw_terms(
+    a: NDArray[np.float64],
+    y_centred: NDArray[np.float64],
+    pi: NDArray[np.float64],
+    *,
+    bound: float,
+) -> NDArray[np.float64]:
+    """``h = a y / pi - (1 - a) y / (1 - pi)``, non-finite -> 0, clipped to [-B, B]."""
+    with np.errstate(all="ignore"):
+        h = a * y_centred / pi - (1.0 - a) * y_centred / (1.0 - pi)
+    h = np.where(np.isfinite(h), h, 0.0)
+    return np.asarray(np.clip(h, -bound, bound), dtype=np.float64)
+
+
+def _public_parameters(state: _Plan, *, paper: bool = False) -> dict[str, Any]:
+    params = state.params
+    return {
+        "mode": "paper" if paper else "strict",
+        "guarantee": str(Guarantee.PAPER if paper else Guarantee.STRICT),
+        "estimator": "ipw",
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "alpha": params.alpha,
+        "trim": params.trim,
+        "bound": state.bound,
+        "fold_sizes": dict(state.record.fold_sizes),
+        "mean_share": params.mean_share,
+        "regularization": state.propensity.regularization,
+        "estimand": "IPW functional at the DP propensity (biased if it is misspecified)",
+    }
+
+
+def quote(
+    domain: PublicDomain, params: AteIpwParams, *, target_half_width: float | None = None
+) -> dict[str, Any]:
+    """Public preview: the noise-only half-width ``z s_theta``; optionally the epsilon needed."""
+    state = _make_plan(domain, params)
+    z = float(ndtri(1.0 - params.alpha / 2.0))
+    out: dict[str, Any] = {
+        **_public_parameters(state),
+        "ci_level": 1.0 - params.alpha,
+        "expected_half_width": z * state.mean.sigma,
+        "half_width_basis": "noise_only",
+        "s_theta": state.mean.sigma,
+        "s_2": state.second_moment.sigma,
+        "n2": state.n2,
+    }
+    if target_half_width is not None:
+        target = validate_finite_positive(target_half_width, "target_half_width")
+        out["target_half_width"] = target
+        out["epsilon_for_target_half_width"] = solve_epsilon(
+            lambda eps: z * _make_plan(domain, replace(params, epsilon=eps)).mean.sigma, target
+        )
+    return out
+
+
+def run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    params: AteIpwParams,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Strict end-to-end private IPW release (after the charge).
+
+    Returns:
+        ``estimate``, ``ci_lower``, ``ci_upper``, ``ci_level``, ``half_width``,
+        ``variance_estimate``, ``s_theta``, ``s_2``, ``n2`` and public parameters.
+
+    Raises:
+        InvalidParameters: before data access.
+        ReleaseFailed: any failure after data access (generic).
+    """
+    state = _make_plan(domain, params)
+    try:
+        return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
+    except Exception:
+        raise ReleaseFailed() from None
+
+
+def _propensity_on_estimation_fold(
+    arrays: Arrays,
+    domain: PublicDomain,
+    state: _Plan,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    *,
+    paper: bool,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    x, a, y = prepare_arrays(arrays, domain)
+    # proof step 4: data-independent permutation cut at the public sizes.
+    permutation = rng.permutation(domain.n)
+    fit, estimation = permutation[: state.fit_size], permutation[state.fit_size :]
+    del permutation
+    z_fit = dp_linear.unit_ball_features(x[fit], domain.x_lower, domain.x_upper)
+    if paper:
+        # Lee et al. Definition 2: the classic multiplier, sensitivity 2 / (m lam) (+ g_tol).
+        sigma = (
+            classic_gaussian_multiplier(state.params.epsilon, state.params.delta)
+            * state.propensity.sensitivity_l2
+        )
+        w = dp_linear.fit_logistic(z_fit, a[fit], regularization=state.propensity.regularization)
+        w_tilde = noise.gaussian(w, sigma=sigma, sensitivity_l2=state.propensity.sensitivity_l2)
+    else:
+        w_tilde = state.propensity.release(z_fit, a[fit], noise)
+    z2 = dp_linear.unit_ball_features(x[estimation], domain.x_lower, domain.x_upper)
+    trim = state.params.trim
+    pi = np.clip(np.nan_to_num(dp_linear.predict_propensity(w_tilde, z2), nan=0.5), trim, 1 - trim)
+    return a[estimation], y[estimation], pi
+
+
+def _run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    state: _Plan,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    a2, y2, pi = _propensity_on_estimation_fold(arrays, domain, state, rng, noise, paper=False)
+    progress(0.5, "propensity")
+    midpoint = (domain.y_lower + domain.y_upper) / 2.0
+    h = ipw_terms(a2, y2 - midpoint, pi, bound=state.bound)
+    del a2, y2, pi
+    theta_hat, m2_hat = d2_statistics(h, bound=state.bound)
+    del h
+    # proof step 5: two lattice Gaussian releases with public sigma.
+    released = []
+    for value, calibration in ((theta_hat, state.mean), (m2_hat, state.second_moment)):
+        out = noise.gaussian(
+            np.array([value]), sigma=calibration.sigma, sensitivity_l2=calibration.sensitivity_l2
+        )
+        if not math.isfinite(float(out[0])):
+            raise ValueError("non-finite release")
+        released.append(float(out[0]))
+    del theta_hat, m2_hat
+    theta_dp, m2_dp = released
+    # proof step 6: post-processing (private_propensity.md §6 step 6).
+    interval = confidence_interval(
+        theta_dp,
+        m2_dp,
+        s_theta=state.mean.sigma,
+        s_2=state.second_moment.sigma,
+        n2=state.n2,
+        alpha=state.params.alpha,
+    )
+    progress(1.0, "done")
+    return {
+        "estimate": theta_dp,
+        "ci_lower": interval["ci_lower"],
+        "ci_upper": interval["ci_upper"],
+        "ci_level": 1.0 - state.params.alpha,
+        "half_width": interval["half_width"],
+        "variance_estimate": interval["variance_estimate"],
+        "s_theta": state.mean.sigma,
+        "s_2": state.second_moment.sigma,
+        "n2": state.n2,
+        **_public_parameters(state),
+    }
+
+
+def run_paper(
+    arrays: Arrays,
+    domain: PublicDomain,
+    params: AteIpwParams,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+) -> dict[str, Any]:
+    """Lee et al.'s release (benchmark harness only; NOT DP for the estimation fold).
+
+    DP logistic weights on D_m with the paper's classic calibration (epsilon < 1, lambda 0.1
+    by default, the service's public unit-ball features with an intercept), then the trimmed
+    Horvitz–Thompson IPTW on D_n in the clear (uncentred outcome, eq. 5 with trimming), with
+    a non-private normal CI conditional on ``w_tilde``. Labelled ``paper``.
+    """
+    state = _make_plan(domain, params, paper=True)
+    a2, y2, pi = _propensity_on_estimation_fold(arrays, domain, state, rng, noise, paper=True)
+    terms = a2 * y2 / pi - (1.0 - a2) * y2 / (1.0 - pi)
+    estimate = float(np.mean(terms))
+    half_width = (
+        float(ndtri(1.0 - params.alpha / 2.0)) * float(np.std(terms)) / math.sqrt(terms.size)
+    )
+    return {
+        "estimate": estimate,
+        "ci_lower": estimate - half_width,
+        "ci_upper": estimate + half_width,
+        "ci_level": 1.0 - params.alpha,
+        "half_width": half_width,
+        **_public_parameters(state, paper=True),
+        "note": "DP for the fit fold only; the estimation fold is used in the clear",
+    }

@@ -1,0 +1,143 @@
+"""The ate kind's estimators and modes over HTTP, on SQLite and PostgreSQL.
+
+Paper mode is refused (403 ``paper-mode-disabled``) until the owner enables it; each
+estimator runs end to end; quotes answer both ways; results hold no unnoised quantity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.test_datasets import problem
+from tests.api.test_releases import post_release, wait
+from tests.conftest import RCT_SCHEMA, Api
+
+FORBIDDEN_KEYS = {"theta_hat", "m2_hat", "tau_hat", "gamma_tau", "gamma_sigma", "sigma2_hat"}
+
+
+@pytest.fixture
+def observational(api: Api) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], n=1200, epsilon_total=20.0, delta_total=1e-3)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    return owner, analyst, ds
+
+
+def _quote(client: TestClient, key: str, dataset_id: str, params: dict[str, Any]) -> Any:
+    return client.post(
+        f"/v1/datasets/{dataset_id}/quotes",
+        json={"kind": "ate", "params": params},
+        headers=Api.auth(key),
+    )
+
+
+def _check_done(done: dict[str, Any], guarantee: str, estimator: str) -> dict[str, Any]:
+    assert done["status"] == "done", done
+    assert done["guarantee"] == guarantee
+    result: dict[str, Any] = done["result"]
+    assert result["estimator"] == estimator
+    assert result["guarantee"] == guarantee
+    assert result["ci_lower"] <= result["estimate"] <= result["ci_upper"]
+    assert not FORBIDDEN_KEYS & set(result)
+    return result
+
+
+def test_paper_mode_is_refused_until_the_owner_enables_it(
+    client: TestClient, observational: Any
+) -> None:
+    owner, analyst, ds = observational
+    params = {"epsilon": 1.0, "mode": "paper", "nuisance": "linear"}
+    refused = post_release(client, analyst["api_key"], ds["id"], params)
+    problem(refused, 403, "paper-mode-disabled")
+    problem(_quote(client, analyst["api_key"], ds["id"], params), 403, "paper-mode-disabled")
+    budget = client.get(
+        f"/v1/datasets/{ds['id']}/budget", headers=Api.auth(owner["api_key"])
+    ).json()
+    assert budget["epsilon_spent"] == 0.0
+    patched = client.patch(
+        f"/v1/datasets/{ds['id']}",
+        json={"allow_paper_mode": True},
+        headers=Api.auth(owner["api_key"]),
+    )
+    assert patched.status_code == 200, patched.text
+    quote = _quote(client, analyst["api_key"], ds["id"], {**params, "target_half_width": 1.0})
+    assert quote.status_code == 200, quote.text
+    assert quote.json()["guarantee"] == "paper"
+    assert quote.json()["accuracy"]["epsilon_for_target_half_width"] is not None
+    accepted = post_release(client, analyst["api_key"], ds["id"], params)
+    assert accepted.status_code == 202, accepted.text
+    result = _check_done(wait(client, analyst["api_key"], accepted.json()["id"]), "paper", "aipw")
+    assert result["mode"] == "paper"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"epsilon": 2.0, "nuisance": "dp_linear", "cross_fit": True},
+        {"epsilon": 2.0, "nuisance": "dp_linear"},
+        {"epsilon": 2.0, "estimator": "ipw", "trim": 0.05},
+    ],
+)
+def test_strict_estimators_run_end_to_end(
+    client: TestClient, observational: Any, params: dict[str, Any]
+) -> None:
+    owner, analyst, ds = observational
+    quote = _quote(client, analyst["api_key"], ds["id"], {**params, "target_half_width": 2.0})
+    assert quote.status_code == 200, quote.text
+    accuracy = quote.json()["accuracy"]
+    assert accuracy["half_width_basis"] == "noise_only"
+    assert accuracy["epsilon_for_target_half_width"] > 0
+    r = post_release(client, analyst["api_key"], ds["id"], params)
+    assert r.status_code == 202, r.text
+    done = wait(client, analyst["api_key"], r.json()["id"])
+    estimator = params.get("estimator", "aipw")
+    result = _check_done(done, "strict", estimator)
+    assert done["epsilon"] == pytest.approx(2.0)
+    ledger = client.get(
+        f"/v1/datasets/{ds['id']}/ledger", headers=Api.auth(owner["api_key"])
+    ).json()["entries"]
+    assert ledger[-1]["guarantee"] == "strict"
+    assert result["epsilon"] == pytest.approx(2.0)
+
+
+def test_rct_difference_end_to_end_and_refused_on_observational(
+    client: TestClient, api: Api, observational: Any
+) -> None:
+    owner, analyst, obs = observational
+    refused = post_release(
+        client, analyst["api_key"], obs["id"], {"epsilon": 1.0, "estimator": "rct_difference"}
+    )
+    body = problem(refused, 422, "validation-failed")
+    assert "rct" in body["detail"]
+    rct = api.dataset(owner["api_key"], n=1000, schema=RCT_SCHEMA, epsilon_total=5.0)
+    api.grant(owner["api_key"], rct["id"], analyst["id"])
+    params = {"epsilon": 1.0, "estimator": "rct_difference"}
+    quote = _quote(client, analyst["api_key"], rct["id"], params)
+    assert quote.status_code == 200, quote.text
+    assert quote.json()["delta"] == 0.0
+    r = post_release(client, analyst["api_key"], rct["id"], params)
+    assert r.status_code == 202, r.text
+    done = wait(client, analyst["api_key"], r.json()["id"])
+    result = _check_done(done, "strict", "rct_difference")
+    assert result["delta"] == 0.0
+    assert done["delta"] == 0.0
+
+
+def test_unsupported_combination_names_the_field(client: TestClient, observational: Any) -> None:
+    _, analyst, ds = observational
+    r = post_release(
+        client,
+        analyst["api_key"],
+        ds["id"],
+        {"epsilon": 1.0, "estimator": "ipw", "cross_fit": True},
+    )
+    assert r.status_code == 422
+    assert "cross_fit" in r.text
+    r = post_release(
+        client, analyst["api_key"], ds["id"], {"epsilon": 1.0, "mode": "paper", "estimator": "ipw"}
+    )
+    assert r.status_code == 422
+    assert "ipw" in r.text

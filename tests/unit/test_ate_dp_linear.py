@@ -1,0 +1,321 @@
+"""The ``dp_linear`` nuisance preset and 2-fold cross-fitting of the strict AIPW ATE.
+
+Pins the DP logistic sensitivity (Lee et al. / Chaudhuri et al. 2 / (m lambda), plus the
+solver-tolerance term), the per-arm ridge statistics' sensitivity sqrt(6), the cross-fitting
+budget (epsilon_nuis + epsilon_stat, every event once) and seeded end-to-end runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.mechanisms import ate_strict, dp_linear
+from service.mechanisms.ate_strict import AteStrictParams, plan
+from service.mechanisms.calibration import classic_gaussian_multiplier
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters
+from service.mechanisms.noise import SeededSampler, calibrate_gaussian
+from service.mechanisms.records import Composition, Guarantee
+
+TRUE_ATE = 1.0
+FORBIDDEN_KEYS = {"theta_hat", "m2_hat", "gamma", "w", "w_hat", "w_tilde", "weights", "folds"}
+
+
+def make_domain(
+    n: int, q: int = 2, *, design: StudyDesign = StudyDesign.OBSERVATIONAL
+) -> PublicDomain:
+    return PublicDomain(
+        x_lower=-np.ones(q),
+        x_upper=np.ones(q),
+        y_lower=-2.5,
+        y_upper=2.5,
+        n=n,
+        design=design,
+        treatment_probability=0.5 if design == StudyDesign.RCT else None,
+    )
+
+
+def synthetic(n: int, q: int, rng: np.random.Generator, *, rct: bool = False) -> Arrays:
+    x = rng.uniform(-1.0, 1.0, size=(n, q))
+    propensity = np.full(n, 0.5) if rct else 1.0 / (1.0 + np.exp(-x[:, 0]))
+    a = (rng.uniform(size=n) < propensity).astype(np.float64)
+    y = np.clip(x[:, 0] + 0.5 * x[:, 1] + TRUE_ATE * a + rng.normal(0.0, 0.5, n), -2.5, 2.5)
+    return Arrays(x=x, a=a, y=y)
+
+
+def no_progress(fraction: float, stage: str) -> None:
+    del fraction, stage
+
+
+# ---- features ------------------------------------------------------------------------------
+
+
+def test_unit_ball_features_have_norm_at_most_one() -> None:
+    rng = np.random.default_rng(0)
+    lower, upper = np.array([-1.0, 0.0, 5.0]), np.array([1.0, 10.0, 6.0])
+    corners = np.array(
+        [
+            [lo if bit else hi for lo, hi, bit in zip(lower, upper, bits, strict=True)]
+            for bits in np.ndindex(2, 2, 2)
+        ]
+    )
+    x = np.vstack([rng.uniform(lower - 1, upper + 1, size=(1000, 3)), corners])
+    z = dp_linear.unit_ball_features(x, lower, upper)
+    assert z.shape == (x.shape[0], 4)
+    assert np.all(np.linalg.norm(z, axis=1) <= 1.0)
+    assert np.all(z[:, 0] == dp_linear.INTERCEPT)
+    # a box corner reaches the sphere
+    assert np.linalg.norm(z[-1]) == pytest.approx(1.0, rel=1e-12)
+
+
+# ---- DP logistic regression ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("m", "lam", "delta", "epsilon", "printed"),
+    [
+        (1000, 0.1, 1e-6, 0.1, 1.060),  # private_propensity.md §2.2 table (synthetic)
+        (1000, 0.1, 1e-6, 0.99, 0.107),
+        (500, 0.1, 1e-6, 0.2, 1.060),  # IHDP
+        (500, 0.1, 4e-6, 0.4, 0.503),  # LaLonde code
+        (500, 0.1, 4e-6, 0.01, 20.12),
+    ],
+)
+def test_lee_sensitivity_and_classic_sigma(
+    m: int, lam: float, delta: float, epsilon: float, printed: float
+) -> None:
+    nominal = 2.0 / (m * lam)
+    sigma = classic_gaussian_multiplier(epsilon, delta) * nominal
+    decimals = len(repr(printed).split(".")[1])
+    assert abs(sigma - printed) <= 0.5 * 10.0**-decimals * (1 + 1e-9)
+    # the service adds the public solver-tolerance term 2 g_tol / lambda, g_tol = 1e-3 / m
+    assert dp_linear.logistic_sensitivity(m, lam) == pytest.approx(nominal * 1.001, rel=1e-12)
+
+
+def _logistic_data(m: int, d: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    x = rng.uniform(-1, 1, size=(m, d - 1))
+    z = dp_linear.unit_ball_features(x, -np.ones(d - 1), np.ones(d - 1))
+    t = (rng.uniform(size=m) < 1 / (1 + np.exp(-2 * z[:, 1]))).astype(np.float64)
+    return z, t
+
+
+def test_fit_logistic_is_certified_and_adversarial_replacements_respect_the_sensitivity() -> None:
+    rng = np.random.default_rng(1)
+    worst = 0.0
+    for trial in range(12):
+        m, d = 200, 3
+        lam = [0.01, 0.1, 1.0][trial % 3]
+        z, t = _logistic_data(m, d, rng)
+        w = dp_linear.fit_logistic(z, t, regularization=lam)
+        margin = z @ w
+        gradient = z.T @ (1 / (1 + np.exp(-margin)) - t) / m + lam * w
+        assert np.linalg.norm(gradient) <= dp_linear.gradient_tolerance(m)
+        for corner in ([1.0, 1.0], [-1.0, -1.0], [1.0, -1.0]):
+            z2, t2 = z.copy(), t.copy()
+            z2[0] = dp_linear.unit_ball_features(np.array([corner]), -np.ones(2), np.ones(2))[0]
+            t2[0] = 1.0 - t[0]
+            w2 = dp_linear.fit_logistic(z2, t2, regularization=lam)
+            ratio = np.linalg.norm(w2 - w) / dp_linear.logistic_sensitivity(m, lam)
+            worst = max(worst, float(ratio))
+    assert worst <= 1.0
+    assert worst > 0.05  # the replacements do move the fit
+
+
+def test_gradient_descent_fallback_is_within_tolerance(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(2)
+    m, lam = 300, 0.5
+    z, t = _logistic_data(m, 3, rng)
+    exact = dp_linear.fit_logistic(z, t, regularization=lam)
+    monkeypatch.setattr(dp_linear, "_NEWTON_STEPS", 0)
+    fallback = dp_linear.fit_logistic(z, t, regularization=lam)
+    assert np.linalg.norm(fallback - exact) <= 2 * dp_linear.gradient_tolerance(m) / lam
+
+
+# ---- DP ridge (sufficient statistics) ------------------------------------------------------
+
+
+def test_ridge_statistics_sensitivity_is_sqrt6() -> None:
+    assert dp_linear.RIDGE_STAT_SENSITIVITY == pytest.approx(math.sqrt(6.0), rel=1e-15)
+    rng = np.random.default_rng(3)
+    q = 2
+    lower, upper = -np.ones(q), np.ones(q)
+    worst = 0.0
+    for _ in range(30):
+        m = 50
+        x = rng.uniform(-1, 1, size=(m, q))
+        z = dp_linear.unit_ball_features(x, lower, upper)
+        a = (rng.uniform(size=m) < 0.5).astype(np.float64)
+        t = rng.uniform(-1, 1, m)
+        base = dp_linear.ridge_statistics(z, a, t)
+        assert base.size == dp_linear.ridge_dim(q + 1)
+        for _ in range(20):
+            z2, a2, t2 = z.copy(), a.copy(), t.copy()
+            corner = rng.choice([-1.0, 1.0], size=(1, q))
+            z2[0] = dp_linear.unit_ball_features(corner, lower, upper)[0]
+            a2[0] = rng.choice([0.0, 1.0])
+            t2[0] = rng.choice([-1.0, 1.0])
+            change = np.linalg.norm(dp_linear.ridge_statistics(z2, a2, t2) - base)
+            worst = max(worst, float(change))
+    assert worst <= math.sqrt(6.0)
+    assert worst > 1.0
+
+
+def test_solve_ridge_recovers_a_linear_model_without_noise() -> None:
+    rng = np.random.default_rng(4)
+    q, m = 3, 5000
+    x = rng.uniform(-1, 1, size=(m, q))
+    z = dp_linear.unit_ball_features(x, -np.ones(q), np.ones(q))
+    a = (rng.uniform(size=m) < 0.5).astype(np.float64)
+    w0, w1 = np.array([0.2, 0.5, -0.3, 0.1]), np.array([0.6, -0.2, 0.4, 0.0])
+    t = np.where(a == 1, z @ w1, z @ w0)
+    fitted0, fitted1 = dp_linear.solve_ridge(dp_linear.ridge_statistics(z, a, t), q + 1, m, 1e-9)
+    np.testing.assert_allclose(fitted0, w0, atol=1e-5)
+    np.testing.assert_allclose(fitted1, w1, atol=1e-5)
+
+
+# ---- the strict AIPW with dp_linear and cross-fitting --------------------------------------
+
+
+def test_dp_linear_record_without_cross_fit_uses_theorem6() -> None:
+    domain = make_domain(4000)
+    record = plan(domain, AteStrictParams(epsilon=1.0, delta=1e-5, nuisance="dp_linear"))
+    assert record.guarantee == Guarantee.STRICT
+    assert record.composition == Composition.THEOREM6_MAX
+    assert (record.epsilon, record.delta) == (1.0, 1e-5)
+    modules = [event.module for event in record.events]
+    assert modules == ["propensity", "outcome", "estimation", "estimation"]
+    logistic, ridge = record.events[0], record.events[1]
+    assert logistic.epsilon == 1.0
+    assert ridge.epsilon == 1.0
+    assert logistic.params["sensitivity_l2"] == dp_linear.logistic_sensitivity(
+        1000, dp_linear.default_regularization(1000)
+    )
+    assert ridge.params["sensitivity_l2"] == pytest.approx(math.sqrt(6.0))
+    assert ridge.params["dim"] == dp_linear.ridge_dim(3)
+    json.dumps(record.to_dict())
+
+
+@pytest.mark.parametrize("design", [StudyDesign.OBSERVATIONAL, StudyDesign.RCT])
+def test_cross_fit_record_composes_sequentially_to_epsilon(design: StudyDesign) -> None:
+    n = 10_001
+    domain = make_domain(n, design=design)
+    params = AteStrictParams(
+        epsilon=1.0, delta=1e-6, nuisance="dp_linear", cross_fit=True, nuisance_share=0.2
+    )
+    record = plan(domain, params)
+    assert record.composition == Composition.SEQUENTIAL
+    assert record.fold_sizes == {"half_1": 5000, "half_2": 5001}
+    assert math.fsum(event.epsilon for event in record.events) == pytest.approx(1.0, rel=1e-15)
+    assert math.fsum(event.delta for event in record.events) == pytest.approx(1e-6, rel=1e-12)
+    assert (record.epsilon, record.delta) == (1.0, 1e-6)
+    nuisance = [event for event in record.events if event.module == "nuisance"]
+    assert all(event.params["parallel_folds"] == 2 for event in nuisance)
+    assert math.fsum(event.epsilon for event in nuisance) == pytest.approx(0.2, rel=1e-12)
+    assert len(nuisance) == (2 if design == StudyDesign.OBSERVATIONAL else 1)
+    mean = next(e for e in record.events if e.params.get("statistic") == "mean_pseudo_outcome")
+    bound = float(mean.params["bound"])
+    assert mean.params["sensitivity_l2_nominal"] == pytest.approx(2 * bound / n, rel=1e-15)
+    assert mean.epsilon == pytest.approx(0.8 * 0.8, rel=1e-12)
+    # the quote's inverse uses the same split
+    preview = ate_strict.quote(domain, params, target_half_width=0.3)
+    eps = preview["epsilon_for_target_half_width"]
+    assert preview["half_width_basis"] == "noise_only"
+    at = ate_strict.quote(domain, replace(params, epsilon=eps))
+    assert (
+        at["expected_half_width"]
+        <= 0.3
+        < ate_strict.quote(domain, replace(params, epsilon=eps * 0.999))["expected_half_width"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"cross_fit": True}, "needs nuisance='dp_linear'"),
+        ({"nuisance": "dp_linear", "cross_fit": True, "fold_fractions": (0.5, 0.5)}, "omitted"),
+        ({"nuisance": "dp_linear", "cross_fit": True, "nuisance_share": 1.0}, "nuisance_share"),
+        ({"nuisance": "dp_ebm", "regularization": 0.1}, "regularization"),
+        ({"nuisance": "dp_linear", "regularization": -1.0}, "regularization"),
+        ({"nuisance": "dp_linear", "cross_fit": 1}, "boolean"),
+    ],
+)
+def test_cross_fit_validation(changes: dict[str, object], message: str) -> None:
+    params = replace(AteStrictParams(epsilon=1.0, delta=1e-6), **changes)  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameters, match=message):
+        plan(make_domain(4000), params)
+
+
+def _run(
+    arrays: Arrays, domain: PublicDomain, params: AteStrictParams, seed: int
+) -> dict[str, Any]:
+    return ate_strict.run(
+        arrays,
+        domain,
+        params,
+        rng=np.random.default_rng(seed),
+        noise=SeededSampler(np.random.default_rng(seed + 1)),
+        progress=no_progress,
+    )
+
+
+@pytest.mark.parametrize("cross_fit", [False, True])
+def test_dp_linear_runs_are_near_the_truth(cross_fit: bool) -> None:
+    n = 40_000
+    domain = make_domain(n)
+    params = AteStrictParams(epsilon=2.0, delta=1e-6, nuisance="dp_linear", cross_fit=cross_fit)
+    hits = 0
+    for seed in range(6):
+        arrays = synthetic(n, 2, np.random.default_rng(100 + seed))
+        result = _run(arrays, domain, params, seed)
+        assert abs(result["estimate"] - TRUE_ATE) < 5 * result["half_width"]
+        hits += result["ci_lower"] <= TRUE_ATE <= result["ci_upper"]
+        assert not FORBIDDEN_KEYS & set(result)
+        assert result["cross_fit"] is cross_fit
+        assert result["estimator"] == "aipw"
+        json.dumps(result)
+    assert hits >= 4
+    if cross_fit:
+        assert result["n2"] == n
+
+
+def test_cross_fit_rct_run() -> None:
+    n = 20_000
+    domain = make_domain(n, design=StudyDesign.RCT)
+    arrays = synthetic(n, 2, np.random.default_rng(7), rct=True)
+    params = AteStrictParams(epsilon=1.0, delta=1e-6, nuisance="dp_linear", cross_fit=True)
+    result = _run(arrays, domain, params, 3)
+    assert abs(result["estimate"] - TRUE_ATE) < 3 * result["half_width"]
+
+
+def test_cross_fit_half_width_is_closer_to_non_private_than_splitting() -> None:
+    """Cross-fitting averages over all n: its noise-only width is below the split version's."""
+    domain = make_domain(1_000_000, q=5)
+    split = ate_strict.quote(domain, AteStrictParams(epsilon=1.0, delta=1e-7, nuisance="dp_linear"))
+    crossed = ate_strict.quote(
+        domain,
+        AteStrictParams(epsilon=1.0, delta=1e-7, nuisance="dp_linear", cross_fit=True),
+    )
+    assert crossed["n2"] == 1_000_000
+    assert split["n2"] == 500_000
+    assert crossed["expected_half_width"] < split["expected_half_width"]
+
+
+def test_logistic_calibration_uses_the_smallest_half() -> None:
+    domain = make_domain(2001)
+    params = AteStrictParams(epsilon=1.0, delta=1e-6, nuisance="dp_linear", cross_fit=True)
+    record = plan(domain, params)
+    logistic = record.events[0]
+    assert logistic.params["fit_size"] == 1000
+    expected = calibrate_gaussian(
+        logistic.epsilon,
+        logistic.delta,
+        dp_linear.logistic_sensitivity(1000, dp_linear.default_regularization(1000)),
+        dim=3,
+    )
+    assert logistic.params["sigma"] == expected.sigma

@@ -1,0 +1,150 @@
+"""Private-propensity IPW (Lee et al.; private_propensity.md §5–§6): constants, record, runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from service.mechanisms import ate_ipw
+from service.mechanisms.ate_ipw import AteIpwParams, ipw_terms, plan
+from service.mechanisms.ate_strict import d2_statistics
+from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.errors import InvalidParameters
+from service.mechanisms.noise import SeededSampler
+from service.mechanisms.records import Composition, Guarantee
+
+FORBIDDEN_KEYS = {"theta_hat", "m2_hat", "w_hat", "w_tilde", "h", "trimmed_fraction", "folds"}
+
+
+def make_domain(n: int = 4000, *, min_clip: float = 0.01) -> PublicDomain:
+    return PublicDomain(
+        x_lower=-np.ones(2),
+        x_upper=np.ones(2),
+        y_lower=-2.0,
+        y_upper=2.0,
+        n=n,
+        min_propensity_clip=min_clip,
+    )
+
+
+def synthetic(n: int, rng: np.random.Generator) -> Arrays:
+    x = rng.uniform(-1.0, 1.0, size=(n, 2))
+    propensity = 1.0 / (1.0 + np.exp(-x[:, 0]))
+    a = (rng.uniform(size=n) < propensity).astype(np.float64)
+    y = np.clip(0.5 * x[:, 0] + a + rng.normal(0.0, 0.3, n), -2.0, 2.0)
+    return Arrays(x=x, a=a, y=y)
+
+
+def test_lee_sensitivity_constants() -> None:
+    """Estimation stage: B = C_y / xi, Delta = 2 C_y / (n xi), second moment B^2 / n."""
+    domain = make_domain(4000)  # C_y = R / 2 = 2 (centred)
+    record = plan(domain, AteIpwParams(epsilon=1.0, delta=1e-6, trim=0.05))
+    assert record.fold_sizes == {"propensity": 2000, "estimation": 2000}
+    propensity, mean, second = record.events
+    assert mean.params["bound"] == pytest.approx(2.0 / 0.05)
+    assert mean.params["sensitivity_l2_nominal"] == pytest.approx(2 * 2.0 / (2000 * 0.05))
+    assert second.params["sensitivity_l2_nominal"] == pytest.approx((2.0 / 0.05) ** 2 / 2000)
+    # DP-ERM: 2 / (m lambda) plus the solver-tolerance term
+    lam = 2000**-0.5
+    assert propensity.params["sensitivity_l2"] == pytest.approx(2 / (2000 * lam) * 1.001)
+    assert record.composition == Composition.THEOREM6_MAX
+    assert (record.epsilon, record.delta) == (1.0, 1e-6)
+    assert propensity.epsilon == 1.0
+    assert mean.epsilon + second.epsilon == 1.0
+    assert record.guarantee == Guarantee.STRICT
+
+
+def test_ipw_terms_bounded_and_row_sensitivity() -> None:
+    rng = np.random.default_rng(0)
+    bound = 2.0 / 0.05
+    n2 = 300
+    for _ in range(20):
+        a = (rng.uniform(size=n2) < 0.5).astype(np.float64)
+        y = rng.uniform(-2, 2, n2)
+        pi = rng.uniform(0.05, 0.95, n2)
+        base_theta, base_m2 = d2_statistics(ipw_terms(a, y, pi, bound=bound), bound=bound)
+        for row in ((1.0, 2.0, 0.05), (0.0, 2.0, 0.95), (1.0, -2.0, 0.05), (0.0, -2.0, 0.95)):
+            a2, y2, pi2 = a.copy(), y.copy(), pi.copy()
+            a2[0], y2[0], pi2[0] = row
+            theta, m2 = d2_statistics(ipw_terms(a2, y2, pi2, bound=bound), bound=bound)
+            assert abs(theta - base_theta) <= 2 * bound / n2 * (1 + 1e-12)
+            assert abs(m2 - base_m2) <= bound**2 / n2 * (1 + 1e-12)
+    h = ipw_terms(np.array([1.0, 0.0]), np.array([2.0, 2.0]), np.array([0.0, 1.0]), bound=bound)
+    assert np.all(np.abs(h) <= bound)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"trim": 0.005}, "minimum propensity clip"),
+        ({"trim": 0.5}, "below 0.5"),
+        ({"fold_fractions": (0.5, 0.4)}, "sum to 1"),
+        ({"fold_fractions": (0.99, 0.01)}, "at least"),
+        ({"delta": 1e-3}, "delta"),
+        ({"regularization": 0.0}, "regularization"),
+    ],
+)
+def test_invalid_parameters(changes: dict[str, object], message: str) -> None:
+    params = replace(AteIpwParams(epsilon=1.0, delta=1e-6), **changes)  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameters, match=message):
+        plan(make_domain(), params)
+
+
+def test_seeded_runs_are_near_the_truth() -> None:
+    n = 20_000
+    domain = make_domain(n)
+    hits = 0
+    for seed in range(10):
+        result = ate_ipw.run(
+            synthetic(n, np.random.default_rng(seed)),
+            domain,
+            AteIpwParams(epsilon=2.0, delta=1e-6, trim=0.05),
+            rng=np.random.default_rng(50 + seed),
+            noise=SeededSampler(np.random.default_rng(100 + seed)),
+            progress=lambda fraction, stage: None,
+        )
+        hits += result["ci_lower"] <= 1.0 <= result["ci_upper"]
+        assert abs(result["estimate"] - 1.0) < 3 * result["half_width"]
+        assert not FORBIDDEN_KEYS & set(result)
+        json.dumps(result)
+    assert result["guarantee"] == "strict"
+    assert result["estimator"] == "ipw"
+    assert hits >= 7
+
+
+def test_paper_version_is_labelled_paper_and_needs_epsilon_below_one() -> None:
+    n = 4000
+    domain = make_domain(n)
+    out = ate_ipw.run_paper(
+        synthetic(n, np.random.default_rng(1)),
+        domain,
+        AteIpwParams(epsilon=0.9, delta=1e-6),
+        rng=np.random.default_rng(2),
+        noise=SeededSampler(np.random.default_rng(3)),
+    )
+    assert out["guarantee"] == "paper"
+    assert out["regularization"] == 0.1
+    with pytest.raises(InvalidParameters, match="epsilon < 1"):
+        ate_ipw.run_paper(
+            synthetic(n, np.random.default_rng(1)),
+            domain,
+            AteIpwParams(epsilon=1.0, delta=1e-6),
+            rng=np.random.default_rng(2),
+            noise=SeededSampler(np.random.default_rng(3)),
+        )
+
+
+def test_quote_both_ways() -> None:
+    domain = make_domain(10_000)
+    params = AteIpwParams(epsilon=1.0, delta=1e-6)
+    preview = ate_ipw.quote(domain, params, target_half_width=0.2)
+    assert preview["half_width_basis"] == "noise_only"
+    assert preview["expected_half_width"] == pytest.approx(1.959963984540054 * preview["s_theta"])
+    eps = preview["epsilon_for_target_half_width"]
+    assert ate_ipw.quote(domain, replace(params, epsilon=eps))["expected_half_width"] <= 0.2
+    assert ate_ipw.quote(domain, replace(params, epsilon=eps * 0.99))["expected_half_width"] > 0.2
+    assert math.isfinite(ate_ipw.default_delta_for(domain, None))

@@ -1,0 +1,97 @@
+"""The ``ate`` kind: every mode x estimator combination validated, recorded and quoted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pydantic
+import pytest
+
+from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
+from service.releases.kinds.ate import AteKind, AteParams
+
+OBSERVATIONAL = PublicDomain(
+    x_lower=np.zeros(2), x_upper=np.ones(2), y_lower=-1.0, y_upper=4.0, n=4000
+)
+RCT = replace(OBSERVATIONAL, design=StudyDesign.RCT, treatment_probability=0.5)
+PAPER = replace(OBSERVATIONAL, allow_paper_mode=True)
+
+COMBINATIONS: list[tuple[dict[str, Any], PublicDomain, str]] = [
+    ({}, OBSERVATIONAL, "strict"),
+    ({"nuisance": "dp_linear", "cross_fit": True}, OBSERVATIONAL, "strict"),
+    ({"estimator": "ipw", "trim": 0.05}, OBSERVATIONAL, "strict"),
+    ({"estimator": "rct_difference"}, RCT, "strict"),
+    ({"estimator": "rct_difference", "variance": "public_bound"}, RCT, "strict"),
+    ({"mode": "paper"}, PAPER, "paper"),
+    ({"mode": "paper", "gamma_mode": "analytic", "ate_share": 0.9}, PAPER, "paper"),
+]
+
+
+@pytest.mark.parametrize(("extra", "domain", "guarantee"), COMBINATIONS)
+def test_each_combination_records_and_quotes_both_ways(
+    extra: dict[str, Any], domain: PublicDomain, guarantee: str
+) -> None:
+    kind = AteKind()
+    params = AteParams.model_validate({"epsilon": 1.0, **extra})
+    record = kind.record(params, domain)
+    assert str(record.guarantee) == guarantee
+    assert record.epsilon == 1.0
+    preview = kind.quote(params, domain)
+    assert preview["estimator"] == params.estimator
+    assert preview["guarantee"] == guarantee
+    assert preview["half_width_basis"].startswith("noise_only")
+    width = preview["expected_half_width"]
+    target = AteParams.model_validate({"epsilon": 1.0, **extra, "target_half_width": width})
+    epsilon = kind.quote(target, domain)["epsilon_for_target_half_width"]
+    assert epsilon == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"mode": "paper", "estimator": "ipw"}, "not DP for the estimation fold"),
+        ({"mode": "paper", "estimator": "rct_difference"}, "strict only"),
+        ({"estimator": "rct_difference", "delta": 1e-6}, "field 'delta'"),
+        ({"estimator": "ipw", "nuisance": "dp_linear"}, "field 'nuisance'"),
+        ({"estimator": "ipw", "fold_fractions": [0.2, 0.3, 0.5]}, "fold_fractions"),
+        ({"trim": 0.1}, "field 'trim'"),
+        ({"mode": "paper", "cross_fit": True}, "field 'cross_fit'"),
+        ({"mode": "paper", "nuisance": "dp_ebm"}, "field 'nuisance'"),
+        ({"nuisance": "kernel"}, "field 'nuisance'"),
+        ({"estimator": "dr"}, "estimator"),
+        ({"mode": "lax"}, "mode"),
+        ({"gamma_mode": "analytic"}, "field 'gamma_mode'"),
+    ],
+)
+def test_unsupported_combinations_and_fields_are_refused_by_name(
+    body: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(pydantic.ValidationError, match=message):
+        AteParams.model_validate({"epsilon": 1.0, **body})
+
+
+def test_mechanism_refusals() -> None:
+    kind = AteKind()
+    with pytest.raises(PaperModeDisabled):
+        kind.record({"epsilon": 1.0, "mode": "paper"}, OBSERVATIONAL)
+    with pytest.raises(PaperModeDisabled):
+        kind.quote({"epsilon": 1.0, "mode": "paper"}, OBSERVATIONAL)
+    with pytest.raises(InvalidParameters, match="design 'rct'"):
+        kind.record({"epsilon": 1.0, "estimator": "rct_difference"}, OBSERVATIONAL)
+    with pytest.raises(InvalidParameters, match="cross_fit=true needs"):
+        kind.record({"epsilon": 1.0, "cross_fit": True}, OBSERVATIONAL)
+
+
+def test_default_deltas() -> None:
+    kind = AteKind()
+    assert kind.record({"epsilon": 1.0, "estimator": "rct_difference"}, RCT).delta == 0.0
+    assert kind.record({"epsilon": 1.0, "estimator": "ipw"}, OBSERVATIONAL).delta == 1e-5
+    assert kind.record({"epsilon": 1.0, "mode": "paper"}, PAPER).delta == 1e-5
+    big = replace(RCT, n=1_000_000)
+    crossed = kind.record({"epsilon": 1.0, "nuisance": "dp_linear", "cross_fit": True}, big)
+    assert crossed.delta == pytest.approx(1 / (10 * 500_000))
+    ipw = kind.record({"epsilon": 1.0, "estimator": "ipw"}, replace(OBSERVATIONAL, n=10**6))
+    assert ipw.delta == pytest.approx(1 / (10 * 500_000))
