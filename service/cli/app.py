@@ -1,0 +1,655 @@
+"""``dpcurator``: the command line for owners and analysts (and the admin's principal setup).
+
+Every command talks to one server (``--url`` / ``CURATOR_URL``, default the embedded
+``http://127.0.0.1:8000``) with one key (``--key`` / ``CURATOR_KEY``). Errors are printed as one
+line (``error: budget-exhausted (409): ...``) with exit status 1; usage errors exit with 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from service import __version__
+from service.cli import render
+from service.client.client import DEFAULT_URL, CuratorClient
+from service.client.errors import CuratorError, ProblemError
+from service.client.models import Release
+from service.client.results import AteResult
+
+ROLES = ("owner", "analyst", "client")
+
+
+class CliError(click.ClickException):
+    """One line on stderr, exit status 1."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+class CuratorGroup(click.Group):
+    """Turns every client error (and any unexpected one) into one line, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except ProblemError as exc:
+            raise CliError(exc.one_line()) from None
+        except CuratorError as exc:
+            raise CliError(str(exc)) from None
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            raise CliError(f"{exc.strerror or type(exc).__name__}{where}") from None
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+        except Exception as exc:
+            raise CliError(f"unexpected {type(exc).__name__}: {exc}") from None
+
+
+class State:
+    def __init__(self, url: str, key: str | None, as_json: bool, timeout: float) -> None:
+        self.url, self.key, self.as_json, self.timeout = url, key, as_json, timeout
+        self._client: CuratorClient | None = None
+
+    @property
+    def client(self) -> CuratorClient:
+        if self._client is None:
+            self._client = CuratorClient(self.url, self.key, timeout=self.timeout)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def emit(state: State, text: Callable[[], str], data: Callable[[], Any]) -> None:
+    """Print the human view, or JSON with ``--json``."""
+    if state.as_json:
+        click.echo(json.dumps(data(), indent=2, default=str))
+    else:
+        click.echo(text())
+
+
+def dump(model: Any) -> Any:
+    if isinstance(model, list):
+        return [dump(m) for m in model]
+    return model.model_dump(mode="json", by_alias=True)
+
+
+def parse_params(pairs: tuple[str, ...], raw_json: str | None) -> dict[str, Any]:
+    """``-p epsilon=1.0 -p nuisance=none`` (JSON values when they parse) over ``--params``."""
+    params: dict[str, Any] = {}
+    if raw_json:
+        try:
+            loaded = json.loads(raw_json)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc.msg}", param_hint="--params") from None
+        if not isinstance(loaded, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--params")
+        params.update(loaded)
+    for item in pairs:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"'{item}' is not NAME=VALUE", param_hint="-p")
+        try:
+            params[name] = json.loads(value)
+        except json.JSONDecodeError:
+            params[name] = value
+    return params
+
+
+def fail(message: str) -> NoReturn:
+    raise CliError(message)
+
+
+@click.group(cls=CuratorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url",
+    envvar="CURATOR_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="The server (env CURATOR_URL).",
+)
+@click.option("--key", envvar="CURATOR_KEY", help="Your API key (env CURATOR_KEY).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds per HTTP request.")
+@click.version_option(version=__version__, message="%(version)s")
+@click.pass_context
+def cli(ctx: click.Context, url: str, key: str | None, as_json: bool, timeout: float) -> None:
+    """DP causal curator: upload, budget, grant and audit (owners); quote and release (analysts)."""
+    state = State(url, key, as_json, timeout)
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+@cli.command()
+@pass_state
+def health(state: State) -> None:
+    """Check that the server answers and its database is ready."""
+    if not state.client.health():
+        fail("the server is not healthy")
+    if not state.client.ready():
+        fail(f"{state.url} answers but is not ready (database or migrations)")
+    click.echo(f"ok: {state.url} is ready")
+
+
+@cli.command()
+@pass_state
+def whoami(state: State) -> None:
+    """Show the principal behind the key."""
+    me = state.client.me()
+    emit(
+        state,
+        lambda: render.pairs([("id", me.id), ("name", me.name), ("role", me.role)]),
+        lambda: dump(me),
+    )
+
+
+# ---- principals (admin) ----------------------------------------------------------------------
+
+
+@cli.group()
+def principal() -> None:
+    """Principals (the admin creates owners, analysts and clients)."""
+
+
+@principal.command("create")
+@click.argument("name")
+@click.option("--role", type=click.Choice(ROLES), required=True)
+@pass_state
+def principal_create(state: State, name: str, role: str) -> None:
+    """Create a principal; its API key is printed once."""
+    p = state.client.create_principal(name, role)
+    emit(
+        state,
+        lambda: (
+            render.pairs([("id", p.id), ("role", p.role), ("api key", p.api_key)])
+            + "\n(the key is shown only now: store it)"
+        ),
+        lambda: dump(p),
+    )
+
+
+@principal.command("list")
+@pass_state
+def principal_list(state: State) -> None:
+    """List principals (admin, owners)."""
+    items = state.client.list_principals()
+    emit(
+        state,
+        lambda: render.table(
+            ["id", "name", "role", "created"], [[p.id, p.name, p.role, p.created_at] for p in items]
+        ),
+        lambda: dump(items),
+    )
+
+
+# ---- datasets (owners) -----------------------------------------------------------------------
+
+
+@cli.group()
+def dataset() -> None:
+    """Datasets: upload with a public schema, list, show, delete rows."""
+
+
+@dataset.command("upload")
+@click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--schema",
+    "schema_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The public schema (JSON): bounds, treatment, outcome, design, policies.",
+)
+@click.option("--name", required=True)
+@click.option("--description", default="")
+@click.option("--allow-paper-mode", is_flag=True, help="Allow paper-mode (heuristic) kinds.")
+@click.option("--epsilon", "epsilon_total", type=float, help="Also set the ε budget.")
+@click.option(
+    "--delta",
+    "delta_total",
+    type=float,
+    default=1e-5,
+    show_default=True,
+    help="δ budget (with --epsilon).",
+)
+@pass_state
+def dataset_upload(
+    state: State,
+    csv: Path,
+    schema_path: Path,
+    name: str,
+    description: str,
+    allow_paper_mode: bool,
+    epsilon_total: float | None,
+    delta_total: float,
+) -> None:
+    """Upload CSV with its public schema. The ingest report is shown to you once."""
+    created = state.client.upload_dataset(
+        name, csv, schema_path, description=description, allow_paper_mode=allow_paper_mode
+    )
+    out: dict[str, Any] = dump(created)
+    if epsilon_total is not None:
+        out["budget"] = dump(
+            state.client.set_budget(
+                created.id, epsilon_total=epsilon_total, delta_total=delta_total
+            )
+        )
+    report = created.ingest_report
+
+    def text() -> str:
+        lines = [
+            render.pairs([("id", created.id), ("name", created.name), ("n", created.n)]),
+            "",
+            "ingest report (shown once, to you only; not public):",
+            render.pairs(
+                [
+                    ("rows received", report.rows_received),
+                    ("rows rejected", report.rows_rejected),
+                    ("cells clipped", report.cells_clipped or "none"),
+                    ("cells imputed", report.cells_imputed or "none"),
+                ]
+            ),
+        ]
+        if epsilon_total is not None:
+            lines += ["", f"budget set: epsilon {epsilon_total:g}, delta {delta_total:g}"]
+        return "\n".join(lines)
+
+    emit(state, text, lambda: out)
+
+
+@dataset.command("list")
+@pass_state
+def dataset_list(state: State) -> None:
+    """Datasets you own or are granted."""
+    items = state.client.list_datasets()
+    emit(state, lambda: render.datasets(items), lambda: dump(items))
+
+
+@dataset.command("show")
+@click.argument("dataset_id")
+@pass_state
+def dataset_show(state: State, dataset_id: str) -> None:
+    """A dataset's public metadata and budget."""
+    d = state.client.get_dataset(dataset_id)
+    emit(state, lambda: render.dataset(d), lambda: dump(d))
+
+
+@dataset.command("delete-rows")
+@click.argument("dataset_id")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_state
+def dataset_delete_rows(state: State, dataset_id: str, yes: bool) -> None:
+    """Delete the stored rows (the ledger and releases stay)."""
+    if not yes:
+        click.confirm(f"delete the rows of {dataset_id}? This cannot be undone", abort=True)
+    state.client.delete_rows(dataset_id)
+    click.echo(f"rows of {dataset_id} deleted")
+
+
+# ---- budget and grants (owners) --------------------------------------------------------------
+
+
+@cli.group()
+def budget() -> None:
+    """A dataset's privacy budget."""
+
+
+@budget.command("show")
+@click.argument("dataset_id")
+@pass_state
+def budget_show(state: State, dataset_id: str) -> None:
+    """Total, spent and remaining (ε, δ)."""
+    b = state.client.get_budget(dataset_id)
+    emit(state, lambda: render.budget(b), lambda: dump(b))
+
+
+@budget.command("set")
+@click.argument("dataset_id")
+@click.option("--epsilon", type=float, required=True, help="ε total.")
+@click.option("--delta", type=float, required=True, help="δ total.")
+@pass_state
+def budget_set(state: State, dataset_id: str, epsilon: float, delta: float) -> None:
+    """Set the (ε, δ) total; it can never drop below what is spent."""
+    b = state.client.set_budget(dataset_id, epsilon_total=epsilon, delta_total=delta)
+    emit(state, lambda: render.budget(b), lambda: dump(b))
+
+
+@cli.group()
+def grant() -> None:
+    """Access grants of analysts and clients, with per-principal caps."""
+
+
+@grant.command("add")
+@click.argument("dataset_id")
+@click.argument("principal_id")
+@click.option("--epsilon-cap", type=float, help="Most ε this principal may spend.")
+@click.option("--delta-cap", type=float, help="Most δ this principal may spend.")
+@pass_state
+def grant_add(
+    state: State,
+    dataset_id: str,
+    principal_id: str,
+    epsilon_cap: float | None,
+    delta_cap: float | None,
+) -> None:
+    """Grant (or update the caps of) an analyst or client."""
+    g = state.client.grant(dataset_id, principal_id, epsilon_cap=epsilon_cap, delta_cap=delta_cap)
+    emit(
+        state,
+        lambda: (
+            f"granted {g.principal_id} (epsilon cap {render.fmt(g.epsilon_cap)}, "
+            f"delta cap {render.fmt(g.delta_cap)})"
+        ),
+        lambda: dump(g),
+    )
+
+
+@grant.command("list")
+@click.argument("dataset_id")
+@pass_state
+def grant_list(state: State, dataset_id: str) -> None:
+    """Grants of a dataset with what each principal spent."""
+    items = state.client.list_grants(dataset_id)
+    emit(
+        state,
+        lambda: render.table(
+            ["principal", "eps cap", "delta cap", "eps spent", "delta spent", "revoked"],
+            [
+                [
+                    g.principal_id,
+                    g.epsilon_cap,
+                    g.delta_cap,
+                    g.epsilon_spent,
+                    g.delta_spent,
+                    g.revoked,
+                ]
+                for g in items
+            ],
+        ),
+        lambda: dump(items),
+    )
+
+
+@grant.command("revoke")
+@click.argument("dataset_id")
+@click.argument("principal_id")
+@pass_state
+def grant_revoke(state: State, dataset_id: str, principal_id: str) -> None:
+    """Revoke a grant (what was spent stays spent)."""
+    state.client.revoke(dataset_id, principal_id)
+    click.echo(f"revoked {principal_id} on {dataset_id}")
+
+
+# ---- ledger (owners' audit views) ------------------------------------------------------------
+
+
+@cli.group()
+def ledger() -> None:
+    """The append-only, hash-chained ledger of a dataset (owner's audit views)."""
+
+
+@ledger.command("show")
+@click.argument("dataset_id")
+@pass_state
+def ledger_show(state: State, dataset_id: str) -> None:
+    """Every budget event: creation, budget and grant changes, charges."""
+    entries = state.client.ledger(dataset_id)
+    emit(state, lambda: render.ledger(entries), lambda: dump(entries))
+
+
+@ledger.command("export")
+@click.argument("dataset_id")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write here instead of stdout.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True
+)
+@pass_state
+def ledger_export(state: State, dataset_id: str, output: Path | None, fmt: str) -> None:
+    """Export the full ledger (hashes included) as CSV or JSON."""
+    if fmt == "csv":
+        text = state.client.ledger_csv(dataset_id)
+    else:
+        text = json.dumps(dump(state.client.ledger(dataset_id)), indent=2) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+
+
+@ledger.command("verify")
+@click.argument("dataset_id")
+@pass_state
+def ledger_verify(state: State, dataset_id: str) -> None:
+    """Verify the hash chain; exit status 1 if it is broken."""
+    v = state.client.verify_ledger(dataset_id)
+    emit(
+        state,
+        lambda: (
+            f"valid: {v.entries} entries, head {v.head_hash}"
+            if v.valid
+            else f"INVALID at seq {v.first_invalid_seq}: {v.reason}"
+        ),
+        lambda: dump(v),
+    )
+    if not v.valid:
+        sys.exit(1)
+
+
+@ledger.command("plot")
+@click.argument("dataset_id")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="PNG file to write.",
+)
+@pass_state
+def ledger_plot(state: State, dataset_id: str, output: Path) -> None:
+    """Plot ε spent over time against the total, to a PNG."""
+    from service.client.plots import plot_budget_spend
+
+    entries = state.client.ledger(dataset_id)
+    plot_budget_spend(entries, output, title=f"Privacy budget of {dataset_id}")
+    click.echo(f"wrote {output}")
+
+
+# ---- quotes and releases (analysts) ----------------------------------------------------------
+
+
+@cli.group()
+def release() -> None:
+    """Quotes and releases: ask the cost, request, wait, show results."""
+
+
+PARAM_OPTIONS = [
+    click.option("--kind", default="ate", show_default=True, help="Release kind."),
+    click.option(
+        "-p",
+        "--param",
+        "param_pairs",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="A parameter, e.g. -p epsilon=1.0 (repeatable; JSON values).",
+    ),
+    click.option("--params", "params_json", metavar="JSON", help="All parameters as JSON."),
+]
+
+
+def with_params(f: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(PARAM_OPTIONS):
+        f = option(f)
+    return f
+
+
+@release.command("quote")
+@click.argument("dataset_id")
+@with_params
+@pass_state
+def release_quote(
+    state: State, dataset_id: str, kind: str, param_pairs: tuple[str, ...], params_json: str | None
+) -> None:
+    """Cost and expected accuracy of a release (free: no charge, no data read)."""
+    q = state.client.quote(dataset_id, kind, parse_params(param_pairs, params_json))
+    emit(state, lambda: render.quote(q), lambda: dump(q))
+
+
+def _wait_with_bar(state: State, release_id: str, timeout: float) -> Release:
+    done = 0
+    with click.progressbar(
+        length=1000,
+        label=f"release {release_id[:12]}",
+        file=sys.stderr,
+        show_eta=False,
+        item_show_func=lambda stage: stage,
+    ) as bar:
+
+        def on_progress(r: Release) -> None:
+            nonlocal done
+            target = int(round(1000 * max(0.0, min(1.0, r.progress))))
+            bar.update(max(0, target - done), r.stage)
+            done = max(done, target)
+
+        return state.client.wait(release_id, timeout=timeout, on_progress=on_progress)
+
+
+def _show_finished(state: State, r: Release) -> None:
+    if r.status != "done" or r.result is None:
+        emit(state, lambda: render.release(r), lambda: dump(r))
+        return
+    parsed = state.client.result(r)
+    emit(
+        state,
+        lambda: render.release(r) + "\n\nresult:\n" + render.result(parsed),
+        lambda: dump(r),
+    )
+
+
+@release.command("request")
+@click.argument("dataset_id")
+@with_params
+@click.option("--fresh", is_flag=True, help="A new, charged release even if one is stored.")
+@click.option("--idempotency-key", help="Reuse a key to retry safely (default: a new one).")
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Wait for the result with a progress bar.",
+)
+@click.option("--wait-timeout", default=900.0, show_default=True, help="Seconds to wait.")
+@pass_state
+def release_request(
+    state: State,
+    dataset_id: str,
+    kind: str,
+    param_pairs: tuple[str, ...],
+    params_json: str | None,
+    fresh: bool,
+    idempotency_key: str | None,
+    wait: bool,
+    wait_timeout: float,
+) -> None:
+    """Request a release: charged now, runs as a job."""
+    created = state.client.request_release(
+        dataset_id,
+        kind,
+        parse_params(param_pairs, params_json),
+        fresh=fresh,
+        idempotency_key=idempotency_key,
+    )
+    if created.cached:
+        click.echo(f"an identical release is stored: {created.id} (nothing charged)", err=True)
+    else:
+        click.echo(
+            f"release {created.id} charged epsilon {created.epsilon:g}, delta {created.delta:g}",
+            err=True,
+        )
+    if not wait:
+        emit(state, lambda: render.release(created), lambda: dump(created))
+        return
+    final = created if created.status == "done" else _wait_with_bar(state, created.id, wait_timeout)
+    _show_finished(state, final)
+
+
+@release.command("wait")
+@click.argument("release_id")
+@click.option("--wait-timeout", default=900.0, show_default=True, help="Seconds to wait.")
+@pass_state
+def release_wait(state: State, release_id: str, wait_timeout: float) -> None:
+    """Wait for a release with a progress bar, then show its result."""
+    _show_finished(state, _wait_with_bar(state, release_id, wait_timeout))
+
+
+@release.command("show")
+@click.argument("release_id")
+@pass_state
+def release_show(state: State, release_id: str) -> None:
+    """A release's status and, once done, its result."""
+    _show_finished(state, state.client.get_release(release_id))
+
+
+@release.command("list")
+@click.argument("dataset_id")
+@pass_state
+def release_list(state: State, dataset_id: str) -> None:
+    """Releases of a dataset."""
+    items = state.client.list_releases(dataset_id)
+    emit(state, lambda: render.releases(items), lambda: dump(items))
+
+
+@release.command("plot")
+@click.argument("release_ids", nargs=-1, required=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="PNG file to write.",
+)
+@click.option("--reference", type=float, help="Draw a reference line (e.g. a known truth).")
+@pass_state
+def release_plot(
+    state: State, release_ids: tuple[str, ...], output: Path, reference: float | None
+) -> None:
+    """Plot ATE releases with their confidence intervals, to a PNG."""
+    from service.client.plots import plot_ate
+
+    results: list[AteResult] = []
+    labels = []
+    for rid in release_ids:
+        r = state.client.get_release(rid)
+        parsed = state.client.result(r) if r.result is not None else None
+        if not isinstance(parsed, AteResult):
+            fail(f"release {rid} is not a finished ate release")
+        results.append(parsed)
+        labels.append(f"{rid[:8]} ε={parsed.epsilon:g}")
+    plot_ate(results, output, labels=labels, reference=reference)
+    click.echo(f"wrote {output}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``dpcurator`` entry point."""
+    try:
+        cli.main(args=argv, prog_name="dpcurator")
+    except Exception as exc:  # pragma: no cover - the group already maps errors
+        click.echo(f"error: unexpected {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)

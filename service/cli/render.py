@@ -1,0 +1,177 @@
+"""Plain-text rendering for the CLI: aligned tables and key/value blocks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from typing import Any
+
+from service.client.models import Budget, Dataset, LedgerEntry, Quote, Release
+from service.client.results import AteResult, TypedResult, UpliftTable
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f") if value == value.to_integral() else str(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """An aligned text table; numbers right-aligned."""
+    raw = [list(row) for row in rows]
+    cells = [[fmt(v) for v in row] for row in raw]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    numeric = [
+        all(isinstance(r[i], int | float | Decimal) and not isinstance(r[i], bool) for r in raw)
+        and bool(raw)
+        for i in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(widths[i]) if numeric[i] else v.ljust(widths[i]) for i, v in enumerate(values)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line(list(headers)), line(["-" * w for w in widths])]
+    out += [line(row) for row in cells]
+    return "\n".join(out)
+
+
+def pairs(items: Sequence[tuple[str, Any]]) -> str:
+    width = max((len(k) for k, _ in items), default=0)
+    return "\n".join(f"{k.ljust(width)}  {fmt(v)}" for k, v in items)
+
+
+def budget(b: Budget) -> str:
+    if not b.is_set:
+        return "budget: not set"
+    return table(
+        ["", "total", "spent", "remaining"],
+        [
+            ["epsilon", b.epsilon_total, b.epsilon_spent, b.epsilon_remaining],
+            ["delta", b.delta_total, b.delta_spent, b.delta_remaining],
+        ],
+    )
+
+
+def dataset(d: Dataset) -> str:
+    schema = d.public_schema
+    covariates = ", ".join(str(c.get("name")) for c in schema.get("covariates", []))
+    head = pairs(
+        [
+            ("id", d.id),
+            ("name", d.name),
+            ("status", d.status),
+            ("n", d.n),
+            ("design", schema.get("design", "observational")),
+            ("treatment", schema.get("treatment", {}).get("name")),
+            ("outcome", schema.get("outcome", {}).get("name")),
+            ("covariates", covariates),
+            ("paper mode", d.allow_paper_mode),
+            ("schema hash", d.schema_hash),
+            ("created", d.created_at),
+        ]
+    )
+    return head + "\n\n" + budget(d.budget)
+
+
+def datasets(items: Sequence[Dataset]) -> str:
+    return table(
+        ["id", "name", "n", "status", "eps spent", "eps total"],
+        [
+            [d.id, d.name, d.n, d.status, d.budget.epsilon_spent, d.budget.epsilon_total]
+            for d in items
+        ],
+    )
+
+
+def ledger(entries: Sequence[LedgerEntry]) -> str:
+    return table(
+        ["seq", "time", "type", "principal", "guarantee", "epsilon", "delta", "eps spent", "total"],
+        [
+            [
+                e.seq,
+                e.created_at[:19].replace("T", " "),
+                e.entry_type,
+                e.principal_id[:12],
+                e.guarantee,
+                e.epsilon,
+                e.delta,
+                e.epsilon_spent,
+                e.epsilon_total,
+            ]
+            for e in entries
+        ],
+    )
+
+
+def quote(q: Quote) -> str:
+    items: list[tuple[str, Any]] = [
+        ("kind", q.kind),
+        ("guarantee", q.guarantee),
+        ("epsilon", q.epsilon),
+        ("delta", q.delta),
+        ("fits budget", q.fits_budget),
+        ("epsilon remaining", q.epsilon_remaining),
+        ("delta remaining", q.delta_remaining),
+    ]
+    for key in ("ci_level", "min_half_width", "target_half_width", "epsilon_for_target_half_width"):
+        if key in q.accuracy:
+            items.append((key.replace("_", " "), q.accuracy[key]))
+    return pairs(items)
+
+
+def release(r: Release) -> str:
+    items: list[tuple[str, Any]] = [
+        ("id", r.id),
+        ("dataset", r.dataset_id),
+        ("kind", r.kind),
+        ("status", r.status),
+        ("guarantee", r.guarantee),
+        ("epsilon", r.epsilon),
+        ("delta", r.delta),
+        ("cached", r.cached),
+        ("created", r.created_at),
+    ]
+    if r.error is not None:
+        items.append(("error", f"{r.error.title}: {r.error.detail}"))
+    return pairs(items)
+
+
+def releases(items: Sequence[Release]) -> str:
+    return table(
+        ["id", "kind", "status", "guarantee", "epsilon", "delta", "created"],
+        [[r.id, r.kind, r.status, r.guarantee, r.epsilon, r.delta, r.created_at] for r in items],
+    )
+
+
+def result(parsed: TypedResult) -> str:
+    if isinstance(parsed, AteResult):
+        return pairs(
+            [
+                ("estimate", parsed.estimate),
+                (f"{parsed.ci_level:.0%} CI", f"[{parsed.ci_lower:.6g}, {parsed.ci_upper:.6g}]"),
+                ("half width", parsed.half_width),
+                ("guarantee", parsed.guarantee),
+                ("design", parsed.design),
+                ("epsilon", parsed.epsilon),
+                ("delta", parsed.delta),
+            ]
+        )
+    if isinstance(parsed, UpliftTable):
+        return table(parsed.columns, [[row.get(c) for c in parsed.columns] for row in parsed.rows])
+    raw: dict[str, Any] = parsed.raw
+    return pairs([(k, v) for k, v in raw.items() if not isinstance(v, dict | list)])

@@ -1,0 +1,120 @@
+"""Python client of the DP causal curator: typed, retrying, problem+json as exceptions.
+
+    from service.client import CuratorClient
+
+    with CuratorClient("http://127.0.0.1:8000", api_key) as curator:
+        release = curator.release(dataset_id, "ate", {"epsilon": 1.0}, on_progress=print)
+        ate = curator.result(release)   # AteResult(estimate=..., ci_lower=..., ci_upper=...)
+
+Plots live in ``service.client.plots`` (matplotlib, the ``client`` extra).
+"""
+
+from __future__ import annotations
+
+from service.client.client import DEFAULT_URL, CuratorClient, Retry
+from service.client.errors import (
+    PROBLEM_CLASSES,
+    BudgetBelowSpent,
+    BudgetExhausted,
+    BudgetNotSet,
+    Conflict,
+    CuratorError,
+    DatasetUnavailable,
+    Forbidden,
+    HttpError,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    InternalError,
+    InvalidCsv,
+    InvalidSchema,
+    NotFound,
+    PaperModeDisabled,
+    PayloadTooLarge,
+    PrincipalCapExceeded,
+    ProblemError,
+    ReleaseFailed,
+    TransportError,
+    Unauthenticated,
+    UnknownReleaseKind,
+    ValidationFailed,
+    WaitTimeout,
+)
+from service.client.models import (
+    Budget,
+    Dataset,
+    DatasetCreated,
+    Grant,
+    IngestReport,
+    LedgerEntry,
+    Principal,
+    PrincipalCreated,
+    Quote,
+    Release,
+    Verification,
+)
+from service.client.results import (
+    AteResult,
+    CateVectorResult,
+    EbmShapeResult,
+    FunctionEvaluation,
+    FunctionHandle,
+    GenericResult,
+    ShapeFunction,
+    TypedResult,
+    UpliftTable,
+    parse_result,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "PROBLEM_CLASSES",
+    "AteResult",
+    "Budget",
+    "BudgetBelowSpent",
+    "BudgetExhausted",
+    "BudgetNotSet",
+    "CateVectorResult",
+    "Conflict",
+    "CuratorClient",
+    "CuratorError",
+    "Dataset",
+    "DatasetCreated",
+    "DatasetUnavailable",
+    "EbmShapeResult",
+    "Forbidden",
+    "FunctionEvaluation",
+    "FunctionHandle",
+    "GenericResult",
+    "Grant",
+    "HttpError",
+    "IdempotencyKeyInFlight",
+    "IdempotencyKeyMissing",
+    "IdempotencyKeyReused",
+    "IngestReport",
+    "InternalError",
+    "InvalidCsv",
+    "InvalidSchema",
+    "LedgerEntry",
+    "NotFound",
+    "PaperModeDisabled",
+    "PayloadTooLarge",
+    "Principal",
+    "PrincipalCapExceeded",
+    "PrincipalCreated",
+    "ProblemError",
+    "Quote",
+    "Release",
+    "ReleaseFailed",
+    "Retry",
+    "ShapeFunction",
+    "TransportError",
+    "TypedResult",
+    "Unauthenticated",
+    "UnknownReleaseKind",
+    "UpliftTable",
+    "ValidationFailed",
+    "Verification",
+    "WaitTimeout",
+    "parse_result",
+]

@@ -1,0 +1,455 @@
+"""A typed Python client for every endpoint of the curator's API.
+
+Retries are safe by construction: reads and ``PUT``/``DELETE`` are idempotent; a release request
+generates one ``Idempotency-Key`` and sends the same key on every retry, so the server charges it
+at most once; uploads and principal creation are retried only when the connection was never made.
+Errors come back as the exception classes of ``service.client.errors``, one per problem type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any, Self, TypeVar
+
+import httpx2 as httpx
+from pydantic import BaseModel, TypeAdapter
+
+from service.client.errors import (
+    IdempotencyKeyInFlight,
+    ProblemError,
+    ReleaseFailed,
+    TransportError,
+    WaitTimeout,
+    problem_from_body,
+)
+from service.client.models import (
+    Budget,
+    Dataset,
+    DatasetCreated,
+    Grant,
+    LedgerEntry,
+    Principal,
+    PrincipalCreated,
+    Quote,
+    Release,
+    Verification,
+)
+from service.client.results import FunctionEvaluation, FunctionHandle, TypedResult, parse_result
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+RETRY_STATUSES = frozenset({502, 503, 504})
+M = TypeVar("M", bound=BaseModel)
+ProgressCallback = Callable[[Release], None]
+
+
+class Retry(Enum):
+    """When a request may be sent again."""
+
+    ALWAYS = "always"  # idempotent: transport errors and 502/503/504
+    CONNECT = "connect"  # not idempotent: only if the connection was never made
+    RELEASE = "release"  # idempotent by its key: as ALWAYS, plus 409 idempotency-key-in-flight
+
+
+class CuratorClient:
+    """Client of one curator server, authenticated by one API key.
+
+    Args:
+        base_url: the server, e.g. ``http://127.0.0.1:8000`` (the embedded default).
+        api_key: the caller's bearer key (admin, owner, analyst or client).
+        timeout: seconds per HTTP request.
+        retries: extra attempts after a retryable failure.
+        backoff: first pause between attempts in seconds; doubles each time, at most 8 s.
+        transport: an httpx transport (tests, proxies); the default opens real connections.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff: float = 0.25,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = max(0, retries)
+        self.backoff = backoff
+        headers = {"User-Agent": "dpcurator-client", "Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> CuratorClient:
+        """``CURATOR_URL`` (default the embedded server) and ``CURATOR_KEY``."""
+        return cls(
+            os.environ.get("CURATOR_URL", DEFAULT_URL), os.environ.get("CURATOR_KEY"), **kwargs
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- transport ---------------------------------------------------------------------------
+
+    def _pause(self, attempt: int) -> None:
+        time.sleep(min(8.0, self.backoff * (2**attempt)))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        retry: Retry = Retry.ALWAYS,
+        json_body: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        data: Mapping[str, str] | None = None,
+        files: Callable[[], Mapping[str, tuple[str, IO[bytes], str]]] | None = None,
+    ) -> httpx.Response:
+        """Send one request with the retry policy; raise the problem's exception on an error."""
+        attempt = 0
+        while True:
+            try:
+                with _files(files) as opened:
+                    response = self._http.request(
+                        method,
+                        path,
+                        json=json_body,
+                        params=params,
+                        headers=headers,
+                        data=data,
+                        files=opened,
+                    )
+            except httpx.TransportError as exc:
+                never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                if attempt < self.retries and (retry != Retry.CONNECT or never_sent):
+                    self._pause(attempt)
+                    attempt += 1
+                    continue
+                raise TransportError(
+                    f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}"
+                ) from None
+            if response.is_success:
+                return response
+            problem = _problem(response)
+            retryable = retry != Retry.CONNECT and response.status_code in RETRY_STATUSES
+            in_flight = retry == Retry.RELEASE and isinstance(problem, IdempotencyKeyInFlight)
+            if attempt < self.retries and (retryable or in_flight):
+                self._pause(attempt)
+                attempt += 1
+                continue
+            raise problem
+
+    def _get(self, path: str, model: type[M], **kw: Any) -> M:
+        return model.model_validate(self.request("GET", path, **kw).json())
+
+    def _list(self, path: str, model: type[M]) -> list[M]:
+        return TypeAdapter(list[model]).validate_python(  # type: ignore[valid-type]
+            self.request("GET", path).json()
+        )
+
+    # ---- operations --------------------------------------------------------------------------
+
+    def health(self) -> bool:
+        """True if ``/healthz`` answers ok."""
+        return bool(self.request("GET", "/healthz").json().get("status") == "ok")
+
+    def ready(self) -> bool:
+        """True if ``/readyz`` answers ready (database reachable, migrations at head)."""
+        try:
+            self.request("GET", "/readyz", retry=Retry.CONNECT)
+        except ProblemError:
+            return False
+        return True
+
+    # ---- principals (admin creates; anyone reads themselves) -----------------------------------
+
+    def create_principal(self, name: str, role: str) -> PrincipalCreated:
+        """Admin: create an owner, analyst or client; its ``api_key`` is shown only now."""
+        body = {"name": name, "role": role}
+        r = self.request("POST", "/v1/principals", json_body=body, retry=Retry.CONNECT)
+        return PrincipalCreated.model_validate(r.json())
+
+    def list_principals(self) -> list[Principal]:
+        return self._list("/v1/principals", Principal)
+
+    def me(self) -> Principal:
+        return self._get("/v1/principals/me", Principal)
+
+    # ---- datasets (owners) -----------------------------------------------------------------
+
+    def upload_dataset(
+        self,
+        name: str,
+        csv: str | Path,
+        schema: Mapping[str, Any] | str | Path,
+        *,
+        description: str = "",
+        allow_paper_mode: bool = False,
+    ) -> DatasetCreated:
+        """Upload a CSV file with its public schema (a dict, or a path to a JSON file).
+
+        The returned ``ingest_report`` is shown once, to you only; it is not public.
+        """
+        csv_path = Path(csv)
+        if isinstance(schema, Mapping):
+            schema_text = json.dumps(schema)
+        else:
+            schema_text = Path(schema).read_text(encoding="utf-8")
+        form = {
+            "name": name,
+            "schema": schema_text,
+            "description": description,
+            "allow_paper_mode": "true" if allow_paper_mode else "false",
+        }
+
+        def files() -> Mapping[str, tuple[str, IO[bytes], str]]:
+            return {"file": (csv_path.name, csv_path.open("rb"), "text/csv")}
+
+        r = self.request("POST", "/v1/datasets", data=form, files=files, retry=Retry.CONNECT)
+        return DatasetCreated.model_validate(r.json())
+
+    def list_datasets(self) -> list[Dataset]:
+        """The datasets you own or are granted."""
+        return self._list("/v1/datasets", Dataset)
+
+    def get_dataset(self, dataset_id: str) -> Dataset:
+        return self._get(f"/v1/datasets/{dataset_id}", Dataset)
+
+    def update_dataset(
+        self,
+        dataset_id: str,
+        *,
+        description: str | None = None,
+        allow_paper_mode: bool | None = None,
+    ) -> Dataset:
+        body = {
+            k: v
+            for k, v in {"description": description, "allow_paper_mode": allow_paper_mode}.items()
+            if v is not None
+        }
+        r = self.request("PATCH", f"/v1/datasets/{dataset_id}", json_body=body)
+        return Dataset.model_validate(r.json())
+
+    def delete_rows(self, dataset_id: str) -> None:
+        """Delete the stored rows; the ledger and the releases stay."""
+        self.request("DELETE", f"/v1/datasets/{dataset_id}/rows")
+
+    def get_budget(self, dataset_id: str) -> Budget:
+        return self._get(f"/v1/datasets/{dataset_id}/budget", Budget)
+
+    def set_budget(self, dataset_id: str, *, epsilon_total: float, delta_total: float) -> Budget:
+        """Owner: set the dataset's (ε, δ) total; it can never drop below what is spent."""
+        body = {"epsilon_total": epsilon_total, "delta_total": delta_total}
+        r = self.request("PUT", f"/v1/datasets/{dataset_id}/budget", json_body=body)
+        return Budget.model_validate(r.json())
+
+    def list_grants(self, dataset_id: str) -> list[Grant]:
+        return self._list(f"/v1/datasets/{dataset_id}/grants", Grant)
+
+    def grant(
+        self,
+        dataset_id: str,
+        principal_id: str,
+        *,
+        epsilon_cap: float | None = None,
+        delta_cap: float | None = None,
+    ) -> Grant:
+        """Owner: grant an analyst or client access, optionally with per-principal caps."""
+        body = {
+            k: v
+            for k, v in {"epsilon_cap": epsilon_cap, "delta_cap": delta_cap}.items()
+            if v is not None
+        }
+        r = self.request("PUT", f"/v1/datasets/{dataset_id}/grants/{principal_id}", json_body=body)
+        return Grant.model_validate(r.json())
+
+    def revoke(self, dataset_id: str, principal_id: str) -> None:
+        self.request("DELETE", f"/v1/datasets/{dataset_id}/grants/{principal_id}")
+
+    # ---- ledger (owners' audit views) ----------------------------------------------------------
+
+    def ledger(self, dataset_id: str) -> list[LedgerEntry]:
+        """Every ledger entry of the dataset, oldest first, with exact decimal amounts."""
+        body = self.request("GET", f"/v1/datasets/{dataset_id}/ledger").json()
+        return [LedgerEntry.model_validate(e) for e in body["entries"]]
+
+    def ledger_csv(self, dataset_id: str) -> str:
+        """The ledger as the server's CSV export (the hashed fields included)."""
+        r = self.request("GET", f"/v1/datasets/{dataset_id}/ledger", params={"format": "csv"})
+        return r.text
+
+    def verify_ledger(self, dataset_id: str) -> Verification:
+        """Recompute the hash chain on the server."""
+        return self._get(f"/v1/datasets/{dataset_id}/ledger/verify", Verification)
+
+    # ---- quotes and releases (analysts) ----------------------------------------------------------
+
+    def quote(self, dataset_id: str, kind: str, params: Mapping[str, Any] | None = None) -> Quote:
+        """Cost and expected accuracy of a release; free, reads no data."""
+        body = {"kind": kind, "params": dict(params or {})}
+        r = self.request("POST", f"/v1/datasets/{dataset_id}/quotes", json_body=body)
+        return Quote.model_validate(r.json())
+
+    def request_release(
+        self,
+        dataset_id: str,
+        kind: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        fresh: bool = False,
+        idempotency_key: str | None = None,
+    ) -> Release:
+        """Request a release; it is charged at once and runs as a job.
+
+        One ``Idempotency-Key`` (``idempotency_key`` or a new random one) is sent on every retry,
+        so a retried request is charged at most once. A stored identical release is returned
+        (``cached``) unless ``fresh``.
+        """
+        key = idempotency_key or uuid.uuid4().hex
+        body = {"kind": kind, "params": dict(params or {}), "fresh": fresh}
+        r = self.request(
+            "POST",
+            f"/v1/datasets/{dataset_id}/releases",
+            json_body=body,
+            headers={"Idempotency-Key": key},
+            retry=Retry.RELEASE,
+        )
+        return Release.model_validate(r.json())
+
+    def get_release(self, release_id: str) -> Release:
+        return self._get(f"/v1/releases/{release_id}", Release)
+
+    def list_releases(self, dataset_id: str) -> list[Release]:
+        return self._list(f"/v1/datasets/{dataset_id}/releases", Release)
+
+    def wait(
+        self,
+        release_id: str,
+        *,
+        timeout: float = 900.0,
+        poll: float = 0.5,
+        on_progress: ProgressCallback | None = None,
+        raise_on_failure: bool = True,
+    ) -> Release:
+        """Poll a release until it is done or failed.
+
+        Args:
+            on_progress: called with the release whenever its status, stage or progress changes,
+                and once more when it finishes.
+            raise_on_failure: raise ``ReleaseFailed`` for a failed release (its charge is kept).
+
+        Raises:
+            WaitTimeout: not finished within ``timeout`` seconds (the job goes on).
+        """
+        deadline = time.monotonic() + timeout
+        seen: tuple[str, float, str] | None = None
+        pause = min(0.05, poll)
+        while True:
+            release = self.get_release(release_id)
+            state = (release.status, release.progress, release.stage)
+            if on_progress is not None and state != seen:
+                on_progress(release)
+            seen = state
+            if release.finished:
+                break
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(release_id, timeout)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(poll, pause * 2)
+        if release.status == "failed" and raise_on_failure:
+            err = release.error
+            raise ReleaseFailed(
+                release_id=release.id,
+                type=err.type if err else "https://dp-curator.dev/problems/release-failed",
+                title=err.title if err else "The release failed; its charge is kept",
+                status=500,
+                detail=err.detail if err else None,
+                instance=f"/v1/releases/{release.id}",
+            )
+        return release
+
+    def release(
+        self,
+        dataset_id: str,
+        kind: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        fresh: bool = False,
+        idempotency_key: str | None = None,
+        timeout: float = 900.0,
+        on_progress: ProgressCallback | None = None,
+    ) -> Release:
+        """Request a release and wait for it (see ``request_release`` and ``wait``)."""
+        created = self.request_release(
+            dataset_id, kind, params, fresh=fresh, idempotency_key=idempotency_key
+        )
+        if created.finished:
+            if on_progress is not None:
+                on_progress(created)
+            if created.status == "done":
+                return created
+        return self.wait(created.id, timeout=timeout, on_progress=on_progress)
+
+    def result(self, release: Release | str) -> TypedResult:
+        """The typed result of a finished release (``AteResult``, ``FunctionHandle``, ...)."""
+        if isinstance(release, str):
+            release = self.get_release(release)
+        return parse_result(release, self)
+
+    # ---- functions (decision support; free after the release) ------------------------------------
+
+    def function(self, release: Release | str) -> FunctionHandle:
+        """A handle on a released CATE function, to ``evaluate(points)``."""
+        if isinstance(release, str):
+            release = self.get_release(release)
+        return FunctionHandle.from_release(release, self)
+
+    def evaluate_function(
+        self, function_id: str, points: Sequence[Sequence[float]]
+    ) -> FunctionEvaluation:
+        """POST /v1/functions/{id}/evaluate. Free; a repeated point returns the same value."""
+        pts = [[float(c) for c in p] for p in points]
+        r = self.request("POST", f"/v1/functions/{function_id}/evaluate", json_body={"points": pts})
+        return FunctionEvaluation.from_response(r.json(), pts)
+
+
+@contextmanager
+def _files(
+    factory: Callable[[], Mapping[str, tuple[str, IO[bytes], str]]] | None,
+) -> Iterator[Mapping[str, tuple[str, IO[bytes], str]] | None]:
+    """Open the upload's files for one attempt and close them after it."""
+    if factory is None:
+        yield None
+        return
+    opened = factory()
+    try:
+        yield opened
+    finally:
+        for _name, handle, _type in opened.values():
+            handle.close()
+
+
+def _problem(response: httpx.Response) -> ProblemError:
+    body: Any
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    return problem_from_body(body, status=response.status_code, reason=response.reason_phrase)

@@ -1,0 +1,238 @@
+"""``dpcurator`` against a real server process on loopback (SQLite and PostgreSQL).
+
+Commands run in-process through click's runner (the server is a real process); one test runs the
+module entry point as a subprocess to check exit codes and that no traceback is ever printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from service.cli import cli
+from tests.api.test_client import module_server
+from tests.conftest import ADMIN_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "examples" / "data"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def live_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from module_server(request)
+
+
+class Dpcurator:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.runner = CliRunner()
+
+    def __call__(self, key: str, *args: str, code: int = 0) -> Result:
+        result = self.runner.invoke(
+            cli,
+            list(args),
+            env={"CURATOR_URL": self.url, "CURATOR_KEY": key},
+            catch_exceptions=False,
+        )
+        assert result.exit_code == code, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.output
+        return result
+
+    def json(self, key: str, *args: str) -> Any:
+        return json.loads(self(key, "--json", *args).stdout)
+
+
+@pytest.fixture
+def run(live_url: str) -> Dpcurator:
+    return Dpcurator(live_url)
+
+
+@pytest.fixture
+def study(run: Dpcurator) -> dict[str, str]:
+    """Owner and analyst keys; the RCT example uploaded with a budget (via the CLI)."""
+    owner = run.json(ADMIN_KEY, "principal", "create", "Data office", "--role", "owner")
+    analyst = run.json(ADMIN_KEY, "principal", "create", "Statistician", "--role", "analyst")
+    uploaded = run.json(
+        owner["api_key"],
+        "dataset",
+        "upload",
+        str(DATA / "trial.csv"),
+        "--schema",
+        str(DATA / "schema.json"),
+        "--name",
+        "Trial 2026",
+        "--epsilon",
+        "3",
+        "--delta",
+        "1e-4",
+    )
+    assert uploaded["ingest_report"]["n"] == 4000
+    assert uploaded["budget"]["epsilon_total"] == 3.0
+    return {
+        "owner": owner["api_key"],
+        "analyst": analyst["api_key"],
+        "analyst_id": analyst["id"],
+        "dataset": uploaded["id"],
+    }
+
+
+def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_path: Path) -> None:
+    owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
+    granted = run(owner, "grant", "add", ds, study["analyst_id"], "--epsilon-cap", "2")
+    assert "granted" in granted.stdout
+    assert study["analyst_id"] in run(owner, "grant", "list", ds).stdout
+    assert "Trial 2026" in run(analyst, "dataset", "list").stdout
+    shown = run(analyst, "dataset", "show", ds).stdout
+    assert "rct" in shown
+    assert "epsilon" in shown
+
+    quote = run(analyst, "release", "quote", ds, "-p", "epsilon=1.0", "-p", "nuisance=none")
+    assert "fits budget" in quote.stdout
+    assert "min half width" in quote.stdout
+
+    req = run(
+        analyst, "release", "request", ds, "-p", "epsilon=1", "--params", '{"nuisance": "none"}'
+    )
+    assert "estimate" in req.stdout
+    assert "95% CI" in req.stdout
+    assert "charged epsilon 1" in req.stderr
+    releases = run.json(analyst, "release", "list", ds)
+    assert [r["status"] for r in releases] == ["done"]
+    rid = releases[0]["id"]
+    assert "estimate" in run(analyst, "release", "show", rid).stdout
+    assert "estimate" in run(analyst, "release", "wait", rid).stdout
+    plot = tmp_path / "ate.png"
+    run(analyst, "release", "plot", rid, "-o", str(plot), "--reference", "1.0")
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+
+    spend = run(owner, "budget", "show", ds).stdout
+    assert "remaining" in spend
+    ledger = run(owner, "ledger", "show", ds).stdout
+    assert "charge" in ledger
+    assert "create" in ledger
+    exported = tmp_path / "ledger.csv"
+    run(owner, "ledger", "export", ds, "-o", str(exported))
+    assert exported.read_text().startswith("seq,entry_type")
+    as_json = json.loads(run(owner, "ledger", "export", ds, "--format", "json").stdout)
+    assert as_json[-1]["entry_type"] == "charge"
+    assert "valid:" in run(owner, "ledger", "verify", ds).stdout
+    png = tmp_path / "spend.png"
+    run(owner, "ledger", "plot", ds, "-o", str(png))
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    run(owner, "grant", "revoke", ds, study["analyst_id"])
+    run(analyst, "release", "quote", ds, "-p", "epsilon=1", code=1)
+
+
+def test_no_wait_then_wait(run: Dpcurator, study: dict[str, str]) -> None:
+    owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
+    run(owner, "grant", "add", ds, study["analyst_id"])
+    created = run.json(
+        analyst, "release", "request", ds, "--no-wait", "-p", "epsilon=0.5", "-p", "nuisance=none"
+    )
+    assert created["status"] in ("queued", "running", "done")
+    done = run.json(analyst, "release", "wait", created["id"])
+    assert done["status"] == "done"
+    assert done["result"]["ci_lower"] < done["result"]["ci_upper"]
+    again = run(analyst, "release", "request", ds, "-p", "epsilon=0.5", "-p", "nuisance=none")
+    assert "identical release is stored" in again.stderr
+
+
+def test_errors_are_one_line_with_exit_status(run: Dpcurator, study: dict[str, str]) -> None:
+    owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
+    run(owner, "grant", "add", ds, study["analyst_id"])
+    too_much = run(
+        analyst, "release", "request", ds, "-p", "epsilon=5", "-p", "nuisance=none", code=1
+    )
+    assert too_much.stderr.startswith("error: budget-exhausted (409)")
+    assert too_much.stderr.count("\n") == 1
+    assert run(
+        analyst, "budget", "set", ds, "--epsilon", "9", "--delta", "1e-5", code=1
+    ).stderr.startswith("error: forbidden (403)")
+    invalid = run(analyst, "release", "quote", ds, "-p", "epsilon=-1", code=1)
+    assert "validation-failed (422)" in invalid.stderr
+    assert "params/epsilon" in invalid.stderr
+    assert "unauthenticated (401)" in run("wrong-key", "dataset", "list", code=1).stderr
+    assert "not-found (404)" in run(owner, "ledger", "show", "nope", code=1).stderr
+    bad_csv = run(
+        owner,
+        "dataset",
+        "upload",
+        str(DATA / "observational.csv"),
+        "--schema",
+        str(DATA / "schema.json"),
+        "--name",
+        "x",
+        code=1,
+    )
+    assert "invalid-csv (422)" in bad_csv.stderr
+    assert "NAME=VALUE" in run(analyst, "release", "quote", ds, "-p", "epsilon", code=2).stderr
+    missing = run(owner, "dataset", "upload", "missing.csv", "--schema", "x", "--name", "x", code=2)
+    assert "does not exist" in missing.stderr
+
+
+def test_entry_point_never_prints_a_traceback(live_url: str) -> None:
+    env = {**os.environ, "CURATOR_URL": live_url, "CURATOR_KEY": "wrong-key"}
+    cmd = [sys.executable, "-m", "service.cli"]
+    proc = subprocess.run(
+        [*cmd, "dataset", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: unauthenticated (401)")
+    assert "Traceback" not in proc.stderr
+    down = subprocess.run(
+        [*cmd, "--url", "http://127.0.0.1:9", "health"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert down.returncode == 1
+    assert down.stderr.startswith("error: cannot reach http://127.0.0.1:9")
+    assert "Traceback" not in down.stderr
+    ok = subprocess.run([*cmd, "health"], env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "ready" in ok.stdout
+
+
+def _commands_in_guides() -> list[list[str]]:
+    found = []
+    for guide in sorted((ROOT / "docs").glob("guide-*.md")):
+        text = guide.read_text().replace("\\\n", " ")
+        for line in text.splitlines():
+            line = line.strip().split("  #")[0]
+            if line.startswith("dpcurator "):
+                found.append(shlex.split(line)[1:])
+    return found
+
+
+def test_guides_use_real_commands_and_options() -> None:
+    commands = _commands_in_guides()
+    assert len(commands) > 20
+    for args in commands:
+        command: click.Command = cli
+        params = {o for p in cli.params for o in p.opts}
+        words = [a for a in args if not a.startswith("-")]
+        i = 0
+        while isinstance(command, click.Group):
+            # skip the global options' values before the subcommand
+            while args[i].startswith("-"):
+                i += 2 if args[i] in ("--url", "--key", "--timeout") else 1
+            sub = command.get_command(click.Context(command), args[i])
+            assert sub is not None, args
+            command, i = sub, i + 1
+        params |= {o for p in command.params for o in p.opts + p.secondary_opts}
+        for a in args:
+            if a.startswith("-"):
+                assert a in params, (args, a)
+        assert words
