@@ -17,9 +17,11 @@ from service.config import Settings, get_settings
 from service.datasets.router import router as datasets_router
 from service.db import migrate
 from service.db.engine import get_engine, get_sessionmaker
+from service.functions.router import router as functions_router
 from service.jobs.runner import JobRunner
 from service.metrics import Metrics
 from service.problems import PayloadTooLarge, install_handlers, problem_response
+from service.releases.predict import router as predict_router
 from service.releases.router import router as releases_router
 
 logger = logging.getLogger("service")
@@ -83,6 +85,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(principals_router)
     app.include_router(datasets_router)
     app.include_router(releases_router)
+    app.include_router(predict_router)
+    app.include_router(functions_router)
 
     @app.get("/healthz", tags=["operations"])
     def healthz() -> dict[str, str]:

@@ -140,6 +140,26 @@ class ReleaseFailedProblem(Problem):
     slug, title, status = "release-failed", "The release failed; its charge is kept", 500
 
 
+class FunctionClosed(Problem):
+    slug, title, status = "function-closed", "This function can no longer answer new points", 409
+
+
+class FunctionCapacityReached(Problem):
+    slug, title, status = (
+        "function-capacity-reached",
+        "The function's public capacity of distinct points is reached",
+        409,
+    )
+
+
+class FunctionBatchRejected(Problem):
+    slug, title, status = (
+        "function-batch-rejected",
+        "The batch could not be conditioned numerically; nothing was stored",
+        422,
+    )
+
+
 class HttpError(Problem):
     slug, title, status = "http-error", "HTTP error", 400
 
@@ -168,6 +188,9 @@ ALL_PROBLEMS: tuple[type[Problem], ...] = (
     PaperModeNotEnabled,
     UnknownKind,
     ReleaseFailedProblem,
+    FunctionClosed,
+    FunctionCapacityReached,
+    FunctionBatchRejected,
     HttpError,
     InternalError,
 )

@@ -173,6 +173,18 @@ class ReleaseFailed(ProblemError):
         self.release_id = release_id
 
 
+class FunctionClosed(ProblemError):
+    slug = "function-closed"
+
+
+class FunctionCapacityReached(ProblemError):
+    slug = "function-capacity-reached"
+
+
+class FunctionBatchRejected(ProblemError):
+    slug = "function-batch-rejected"
+
+
 class HttpError(ProblemError):
     slug = "http-error"
 
@@ -203,6 +215,9 @@ PROBLEM_CLASSES: dict[str, type[ProblemError]] = {
         PaperModeDisabled,
         UnknownReleaseKind,
         ReleaseFailed,
+        FunctionClosed,
+        FunctionCapacityReached,
+        FunctionBatchRejected,
         HttpError,
         InternalError,
     )

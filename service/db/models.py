@@ -202,3 +202,61 @@ class Release(Base):
         Index("ix_release_status", "status"),
         Index("ix_release_dataset_hash", "dataset_id", "request_hash"),
     )
+
+
+class CateFunction(Base):
+    """A released CATE function's public header; its row lock serialises evaluations.
+
+    ``version`` counts appended batches (``cate_function_batch.seq`` runs 1..version), ``t`` the
+    distinct stored points. Per-process caches compare ``version`` under the lock.
+    """
+
+    __tablename__ = "cate_function"
+
+    id: Mapped[str] = mapped_column(ForeignKey("release.id"), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("dataset.id"))
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    basis: Mapped[str] = mapped_column(String(16))
+    q: Mapped[int] = mapped_column(Integer)
+    t_max: Mapped[int] = mapped_column(Integer)
+    batch_max: Mapped[int] = mapped_column(Integer)
+    jitter: Mapped[float] = mapped_column(Float)
+    t: Mapped[int] = mapped_column(Integer, default=0)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    public_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[str] = mapped_column(String(40))
+    closed_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+    __table_args__ = (
+        CheckConstraint("status IN ('open', 'closed')", name="status_valid"),
+        CheckConstraint("t >= 0 AND t <= t_max AND version >= 0", name="counts_valid"),
+    )
+
+
+class CateFunctionSecret(Base):
+    """The fitted function g* (or the noised finite-basis coefficients). Never returned."""
+
+    __tablename__ = "cate_function_secret"
+
+    function_id: Mapped[str] = mapped_column(
+        ForeignKey("cate_function.id", ondelete="CASCADE"), primary_key=True
+    )
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    digest: Mapped[str] = mapped_column(String(64))
+
+
+class CateFunctionBatch(Base):
+    """One answered batch of new distinct points: canonical codes, unit noise, values, jitters.
+
+    Secret (the noise values plus the answers reveal g*). Appended under the header's lock.
+    """
+
+    __tablename__ = "cate_function_batch"
+
+    function_id: Mapped[str] = mapped_column(
+        ForeignKey("cate_function.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    size: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    digest: Mapped[str] = mapped_column(String(64))

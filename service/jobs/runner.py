@@ -22,6 +22,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.datasets import service as datasets
 from service.datasets import storage
 from service.db.models import Dataset, Release
+from service.functions import service as functions
+from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.ledger.service import now_iso
 from service.mechanisms.domain import Arrays
 from service.mechanisms.noise import OpenDPSampler, secure_rng
@@ -141,6 +143,8 @@ class JobRunner:
         """Run a claimed release to done or failed. Never raises."""
         started = time.time()
         outcome: dict[str, Any] = {}
+        secret: FunctionSecret | None = None
+        dataset_id = ""
         try:
             with self.factory() as session:
                 release = session.get(Release, release_id)
@@ -148,6 +152,7 @@ class JobRunner:
                 assert release.status == "running"
                 dataset = session.get(Dataset, release.dataset_id)
                 assert dataset is not None
+                dataset_id = dataset.id
                 if dataset.status != "ready":
                     raise RuntimeError("rows deleted")
                 kind = REGISTRY[release.kind]
@@ -168,6 +173,8 @@ class JobRunner:
                 noise=OpenDPSampler(),
                 progress=self._progress_writer(release_id),
             )
+            # A released function's secret state is stored with the result, never in it.
+            secret = result.pop(SECRET_KEY, None)
             outcome = {"status": "done", "result_json": json.dumps(result, allow_nan=False)}
         except Exception as exc:
             # Operators see the exception type only: its text may contain data.
@@ -177,6 +184,10 @@ class JobRunner:
             elapsed = time.time() - started
             try:
                 with self.factory() as session:
+                    if secret is not None and outcome.get("status") == "done":
+                        functions.store(
+                            session, release_id=release_id, dataset_id=dataset_id, secret=secret
+                        )
                     session.execute(
                         update(Release)
                         .where(Release.id == release_id, Release.status == "running")

@@ -1,0 +1,25 @@
+"""What a ``cate_function`` release job hands to the runner to persist (no DB imports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from service.mechanisms.cate_function import FittedFunction
+
+# The kind's ``run`` result carries the secret under this key; the runner pops it before the
+# result is serialised and stores it with ``service.functions.service.store``.
+SECRET_KEY = "__function_secret__"
+
+
+@dataclass(frozen=True)
+class FunctionSecret:
+    """The fitted function and its fixed public header (box, capacity, jitter)."""
+
+    fitted: FittedFunction
+    basis: str
+    q: int
+    t_max: int
+    batch_max: int
+    jitter: float
+    public: dict[str, Any]

@@ -1,0 +1,59 @@
+"""HTTP routes of released functions. Evaluations never charge budget."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.auth.service import CurrentCaller
+from service.db.engine import SessionDep
+from service.functions import service
+from service.functions.schemas import EvaluateRead, EvaluateRequest, FunctionRead
+from service.problems import (
+    FunctionBatchRejected,
+    FunctionCapacityReached,
+    FunctionClosed,
+    NotFound,
+    Unauthenticated,
+    ValidationFailed,
+    responses,
+)
+
+router = APIRouter(tags=["functions"])
+
+
+@router.get(
+    "/v1/functions/{function_id}",
+    response_model=FunctionRead,
+    responses=responses(Unauthenticated, NotFound),
+    summary="Public metadata of a released function (its id is the release id)",
+)
+def read_function(session: SessionDep, caller: CurrentCaller, function_id: str) -> FunctionRead:
+    header = service.readable(session, caller=caller, function_id=function_id)
+    return FunctionRead(**service.public_view(header))
+
+
+@router.post(
+    "/v1/functions/{function_id}/evaluate",
+    response_model=EvaluateRead,
+    responses=responses(
+        Unauthenticated,
+        NotFound,
+        ValidationFailed,
+        FunctionClosed,
+        FunctionCapacityReached,
+        FunctionBatchRejected,
+    ),
+    summary="Evaluate a released CATE function at points (free: no budget is charged)",
+)
+def evaluate(
+    session: SessionDep, caller: CurrentCaller, function_id: str, body: EvaluateRequest
+) -> EvaluateRead:
+    values, public = service.evaluate(
+        session, caller=caller, function_id=function_id, points=body.points
+    )
+    return EvaluateRead(
+        function_id=function_id,
+        values=values,
+        guarantee=str(public.get("guarantee", "")),
+        pointwise_noise_sd=public.get("pointwise_noise_sd"),
+    )

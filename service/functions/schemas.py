@@ -1,0 +1,36 @@
+"""Request and response models of function evaluation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EvaluateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    points: list[list[float]] = Field(
+        description="Points in the dataset's covariate units, each inside the public box.",
+        examples=[[[50.0, 0.5, 1.0]]],
+    )
+
+
+class EvaluateRead(BaseModel):
+    function_id: str
+    values: list[float] = Field(description="DP values of the released function, in order.")
+    guarantee: str
+    pointwise_noise_sd: float | None = Field(
+        default=None, description="Public sd of the privacy noise at any point (strict mode)."
+    )
+
+
+class FunctionRead(BaseModel):
+    id: str
+    dataset_id: str
+    status: str
+    basis: str
+    q: int
+    t_max: int | None
+    batch_max: int
+    public: dict[str, Any]

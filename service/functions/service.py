@@ -1,0 +1,467 @@
+"""Evaluate released functions: lock, dedupe, condition, persist, then answer. Never charges.
+
+State layout (all secret, never returned, logged or put in an error):
+
+* ``cate_function``: the public header and the lock row (``version`` = batches appended,
+  ``t`` = distinct points stored, ``status`` open/closed).
+* ``cate_function_secret``: the fitted ``g*`` (or the noised finite-basis coefficients).
+* ``cate_function_batch``: one row per answered batch of *new* distinct points: canonical
+  lattice codes, unit-GP values ``u``, released values ``y`` and per-point jitters ``D``.
+
+Exact mode: a batch is one transaction. The header row is locked (``SELECT ... FOR UPDATE`` on
+PostgreSQL; SQLite transactions are ``BEGIN IMMEDIATE``), the per-process cache is brought up
+to the header's ``version`` by replaying newer batch rows (block Cholesky with the stored
+jitters), points already stored are answered from the cache, new points are drawn from the
+posterior given *all* stored points, the batch row is appended and committed, and only then is
+the cache extended and the answer returned. A failed commit discards the draw. State that cannot
+be decoded closes the function (never silently re-initialised).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy import and_, select
+from sqlalchemy.orm import Session
+
+from service.auth.service import Caller, Role
+from service.db.models import (
+    CateFunction,
+    CateFunctionBatch,
+    CateFunctionSecret,
+    Dataset,
+    Grant,
+    Release,
+)
+from service.functions.payload import FunctionSecret
+from service.mechanisms import cate_function as mech
+from service.mechanisms import gp
+from service.mechanisms.noise import secure_rng
+from service.problems import (
+    FunctionBatchRejected,
+    FunctionCapacityReached,
+    FunctionClosed,
+    NotFound,
+    ValidationFailed,
+)
+
+# Per-process caches of exact-mode paths; each holds O(t^2) memory, so keep a few.
+MAX_CACHED_FUNCTIONS = 4
+
+
+_blas_guard = threading.Lock()
+_blas_controller: Any = None
+
+
+@contextmanager
+def _single_threaded_blas() -> Iterator[None]:
+    """Run BLAS/LAPACK on one thread: request threads already use the cores, and OpenBLAS's own
+    threads under that oversubscription made a 1000-point Cholesky ~15x slower (measured)."""
+    global _blas_controller
+    with _blas_guard:
+        if _blas_controller is None:
+            from threadpoolctl import ThreadpoolController
+
+            _blas_controller = ThreadpoolController()
+    with _blas_controller.limit(limits=1, user_api="blas"):
+        yield
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---- persisting a finished release (called by the job runner) ------------------------------
+
+
+def store(session: Session, *, release_id: str, dataset_id: str, secret: FunctionSecret) -> None:
+    """Create the function's header and secret rows (same transaction as the job's result)."""
+    payload = secret.fitted.to_bytes()
+    session.add(
+        CateFunction(
+            id=release_id,
+            dataset_id=dataset_id,
+            status="open",
+            basis=secret.basis,
+            q=secret.q,
+            t_max=secret.t_max,
+            batch_max=secret.batch_max,
+            jitter=secret.jitter,
+            t=0,
+            version=0,
+            public_json=json.dumps(secret.public, allow_nan=False),
+            created_at=_now_iso(),
+        )
+    )
+    session.flush()
+    session.add(
+        CateFunctionSecret(function_id=release_id, payload=payload, digest=_digest(payload))
+    )
+    session.flush()
+
+
+# ---- access ---------------------------------------------------------------------------------
+
+
+def readable(session: Session, *, caller: Caller, function_id: str) -> CateFunction:
+    """The function if the caller may evaluate it (owner, granted analyst/client, admin).
+
+    One query: the header, its release's visibility, the dataset's owner and the caller's grant.
+    """
+    row = session.execute(
+        select(CateFunction, Release.status, Release.visible_at, Dataset.owner_id, Grant.id)
+        .join(Release, Release.id == CateFunction.id)
+        .join(Dataset, Dataset.id == CateFunction.dataset_id)
+        .outerjoin(
+            Grant,
+            and_(
+                Grant.dataset_id == CateFunction.dataset_id,
+                Grant.principal_id == caller.id,
+                Grant.revoked.is_(False),
+            ),
+        )
+        .where(CateFunction.id == function_id)
+    ).first()
+    if row is None:
+        raise NotFound("function not found")
+    header, status, visible_at, owner_id, grant_id = row
+    if status != "done" or (visible_at is not None and time.time() < visible_at):
+        raise NotFound("function not found")  # not visible before its padded completion time
+    if caller.role == Role.ADMIN or owner_id == caller.id:
+        return header
+    if caller.role in (Role.ANALYST, Role.CLIENT) and grant_id is not None:
+        return header
+    raise NotFound("function not found")
+
+
+def public_view(header: CateFunction) -> dict[str, Any]:
+    """Public metadata of a function (no state, no counts of other clients' points)."""
+    public: dict[str, Any] = json.loads(header.public_json)
+    return {
+        "id": header.id,
+        "dataset_id": header.dataset_id,
+        "status": header.status,
+        "basis": header.basis,
+        "q": header.q,
+        "t_max": header.t_max if header.basis == "exact" else None,
+        "batch_max": header.batch_max,
+        "public": public,
+    }
+
+
+# ---- points ---------------------------------------------------------------------------------
+
+
+def validate_points(
+    header: CateFunction, points: list[list[float]]
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """Check shape, finiteness and the public box; return canonical codes and points."""
+    public = json.loads(header.public_json)
+    lower = np.asarray(public["x_lower"], dtype=np.float64)
+    upper = np.asarray(public["x_upper"], dtype=np.float64)
+    if not points:
+        raise ValidationFailed(errors=[{"pointer": "#/points", "detail": "at least one point"}])
+    if len(points) > header.batch_max:
+        raise ValidationFailed(
+            f"at most {header.batch_max} points per request",
+            errors=[{"pointer": "#/points", "detail": f"at most {header.batch_max} points"}],
+        )
+    errors: list[dict[str, str]] = []
+    for i, point in enumerate(points):
+        if len(point) != header.q:
+            errors.append({"pointer": f"#/points/{i}", "detail": f"expected {header.q} values"})
+            continue
+        for j, value in enumerate(point):
+            if not np.isfinite(value):
+                errors.append({"pointer": f"#/points/{i}/{j}", "detail": "must be finite"})
+            elif not lower[j] <= value <= upper[j]:
+                errors.append(
+                    {
+                        "pointer": f"#/points/{i}/{j}",
+                        "detail": f"outside the public bounds [{lower[j]:g}, {upper[j]:g}]",
+                    }
+                )
+        if len(errors) >= 20:
+            break
+    if errors:
+        raise ValidationFailed("points outside the public domain", errors=errors)
+    array = np.asarray(points, dtype=np.float64).reshape(-1, header.q)
+    return mech.canonicalise(mech.scale_to_unit(array, lower, upper))
+
+
+# ---- per-process caches ---------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    version: int
+    fitted: mech.FittedFunction
+    path: gp.GpPath | None
+    answers: dict[bytes, float] = field(default_factory=dict)
+
+
+_cache: OrderedDict[str, _Entry] = OrderedDict()
+_cache_guard = threading.Lock()
+_locks: dict[str, threading.Lock] = {}
+
+
+def _thread_lock(function_id: str) -> threading.Lock:
+    with _cache_guard:
+        lock = _locks.get(function_id)
+        if lock is None:
+            lock = _locks[function_id] = threading.Lock()
+        return lock
+
+
+def _cached(function_id: str) -> _Entry | None:
+    with _cache_guard:
+        entry = _cache.get(function_id)
+        if entry is not None:
+            _cache.move_to_end(function_id)
+        return entry
+
+
+def _remember(function_id: str, entry: _Entry) -> None:
+    with _cache_guard:
+        _cache[function_id] = entry
+        _cache.move_to_end(function_id)
+        while len(_cache) > MAX_CACHED_FUNCTIONS:
+            _cache.popitem(last=False)
+
+
+def forget(function_id: str | None = None) -> None:
+    """Drop the per-process cache (one function or all); the next request reloads from the DB."""
+    with _cache_guard:
+        if function_id is None:
+            _cache.clear()
+        else:
+            _cache.pop(function_id, None)
+
+
+class _CorruptState(Exception):
+    pass
+
+
+def _load_fitted(session: Session, function_id: str) -> mech.FittedFunction:
+    row = session.get(CateFunctionSecret, function_id)
+    if row is None or _digest(row.payload) != row.digest:
+        raise _CorruptState()
+    try:
+        return mech.FittedFunction.from_bytes(row.payload)
+    except Exception:
+        raise _CorruptState() from None
+
+
+def _encode_batch(
+    codes: NDArray[np.int64], u: NDArray[np.float64], y: NDArray[np.float64], d: NDArray[np.float64]
+) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, codes=codes, u=u, y=y, d=d)
+    return buffer.getvalue()
+
+
+def _decode_batch(
+    row: CateFunctionBatch, q: int
+) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    if _digest(row.payload) != row.digest:
+        raise _CorruptState()
+    try:
+        with np.load(io.BytesIO(row.payload), allow_pickle=False) as z:
+            codes = np.asarray(z["codes"], dtype=np.int64).reshape(-1, q)
+            u = np.asarray(z["u"], dtype=np.float64)
+            y = np.asarray(z["y"], dtype=np.float64)
+            d = np.asarray(z["d"], dtype=np.float64)
+    except Exception:
+        raise _CorruptState() from None
+    if not (codes.shape[0] == u.size == y.size == d.size == row.size):
+        raise _CorruptState()
+    return codes, u, y, d
+
+
+def _sync(session: Session, header: CateFunction) -> _Entry:
+    """Bring this process's cache to the header's version (caller holds the lock)."""
+    entry = _cached(header.id)
+    if entry is None or entry.version > header.version:
+        fitted = _load_fitted(session, header.id)
+        path = (
+            gp.GpPath(header.q, fitted.bandwidth, max_capacity=header.t_max)
+            if fitted.kind == "gp"
+            else None
+        )
+        entry = _Entry(version=0, fitted=fitted, path=path)
+    if entry.version < header.version:
+        if entry.path is None:
+            raise _CorruptState()
+        rows = session.execute(
+            select(CateFunctionBatch)
+            .where(
+                CateFunctionBatch.function_id == header.id, CateFunctionBatch.seq > entry.version
+            )
+            .order_by(CateFunctionBatch.seq)
+        ).scalars()
+        steps = 1.0 / float(1 << mech.CANONICAL_BITS)
+        expected = entry.version
+        for row in rows:
+            expected += 1
+            if row.seq != expected:
+                raise _CorruptState()
+            codes, u, y, d = _decode_batch(row, header.q)
+            try:
+                entry.path.extend_known(np.asarray(codes * steps, np.float64), u, d)
+            except gp.GpNumericalError:
+                raise _CorruptState() from None
+            for key_codes, value in zip(codes, y, strict=True):
+                entry.answers[key_codes.tobytes()] = float(value)
+        if expected != header.version or entry.path.t != header.t:
+            raise _CorruptState()
+        entry.version = header.version
+    _remember(header.id, entry)
+    return entry
+
+
+def _close(session: Session, header: CateFunction) -> None:
+    session.rollback()
+    locked = session.get(CateFunction, header.id, with_for_update=True, populate_existing=True)
+    if locked is not None:
+        locked.status = "closed"
+        locked.closed_at = _now_iso()
+    session.commit()
+    forget(header.id)
+
+
+# ---- evaluation -----------------------------------------------------------------------------
+
+
+def _finite_basis_values(
+    session: Session, header: CateFunction, points: NDArray[np.float64]
+) -> list[float]:
+    entry = _cached(header.id)
+    if entry is None:
+        try:
+            fitted = _load_fitted(session, header.id)
+        except _CorruptState:
+            _close(session, header)
+            raise FunctionClosed("the function's state is unavailable") from None
+        entry = _Entry(version=0, fitted=fitted, path=None)
+        _remember(header.id, entry)
+    with _single_threaded_blas():
+        values = entry.fitted.round_output(entry.fitted.mean(points))
+    return [float(v) for v in values]
+
+
+def evaluate(
+    session: Session, *, caller: Caller, function_id: str, points: list[list[float]]
+) -> tuple[list[float], dict[str, Any]]:
+    """Answer a batch (in request order) and return the public metadata with it.
+
+    Exact mode commits its own transaction before returning (no answer before it is durable).
+    """
+    header = readable(session, caller=caller, function_id=function_id)
+    if header.status != "open":
+        raise FunctionClosed("the function's state is closed")
+    public: dict[str, Any] = json.loads(header.public_json)
+    codes, canonical = validate_points(header, points)
+    if header.basis != "exact":
+        return _finite_basis_values(session, header, canonical), public
+    return _evaluate_exact(session, function_id, codes, canonical), public
+
+
+def _evaluate_exact(
+    session: Session, function_id: str, codes: NDArray[np.int64], canonical: NDArray[np.float64]
+) -> list[float]:
+    session.commit()  # end the read transaction; the locked one starts below
+
+    with _thread_lock(function_id):
+        # The row lock serialises every process; the thread lock this process's cache.
+        locked = session.execute(
+            select(CateFunction)
+            .where(CateFunction.id == function_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalar_one()
+        if locked.status != "open":
+            session.rollback()
+            raise FunctionClosed("the function's state is closed")
+        try:
+            with _single_threaded_blas():
+                entry = _sync(session, locked)
+        except _CorruptState:
+            _close(session, locked)
+            raise FunctionClosed("the function's state is unavailable") from None
+        assert entry.path is not None
+
+        keys = [row.tobytes() for row in codes]
+        new_index: dict[bytes, int] = {}
+        for i, key in enumerate(keys):
+            if key not in entry.answers and key not in new_index:
+                new_index[key] = i
+        if not new_index:
+            session.rollback()
+            return [entry.answers[key] for key in keys]
+        if locked.t + len(new_index) > locked.t_max:
+            session.rollback()
+            raise FunctionCapacityReached(
+                f"this function answers at most {locked.t_max} distinct points; "
+                "points already answered are still served"
+            )
+        rows = list(new_index.values())
+        new_codes = codes[rows]
+        new_points = canonical[rows]
+        fitted = entry.fitted
+        try:
+            with _single_threaded_blas():
+                draw = entry.path.draw(new_points, rng=secure_rng(), jitter=locked.jitter)
+                values = fitted.round_output(fitted.mean(new_points) + fitted.r0 * draw.values)
+        except gp.GpNumericalError:
+            session.rollback()
+            raise FunctionBatchRejected() from None
+        payload = _encode_batch(new_codes, draw.values, values, draw.jitters)
+        session.add(
+            CateFunctionBatch(
+                function_id=function_id,
+                seq=locked.version + 1,
+                size=len(rows),
+                payload=payload,
+                digest=_digest(payload),
+            )
+        )
+        locked.version += 1
+        locked.t += len(rows)
+        try:
+            session.commit()  # durable before any new value leaves the server
+        except Exception:
+            session.rollback()
+            forget(function_id)
+            raise
+        entry.path.append(draw)
+        for key, value in zip(new_index, values, strict=True):
+            entry.answers[key] = float(value)
+        entry.version = locked.version
+        return [entry.answers[key] for key in keys]
+
+
+def state_bytes(session: Session, function_id: str) -> int:
+    """Persisted state size in bytes (secret fit plus batch rows); for benchmarks."""
+    secret = session.get(CateFunctionSecret, function_id)
+    total = len(secret.payload) if secret is not None else 0
+    for payload in session.execute(
+        select(CateFunctionBatch.payload).where(CateFunctionBatch.function_id == function_id)
+    ).scalars():
+        total += len(payload)
+    return total

@@ -1,0 +1,127 @@
+"""The ``cate_function`` release kind: a DP CATE function, evaluated later for free.
+
+The job fits ``g*`` and fixes the noise (``service.mechanisms.cate_function``); its result is
+public metadata only. The fitted function travels to the runner under ``SECRET_KEY`` and is
+persisted by ``service.functions.service.store``; clients evaluate it at
+``POST /v1/functions/{release_id}/evaluate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from service.functions.payload import SECRET_KEY, FunctionSecret
+from service.mechanisms import cate_function as mech
+from service.mechanisms import gp
+from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.noise import NoiseSampler
+from service.mechanisms.records import MechanismRecord
+from service.releases.kinds.base import KindParams, Progress
+
+
+class CateFunctionParams(KindParams):
+    """Request parameters of a ``cate_function`` release (validated again by the mechanism)."""
+
+    mode: Literal["strict", "paper"] = "strict"
+    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    # None: min(1e-5, 1 / (10 * smallest fold size)) (README §1.7).
+    delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    learner: Literal["r", "dr"] = "r"
+    bandwidth: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    regularization: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    lambda_convention: Literal["normalised", "unnormalised"] = "normalised"
+    propensity_clip: float = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
+    fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
+    basis: Literal["exact", "nystrom", "rff"] = "exact"
+    n_centres: int = Field(default=256, ge=1, le=mech.MAX_CENTRES)
+    n_features: int = Field(default=256, ge=1, le=mech.MAX_FEATURES)
+    t_max: int = Field(default=10000, ge=1, le=mech.MAX_T)
+    batch_max: int = Field(default=1000, ge=1, le=mech.MAX_BATCH)
+    jitter: float = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
+    nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
+
+
+def to_mechanism_params(
+    params: CateFunctionParams, domain: PublicDomain
+) -> mech.CateFunctionParams:
+    """Map request parameters to the mechanism's, filling the public default delta."""
+    delta = params.delta
+    if delta is None:
+        from service.mechanisms import ate_strict
+
+        delta = ate_strict.default_delta_for(domain, params.fold_fractions, params.nuisance)
+    return mech.CateFunctionParams(
+        epsilon=params.epsilon,
+        delta=delta,
+        mode=params.mode,
+        learner=params.learner,
+        bandwidth=params.bandwidth,
+        regularization=params.regularization,
+        lambda_convention=params.lambda_convention,
+        propensity_clip=params.propensity_clip,
+        fold_fractions=params.fold_fractions,
+        basis=params.basis,
+        n_centres=params.n_centres,
+        n_features=params.n_features,
+        t_max=params.t_max,
+        batch_max=params.batch_max,
+        jitter=params.jitter,
+        nuisance=params.nuisance,
+    )
+
+
+class CateFunctionKind:
+    """Adapter between the HTTP layer and ``service.mechanisms.cate_function``."""
+
+    name: ClassVar[str] = "cate_function"
+    Params: ClassVar[type[KindParams]] = CateFunctionParams
+
+    def record(self, params: Any, domain: PublicDomain) -> MechanismRecord:
+        """The mechanism record and cost, from public inputs only."""
+        return mech.plan(domain, to_mechanism_params(_as_params(params), domain)).record
+
+    def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
+        """Public preview: constants and the pointwise noise sd."""
+        return mech.quote(domain, to_mechanism_params(_as_params(params), domain))
+
+    def run(
+        self,
+        arrays: Arrays,
+        domain: PublicDomain,
+        params: Any,
+        *,
+        rng: np.random.Generator,
+        noise: NoiseSampler,
+        progress: Progress,
+    ) -> dict[str, Any]:
+        """Fit after the charge; the secret rides under ``SECRET_KEY`` for the runner to store."""
+        checked = to_mechanism_params(_as_params(params), domain)
+        result, fitted = mech.run(arrays, domain, checked, rng=rng, progress=progress)
+        public = {
+            **result,
+            "x_lower": [float(v) for v in domain.x_lower],
+            "x_upper": [float(v) for v in domain.x_upper],
+        }
+        secret = FunctionSecret(
+            fitted=fitted,
+            basis=checked.basis,
+            q=domain.q,
+            t_max=checked.t_max,
+            batch_max=checked.batch_max,
+            jitter=checked.jitter,
+            public=public,
+        )
+        return {
+            **result,
+            "evaluate": "POST /v1/functions/{release_id}/evaluate",
+            SECRET_KEY: secret,
+        }
+
+
+def _as_params(params: Any) -> CateFunctionParams:
+    if isinstance(params, CateFunctionParams):
+        return params
+    return CateFunctionParams.model_validate(params)

@@ -1,0 +1,178 @@
+"""Released CATE functions over HTTP: release once, evaluate many times for free, consistently."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from service.db.models import CateFunctionBatch
+from service.functions import service as functions
+from tests.api.test_releases import post_release, wait
+from tests.conftest import RCT_SCHEMA, Api
+
+FAST = {"epsilon": 1.0, "nuisance": "none", "t_max": 50, "batch_max": 20}
+
+
+@pytest.fixture
+def setup(api: Api) -> dict[str, Any]:
+    owner, analyst, client = (
+        api.principal("owner"),
+        api.principal("analyst"),
+        api.principal("client"),
+    )
+    ds = api.dataset(owner["api_key"], n=1200, schema=RCT_SCHEMA, epsilon_total=3.0)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    api.grant(owner["api_key"], ds["id"], client["id"])
+    return {"owner": owner, "analyst": analyst, "client": client, "ds": ds}
+
+
+def release(c: TestClient, s: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    r = post_release(c, s["analyst"]["api_key"], s["ds"]["id"], params, kind="cate_function")
+    assert r.status_code == 202, r.text
+    done = wait(c, s["analyst"]["api_key"], r.json()["id"])
+    assert done["status"] == "done", done
+    return done
+
+
+def evaluate(c: TestClient, key: str, fid: str, points: list[list[float]]) -> Any:
+    return c.post(f"/v1/functions/{fid}/evaluate", json={"points": points}, headers=Api.auth(key))
+
+
+def spent(c: TestClient, s: dict[str, Any]) -> float:
+    budget = c.get(
+        f"/v1/datasets/{s['ds']['id']}/budget", headers=Api.auth(s["owner"]["api_key"])
+    ).json()
+    return float(budget["epsilon_spent"])
+
+
+SECRET_WORDS = ("coef", "support", "alpha", "noise_values", "cholesky", "u_s", "g_star", "whitened")
+
+
+def _no_secrets(body: Any) -> None:
+    text = json.dumps(body).lower()
+    for word in SECRET_WORDS:
+        assert f'"{word}"' not in text
+
+
+def _stored_noise(db_url: str, fid: str) -> list[float]:
+    engine = create_engine(db_url)
+    try:
+        with Session(engine) as session:
+            rows = session.execute(
+                select(CateFunctionBatch).where(CateFunctionBatch.function_id == fid)
+            ).scalars()
+            out: list[float] = []
+            for row in rows:
+                with np.load(io.BytesIO(row.payload)) as z:
+                    out.extend(float(v) for v in z["u"])
+            return out
+    finally:
+        engine.dispose()
+
+
+def test_release_then_free_consistent_evaluations(
+    client: TestClient, setup: Any, configured: str
+) -> None:
+    done = release(client, setup, FAST)
+    assert done["guarantee"] == "strict"
+    assert done["result"]["pointwise_noise_sd"] > 0
+    _no_secrets(done)
+    fid = done["id"]
+    before = spent(client, setup)
+    points = [[30.0, 0.2, 0.0], [60.0, 0.8, 1.0], [30.0, 0.2, 0.0]]
+    r = evaluate(client, setup["analyst"]["api_key"], fid, points)
+    assert r.status_code == 200, r.text
+    values = r.json()["values"]
+    _no_secrets(r.json())
+    assert len(values) == 3
+    assert values[0] == values[2]  # duplicate inside a batch
+    # Another principal (a client) gets the identical value at the same point, and a new point.
+    r2 = evaluate(client, setup["client"]["api_key"], fid, [[60.0, 0.8, 1.0], [45.0, 0.5, 1.0]])
+    assert r2.status_code == 200, r2.text
+    assert r2.json()["values"][0] == values[1]
+    # A process restart (cache dropped) keeps every answer.
+    functions.forget()
+    r3 = evaluate(client, setup["owner"]["api_key"], fid, points + [[45.0, 0.5, 1.0]])
+    assert r3.json()["values"] == [*values, r2.json()["values"][1]]
+    assert spent(client, setup) == before  # evaluation never charges
+    meta = client.get(f"/v1/functions/{fid}", headers=Api.auth(setup["client"]["api_key"]))
+    assert meta.status_code == 200
+    assert meta.json()["basis"] == "exact"
+    _no_secrets(meta.json())
+    # The unit-noise values are stored (3 distinct points) and appear in no response.
+    noise = _stored_noise(configured, fid)
+    assert len(noise) == 3
+    bodies = " ".join(x.text for x in (r, r2, r3, meta))
+    for value in noise:
+        assert repr(value) not in bodies
+        assert f"{value:.6g}" not in bodies
+
+
+def test_points_validated_and_capacity(client: TestClient, setup: Any) -> None:
+    fid = release(client, setup, {**FAST, "t_max": 3})["id"]
+    key = setup["client"]["api_key"]
+    r = evaluate(client, key, fid, [[10.0, 0.5, 1.0]])  # age below 18
+    assert r.status_code == 422
+    assert r.json()["errors"][0]["pointer"] == "#/points/0/0"
+    assert evaluate(client, key, fid, [[20.0, 0.5]]).status_code == 422
+    assert evaluate(client, key, fid, [[20.0, 0.5, 1.0]] * 21).status_code == 422  # batch cap
+    ok = evaluate(client, key, fid, [[20.0, 0.5, 1.0], [21.0, 0.5, 1.0], [22.0, 0.5, 1.0]])
+    assert ok.status_code == 200
+    full = evaluate(client, key, fid, [[23.0, 0.5, 1.0]])
+    assert full.status_code == 409
+    assert full.json()["type"].endswith("function-capacity-reached")
+    again = evaluate(client, key, fid, [[21.0, 0.5, 1.0]])  # cached points still served
+    assert again.json()["values"][0] == ok.json()["values"][1]
+
+
+def test_access_is_by_grant(client: TestClient, api: Api, setup: Any) -> None:
+    fid = release(client, setup, FAST)["id"]
+    stranger = api.principal("client")
+    r = evaluate(client, stranger["api_key"], fid, [[30.0, 0.2, 0.0]])
+    assert r.status_code == 404
+    assert evaluate(client, "nope", fid, [[30.0, 0.2, 0.0]]).status_code == 401
+    assert evaluate(client, setup["client"]["api_key"], "0" * 32, [[30, 0, 0]]).status_code == 404
+
+
+@pytest.mark.parametrize("basis", ["nystrom", "rff"])
+def test_finite_basis(client: TestClient, setup: Any, basis: str) -> None:
+    params = {"epsilon": 1.0, "nuisance": "none", "basis": basis, "n_centres": 32, "n_features": 32}
+    fid = release(client, setup, params)["id"]
+    pts = [[30.0 + i, 0.5, 1.0] for i in range(20)]
+    a = evaluate(client, setup["client"]["api_key"], fid, pts).json()["values"]
+    functions.forget()
+    b = evaluate(client, setup["analyst"]["api_key"], fid, pts).json()["values"]
+    assert a == b
+    meta = client.get(f"/v1/functions/{fid}", headers=Api.auth(setup["client"]["api_key"]))
+    assert meta.json()["t_max"] is None
+
+
+def test_corrupt_state_closes_the_function(client: TestClient, setup: Any, configured: str) -> None:
+    fid = release(client, setup, FAST)["id"]
+    key = setup["client"]["api_key"]
+    assert evaluate(client, key, fid, [[30.0, 0.2, 0.0]]).status_code == 200
+    engine = create_engine(configured)
+    try:
+        with Session(engine) as session:
+            row = session.execute(
+                select(CateFunctionBatch).where(CateFunctionBatch.function_id == fid)
+            ).scalar_one()
+            row.payload = row.payload[:-7] + b"garbage"
+            session.commit()
+    finally:
+        engine.dispose()
+    functions.forget()  # as after a restart: the state must be reloaded from the database
+    r = evaluate(client, key, fid, [[31.0, 0.2, 0.0]])
+    assert r.status_code == 409
+    assert r.json()["type"].endswith("function-closed")
+    assert "garbage" not in r.text
+    meta = client.get(f"/v1/functions/{fid}", headers=Api.auth(key))
+    assert meta.json()["status"] == "closed"
+    assert evaluate(client, key, fid, [[30.0, 0.2, 0.0]]).status_code == 409

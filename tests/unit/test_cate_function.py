@@ -1,0 +1,180 @@
+"""The CATE function mechanism: spec §5 vector, noise constants, KRR closed forms, sensitivity."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.mechanisms import cate_function as mech
+from service.mechanisms import gp
+from service.mechanisms.calibration import hall_constant
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
+
+
+def _scale(mode: str, *, q: int = 2, h: float = 0.5, eps: float = 1.0) -> mech.NoiseScale:
+    return mech.noise_scale(
+        mode=mode,  # type: ignore[arg-type]
+        learner="r",
+        q=q,
+        bandwidth=h,
+        lambda0=mech.lambda0_of(1.0, q, h, "normalised"),
+        n2=1350,
+        epsilon=eps,
+        delta=1e-5,
+        outcome_range=10.0,
+        propensity_bound=0.1,
+    )
+
+
+def test_spec_worked_example() -> None:
+    paper = _scale("paper")
+    strict = _scale("strict")
+    c_q = math.exp(paper.log_cq)
+    assert c_q == pytest.approx(0.636620, abs=1e-6)
+    assert paper.lambda0 == pytest.approx(1.570796, abs=1e-6)
+    assert paper.function_bound == pytest.approx(7.9788, abs=1e-4)
+    assert paper.lipschitz == pytest.approx(35.9577, abs=1e-4)
+    assert paper.sensitivity_k0 == pytest.approx(0.016957, abs=1e-6)
+    # Delta in K terms (L kappa / (lambda n)) = Delta_k0 / sqrt(c_q).
+    assert paper.sensitivity_k0 / math.sqrt(c_q) == pytest.approx(0.021252, abs=1e-6)
+    assert paper.r_hall == pytest.approx(0.08378, abs=1e-5)
+    assert paper.r_paper == pytest.approx(0.26739, abs=1e-5)
+    assert paper.r0 == paper.r_paper
+    assert strict.r0 == pytest.approx(0.06326, abs=1e-5)
+    assert strict.r0 / math.sqrt(c_q) == pytest.approx(0.079283, abs=1e-6)
+
+
+@pytest.mark.parametrize(("q", "h"), [(1, 0.408), (2, 0.577), (8, 1.155), (30, 2.236)])
+def test_paper_over_hall_ratio(q: int, h: float) -> None:
+    s = _scale("paper", q=q, h=h)
+    assert s.r_paper is not None
+    assert s.r_paper / s.r_hall == pytest.approx(4 * (math.sqrt(2 * math.pi) * h) ** (-q / 2))
+    assert s.r0 == max(s.r_paper, s.r_hall)
+    conservative = h <= 16 ** (1 / q) / math.sqrt(2 * math.pi)
+    assert (s.r_paper >= s.r_hall) == conservative
+    assert (q >= 8) == (not conservative)  # the spec's table: too small at q = 8 and 30
+
+
+def test_conservative_bandwidth_table_and_constants() -> None:
+    table = {1: 6.38, 2: 1.60, 8: 0.564, 30: 0.438}
+    for q, value in table.items():
+        assert 16 ** (1 / q) / math.sqrt(2 * math.pi) == pytest.approx(value, abs=5e-3)
+    assert hall_constant(1e-5) == pytest.approx(4.9409, abs=1e-4)
+    assert hall_constant(1e-6) == pytest.approx(5.3868, abs=1e-4)
+    assert mech.default_bandwidth(30) == pytest.approx(2.236, abs=1e-3)
+
+
+def test_paper_mode_uses_analytic_multiplier_at_large_epsilon() -> None:
+    s = _scale("paper", eps=10.0)
+    assert s.multiplier > hall_constant(1e-5) / 10.0  # c(delta)/eps is invalid at eps = 10
+
+
+def _data(n: int, q: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(size=(n, q))
+    w = rng.choice([-0.7, 0.3], size=n) + rng.uniform(-0.1, 0.1, size=n)
+    r = rng.uniform(-1, 1, size=n)
+    return x, r, w
+
+
+def _objective_gradient(
+    alpha: np.ndarray, k: np.ndarray, r: np.ndarray, w: np.ndarray, lam0: float
+) -> np.ndarray:
+    n = r.size
+    g = k @ alpha
+    return np.asarray(-(2 / n) * k @ (w * (r - w * g)) + 2 * lam0 * k @ alpha)
+
+
+def test_krr_closed_form_gradient_vanishes_and_sklearn_mapping() -> None:
+    x, r, w = _data(200, 2, 0)
+    h, lam0 = 0.5, 0.3
+    k = gp.gaussian_kernel(x, x, h)
+    alpha = mech.fit_exact(x, r, w, bandwidth=h, lambda0=lam0)
+    assert np.max(np.abs(_objective_gradient(alpha, k, r, w, lam0))) < 1e-9
+    alpha_dr = mech.fit_exact(x, r, np.ones_like(r), bandwidth=h, lambda0=lam0)
+    from sklearn.kernel_ridge import KernelRidge
+
+    model = KernelRidge(kernel="rbf", gamma=1 / (2 * h * h), alpha=r.size * lam0).fit(x, r)
+    assert np.allclose(model.dual_coef_, alpha_dr, atol=1e-8)
+
+
+def test_rkhs_sensitivity_bound_on_vertex_neighbours() -> None:
+    n, q, h, lam0 = 150, 2, 0.5, 0.2
+    bound_r = 1.0
+    big_l = 2 * (bound_r + bound_r / math.sqrt(lam0))
+    delta_bound = big_l / (lam0 * n)
+    rng = np.random.default_rng(2)
+    worst = 0.0
+    for trial in range(20):
+        x, r, w = _data(n, q, 100 + trial)
+        w = np.clip(np.abs(w), 0.1, 1.0) * np.sign(w)
+        x2, r2, w2 = x.copy(), r.copy(), w.copy()
+        i = int(rng.integers(n))
+        x2[i] = rng.integers(0, 2, size=q).astype(float)  # a box vertex
+        r2[i], w2[i] = rng.choice([-1.0, 1.0]), rng.choice([-1.0, 1.0])
+        a1 = mech.fit_exact(x, r, w, bandwidth=h, lambda0=lam0)
+        a2 = mech.fit_exact(x2, r2, w2, bandwidth=h, lambda0=lam0)
+        support = np.vstack([x, x2[i : i + 1]])
+        diff = np.concatenate([a1, [0.0]])
+        diff[:n] -= np.where(np.arange(n) == i, 0.0, a2)
+        diff[n] -= a2[i]
+        norm = math.sqrt(max(diff @ gp.gaussian_kernel(support, support, h) @ diff, 0.0))
+        worst = max(worst, norm)
+    assert worst <= delta_bound
+
+
+def _domain(n: int = 1200, *, paper: bool = False) -> PublicDomain:
+    return PublicDomain(
+        x_lower=np.zeros(2),
+        x_upper=np.array([1.0, 2.0]),
+        y_lower=-1.0,
+        y_upper=1.0,
+        n=n,
+        design=StudyDesign.RCT,
+        treatment_probability=0.5,
+        allow_paper_mode=paper,
+    )
+
+
+def test_plan_refuses_paper_mode_and_bad_params() -> None:
+    with pytest.raises(PaperModeDisabled):
+        mech.plan(
+            _domain(), mech.CateFunctionParams(epsilon=1, delta=1e-5, mode="paper", nuisance="none")
+        )
+    with pytest.raises(InvalidParameters):
+        mech.plan(_domain(), mech.CateFunctionParams(epsilon=1, delta=0.5, nuisance="none"))
+    record = mech.plan(
+        _domain(paper=True),
+        mech.CateFunctionParams(epsilon=1, delta=1e-5, mode="paper", nuisance="none"),
+    ).record
+    assert str(record.guarantee) == "paper"
+
+
+@pytest.mark.parametrize("basis", ["exact", "nystrom", "rff"])
+def test_run_end_to_end(basis: str) -> None:
+    rng = np.random.default_rng(0)
+    n = 1200
+    x = np.column_stack([rng.uniform(0, 1, n), rng.uniform(0, 2, n)])
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    y = np.clip(0.5 * a * x[:, 0] + rng.normal(0, 0.1, n), -1, 1)
+    params = mech.CateFunctionParams(
+        epsilon=1.0,
+        delta=1e-5,
+        nuisance="none",
+        basis=basis,  # type: ignore[arg-type]
+        learner="dr",
+        n_centres=64,
+        n_features=64,
+    )
+    result, fitted = mech.run(
+        Arrays(x, a, y), _domain(n), params, rng=rng, progress=lambda *_: None
+    )
+    assert result["guarantee"] == "strict"
+    assert "coef" not in result
+    assert "support" not in result
+    again = mech.FittedFunction.from_bytes(fitted.to_bytes())
+    pts = rng.uniform(size=(5, 2))
+    assert np.array_equal(again.mean(pts), fitted.mean(pts))

@@ -1,0 +1,134 @@
+"""GP conditioning (cate_function_gp.md §6.2, §7): incremental factor, joint law, edge cases.
+
+The distributional test whitens many simulated sequential paths with the full jittered
+covariance and tests ``E[z z^T] = I`` with the likelihood-ratio statistic
+``n (tr S - log det S - d) ~ chi2(d (d + 1) / 2)``; false-failure rate ALPHA = 1e-6. Its power
+is shown on a broken conditioning (prior draws that ignore the stored values).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+from scipy import stats
+
+from service.mechanisms import gp
+
+ALPHA = 1e-6
+H = 0.4
+
+
+def _points(rng: np.random.Generator, m: int, q: int = 2) -> np.ndarray:
+    return rng.uniform(0, 1, size=(m, q))
+
+
+def test_incremental_factor_equals_full_cholesky() -> None:
+    rng = np.random.default_rng(1)
+    path = gp.GpPath(2, H, capacity=2)
+    for m in (1, 3, 5, 2, 7):
+        path.append(path.draw(_points(rng, m), rng=rng))
+    x = path.points
+    full = scipy.linalg.cholesky(gp.gaussian_kernel(x, x, H) + np.diag(path.jitters), lower=True)
+    assert np.max(np.abs(full - path.factor)) < 1e-10
+    # Reloading from the stored (points, values, jitters) rebuilds the same state.
+    again = gp.GpPath(2, H)
+    again.extend_known(path.points[:4], path.values[:4], path.jitters[:4])
+    again.extend_known(path.points[4:], path.values[4:], path.jitters[4:])
+    assert np.max(np.abs(again.factor - path.factor)) < 1e-10
+
+
+def _lr_pvalue(z: np.ndarray) -> float:
+    n, d = z.shape
+    s = z.T @ z / n
+    statistic = n * (np.trace(s) - np.linalg.slogdet(s)[1] - d)
+    return float(stats.chi2.sf(statistic, d * (d + 1) // 2))
+
+
+def _simulate(broken: bool, n_paths: int = 1000) -> np.ndarray:
+    rng = np.random.default_rng(7 if not broken else 8)
+    x = np.array([[0.1, 0.2], [0.3, 0.25], [0.8, 0.9], [0.5, 0.5], [0.52, 0.5], [0.2, 0.7]])
+    batches = [x[:2], x[2:3], x[3:6]]
+    cov = gp.gaussian_kernel(x, x, H) + gp.DEFAULT_JITTER * np.eye(6)
+    whiten = scipy.linalg.cholesky(cov, lower=True)
+    out = np.empty((n_paths, 6))
+    for k in range(n_paths):
+        path = gp.GpPath(2, H)
+        values = []
+        for batch in batches:
+            if broken:
+                fresh = gp.GpPath(2, H)  # ignores the stored values: wrong law
+                draw = fresh.draw(batch, rng=rng)
+                values.append(draw.values)
+                path.extend_known(batch, draw.values, draw.jitters)
+            else:
+                draw = path.draw(batch, rng=rng)
+                values.append(draw.values)
+                path.append(draw)
+        out[k] = scipy.linalg.solve_triangular(whiten, np.concatenate(values), lower=True)
+    return out
+
+
+def test_sequential_draws_have_the_joint_law_of_one_path() -> None:
+    assert _lr_pvalue(_simulate(broken=False)) > ALPHA
+
+
+def test_power_broken_conditioning_is_rejected() -> None:
+    assert _lr_pvalue(_simulate(broken=True)) < ALPHA
+
+
+def test_numerically_dependent_points_do_not_fail() -> None:
+    rng = np.random.default_rng(3)
+    path = gp.GpPath(2, H)
+    first = path.draw(np.array([[0.5, 0.5]]), rng=rng)
+    path.append(first)
+    near = path.draw(np.array([[0.5, 0.5 + 2.0**-20], [0.5 + 2.0**-20, 0.5]]), rng=rng)
+    path.append(near)
+    # Conditional variance ~ jitter: the nearby answers are within a few jitter sds.
+    assert np.all(np.abs(near.values - first.values[0]) < 1e-2)
+    assert np.all(np.isfinite(path.factor))
+
+
+def test_jitter_escalation_and_rejection() -> None:
+    bad = np.array([[1.0, 2.0], [2.0, 1.0]])  # indefinite: eigenvalues 3 and -1
+    with pytest.raises(gp.GpNumericalError):
+        gp.jittered_cholesky(bad, 1e-8)
+    nearly = np.array([[1.0, 1.0], [1.0, 1.0]]) - 1e-11 * np.eye(2)
+    _, used = gp.jittered_cholesky(nearly, 1e-12)
+    assert used > 1e-12
+
+
+def test_full_refactor_agrees_in_mean_and_variance() -> None:
+    rng = np.random.default_rng(5)
+    path = gp.GpPath(2, H)
+    path.append(path.draw(_points(rng, 10), rng=rng))
+    new = _points(rng, 1)
+    draws = np.array(
+        [
+            gp.full_refactor_draw(
+                path.points, path.values, path.jitters, new, bandwidth=H, rng=rng
+            )[0]
+            for _ in range(4000)
+        ]
+    )
+    k_sn = gp.gaussian_kernel(path.points, new, H)
+    v = path.solve_lower(k_sn)
+    mean = float((v.T @ scipy.linalg.solve_triangular(path.factor, path.values, lower=True))[0])
+    var = float(1.0 - (v.T @ v)[0, 0] + gp.DEFAULT_JITTER)
+    # z-test on the mean (ALPHA two-sided), chi2 on the variance.
+    z = (draws.mean() - mean) / np.sqrt(var / draws.size)
+    assert abs(z) < stats.norm.isf(ALPHA / 2)
+    chi = (draws.size - 1) * draws.var(ddof=1) / var
+    assert stats.chi2.sf(chi, draws.size - 1) > ALPHA / 2
+    assert stats.chi2.cdf(chi, draws.size - 1) > ALPHA / 2
+
+
+def test_finite_bases() -> None:
+    centres = gp.sobol_centres(50, 3)
+    assert centres.shape == (50, 3)
+    assert np.all((centres > 0) & (centres < 1))
+    assert np.array_equal(centres, gp.sobol_centres(50, 3))  # public and deterministic
+    rng = np.random.default_rng(0)
+    freq = rng.normal(0, 1 / H, size=(20, 3))
+    phi = gp.random_features(rng.uniform(size=(5, 3)), freq)
+    assert np.allclose(np.linalg.norm(phi, axis=1), 1.0)
