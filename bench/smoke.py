@@ -5,7 +5,17 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHES = ("bench.upload", "bench.load")
+BENCHES = (
+    "bench.upload",
+    "bench.load",
+    "bench.functions",
+    "bench.cate_vector",
+    "bench.ebm_cate",
+    "bench.uplift",
+    "bench.ate_coverage",
+    "bench.ate_service",
+    "bench.lee",
+)
 
 
 def main() -> None:
