@@ -145,7 +145,10 @@ class JobRunner:
         outcome: dict[str, Any] = {}
         secret: FunctionSecret | None = None
         dataset_id = ""
+        progress = self._progress_writer(release_id)
         try:
+            # Outside the session below: on SQLite a second writer would wait for its lock.
+            progress(0.0, "loading rows")
             with self.factory() as session:
                 release = session.get(Release, release_id)
                 assert release is not None
@@ -171,7 +174,7 @@ class JobRunner:
                 params,
                 rng=secure_rng(),
                 noise=OpenDPSampler(),
-                progress=self._progress_writer(release_id),
+                progress=progress,
             )
             # A released function's secret state is stored with the result, never in it.
             secret = result.pop(SECRET_KEY, None)
@@ -206,13 +209,15 @@ class JobRunner:
                 self._running.discard(release_id)
 
     def _progress_writer(self, release_id: str) -> Callable[[float, str], None]:
-        last = [0.0]
+        """Progress updates: every change of stage is written; within a stage at most 2 per s."""
+        last_time = [0.0]
+        last_stage = [""]
 
         def write(fraction: float, stage: str) -> None:
             now = time.time()
-            if now - last[0] < 0.5:
+            if stage == last_stage[0] and now - last_time[0] < 0.5:
                 return
-            last[0] = now
+            last_time[0], last_stage[0] = now, stage
             with self.factory() as session:
                 session.execute(
                     update(Release)
