@@ -1,0 +1,736 @@
+"""DP-CATE at d public query points: R- or DR-learner, ``strict`` or ``paper`` mode.
+
+What it releases:
+    a vector ``g_DP(x_1..x_d)`` of CATE estimates at analyst-supplied public points inside the
+    public box, from a two-stage orthogonal learner (cate_vector.md §2): nuisances on disjoint
+    folds, a second stage fitted on the last fold, noise added, one (epsilon, delta) charge for
+    the whole vector. Never the noise scale of paper mode (data-dependent), the nuisances, the
+    second-stage fit, per-row values or fold memberships.
+
+Second stage (both modes): ridge regression on a public random-Fourier-feature map
+    ``phi(x) = [1, (2u - 1) / sqrt(q), sqrt(2 / D) cos(W u + b)]``, ``u`` the point scaled to
+    [0, 1]^q by the public box, ``W ~ N(0, I / l^2)``, ``b ~ U(0, 2 pi)`` drawn from the CSPRNG
+    (data-independent), so ``||phi(x)||^2 <= 1 + 1 + 2`` and ``C = 2``. R-learner in Robinson
+    form (targets ``r = y - m(x)``, features ``v = (a - pi(x)) phi(x)``); DR-learner on the
+    AIPW pseudo-outcome clipped to [-K, K] (targets ``r = psi``, features ``v = phi(x)``).
+    ``theta = argmin (1/n) sum (r - v'theta)^2 + lambda ||theta||^2``.
+
+Neighbouring relation: replace-one on (X, A, Y), n public; fold sizes public.
+
+Claim, strict mode (docs/proofs/cate_vector.md):
+    (epsilon, delta)-DP. Nuisances are DP-EBMs at the replace-one epsilon_p rule, each
+    (epsilon, delta)-DP on its own fold. Given them, the second stage on the last fold has
+    |r| <= B_r (R: the outcome range R_Y; DR: K) and ||v|| <= C, so ``||theta|| <= B_r /
+    sqrt(lambda)`` and the replace-one L2 sensitivity of theta is
+    ``Delta_theta = 2 C B_r (1 + C / sqrt(lambda)) / (lambda n_2)`` (strong convexity).
+    theta is released through the lattice Gaussian at (epsilon, delta) with that sensitivity
+    (plus a float margin), and the vector ``Phi(x) theta_DP`` is post-processing. Folds are a
+    uniformly random partition of public sizes and the second-stage inputs are row-wise in the
+    record given the nuisances: Niu et al. Theorem 6 gives max over modules = (epsilon, delta).
+
+Claim, paper mode (Schroeder et al., Theorem 1; heuristic, label ``paper``):
+    non-private MLP nuisances on D_1; noise sd ``r = gamma_hat c(eps, delta, n_2)`` per
+    coordinate, ``gamma_hat = sup_z |IF(z)|`` by exact enumeration over a and y and a
+    multi-start box-bounded L-BFGS-B over x; ``c = 5 sqrt(2 ln n ln(2/delta)) / (eps n)``.
+
+References:
+    Schroeder, Melnychuk, Feuerriegel (2025). Differentially private learners for heterogeneous
+    treatment effects. ICLR.
+    Chaudhuri, Monteleoni, Sarwate (2011). Differentially private empirical risk minimization.
+    JMLR (output perturbation of strongly convex ERM).
+    Rahimi and Recht (2007). Random features for large-scale kernel machines. NeurIPS.
+    Nie and Wager (2021). Quasi-oracle estimation of heterogeneous treatment effects.
+    Kennedy (2023). Towards optimal doubly robust estimation of heterogeneous causal effects.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.mechanisms.calibration import (
+    default_delta,
+    validate_delta,
+    validate_epsilon,
+    validate_finite_positive,
+)
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.dp_ebm import (
+    DpEbmAccounting,
+    dp_ebm_event,
+    fit_classifier,
+    fit_regressor,
+    interpret_guard,
+    solve_dp_ebm_epsilon_p,
+)
+from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
+from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
+
+MECHANISM = "cate_vector"
+VERSION = "1"
+
+Learner = Literal["r", "dr"]
+Mode = Literal["strict", "paper"]
+Progress = Callable[[float, str], None]
+
+MIN_EPSILON = 0.01
+MAX_EPSILON = 100.0
+MIN_FOLD_SIZE = 100
+MAX_POINTS = 5_000
+MAX_FEATURES = 1_000
+FEATURE_NORM = 2.0  # C: ||phi(x)||^2 <= 1 + 1 + 2 (module docstring)
+# Float margin on Delta_theta: a backward-stable solve of the (D+1)-square SPD system with
+# condition number <= (C^2 + lambda) / lambda perturbs theta by far less than 2^-20 ||theta||
+# for the public ranges of lambda and D allowed here (docs/proofs/cate_vector.md, step 5).
+_SOLVE_SLACK = 2.0**-20
+MIN_RIDGE = 1e-3
+_FOLD_SUM_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class CateVectorParams:
+    """Public request parameters.
+
+    Attributes:
+        points: the d public query points (d x q), inside the public box.
+        epsilon, delta: the charged (epsilon, delta) for the whole vector.
+        learner: ``"r"`` (default) or ``"dr"``.
+        mode: ``"strict"`` (default) or ``"paper"`` (needs allow_paper_mode).
+        propensity_clip: c; pi_hat in [c, 1 - c] (observational designs).
+        pseudo_outcome_clip: DR's public K (default R_Y).
+        ridge: lambda of the second stage (public). The kind's default is 0.1 in strict mode
+            (it sets the sensitivity) and 0.001 in paper mode.
+        n_features: D, the number of random Fourier features.
+        lengthscale: l of the Gaussian kernel on unit-scaled covariates.
+        fold_fractions: per module; default (0.25, 0.25, 0.5) strict observational,
+            (0.5, 0.5) strict RCT, (0.5, 0.5) paper (nuisances, estimation).
+    """
+
+    points: tuple[tuple[float, ...], ...]
+    epsilon: float
+    delta: float
+    learner: Learner = "r"
+    mode: Mode = "strict"
+    propensity_clip: float = 0.05
+    pseudo_outcome_clip: float | None = None
+    ridge: float = 0.1
+    n_features: int = 50
+    lengthscale: float = 0.3
+    fold_fractions: tuple[float, ...] | None = None
+
+
+def modules(domain: PublicDomain, mode: Mode) -> tuple[str, ...]:
+    if mode == "paper":
+        return ("nuisance", "estimation")
+    if domain.design == StudyDesign.RCT:
+        return ("outcome", "estimation")
+    return ("propensity", "outcome", "estimation")
+
+
+def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
+    sizes = [math.floor(f * n) for f in fractions[:-1]]
+    return (*sizes, n - sum(sizes))
+
+
+def _fractions(
+    domain: PublicDomain, mode: Mode, fold_fractions: tuple[float, ...] | None
+) -> tuple[float, ...]:
+    names = modules(domain, mode)
+    default = (0.25, 0.25, 0.5) if len(names) == 3 else (0.5, 0.5)
+    fractions = default if fold_fractions is None else fold_fractions
+    if len(fractions) != len(names):
+        raise InvalidParameters(
+            f"fold_fractions must have {len(names)} entries ({', '.join(names)})"
+        )
+    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
+    if abs(math.fsum(checked) - 1.0) > _FOLD_SUM_TOLERANCE:
+        raise InvalidParameters("fold_fractions must sum to 1")
+    if min(fold_sizes(domain.n, checked)) < MIN_FOLD_SIZE:
+        raise InvalidParameters(f"every fold needs at least {MIN_FOLD_SIZE} records")
+    return checked
+
+
+def default_delta_for(
+    domain: PublicDomain, mode: Mode, fold_fractions: tuple[float, ...] | None
+) -> float:
+    """README §1.7 default delta over this release's folds."""
+    return default_delta(min(fold_sizes(domain.n, _fractions(domain, mode, fold_fractions))))
+
+
+def point_errors(points: Any, domain: PublicDomain) -> list[tuple[tuple[int, ...], str]]:
+    """Validation errors of the query points against the public box: (path, message) pairs."""
+    errors: list[tuple[tuple[int, ...], str]] = []
+    lower, upper = domain.x_lower, domain.x_upper
+    for i, point in enumerate(points):
+        if len(point) != domain.q:
+            errors.append(((i,), f"each point needs {domain.q} coordinates"))
+            continue
+        for j, value in enumerate(point):
+            v = float(value)
+            if not (math.isfinite(v) and float(lower[j]) <= v <= float(upper[j])):
+                errors.append(((i, j), f"outside the public bounds [{lower[j]:g}, {upper[j]:g}]"))
+    return errors
+
+
+def c_constant(epsilon: float, delta: float, n: int) -> float:
+    """The paper's finite-query constant ``5 sqrt(2 ln n ln(2 / delta)) / (epsilon n)``."""
+    return 5.0 * math.sqrt(2.0 * math.log(n) * math.log(2.0 / delta)) / (epsilon * n)
+
+
+def theta_sensitivity(bound_r: float, ridge: float, n2: int, feature_norm: float) -> float:
+    """Replace-one L2 sensitivity of the ridge solution (proof steps 2-4).
+
+    ``||theta|| <= B_r / sqrt(lambda)``; each loss gradient on that ball is at most
+    ``2 C (B_r + C B_r / sqrt(lambda))``; strong convexity 2 lambda gives
+    ``Delta = 2 C B_r (1 + C / sqrt(lambda)) / (lambda n_2)``.
+    """
+    return 2.0 * feature_norm * bound_r * (1.0 + feature_norm / math.sqrt(ridge)) / (ridge * n2)
+
+
+@dataclass(frozen=True)
+class Plan:
+    params: CateVectorParams
+    guarantee: Guarantee
+    modules: tuple[str, ...]
+    fold_sizes: tuple[int, ...]
+    clip: float
+    propensity: float | None
+    bound_r: float
+    accounting: DpEbmAccounting | None
+    theta: GaussianCalibration | None  # strict only
+    record: MechanismRecord
+
+    @property
+    def n2(self) -> int:
+        return self.fold_sizes[-1]
+
+
+def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
+    """Validate and compute the record (cost) from public inputs only."""
+    if params.mode not in ("strict", "paper"):
+        raise InvalidParameters("mode must be 'strict' or 'paper'")
+    if params.learner not in ("r", "dr"):
+        raise InvalidParameters("learner must be 'r' or 'dr'")
+    if params.mode == "paper" and not domain.allow_paper_mode:
+        raise PaperModeDisabled("paper mode is not enabled for this dataset by its owner")
+    if not 1 <= len(params.points) <= MAX_POINTS:
+        raise InvalidParameters(f"send between 1 and {MAX_POINTS} points")
+    if point_errors(params.points, domain):
+        raise InvalidParameters("query points must lie inside the public covariate box")
+    epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    names = modules(domain, params.mode)
+    sizes = fold_sizes(domain.n, _fractions(domain, params.mode, params.fold_fractions))
+    delta = validate_delta(params.delta, n_min=min(sizes))
+    ridge = validate_finite_positive(params.ridge, "ridge")
+    if ridge < MIN_RIDGE:
+        raise InvalidParameters(f"ridge must be at least {MIN_RIDGE}")
+    if not 1 <= params.n_features <= MAX_FEATURES:
+        raise InvalidParameters(f"n_features must be in [1, {MAX_FEATURES}]")
+    validate_finite_positive(params.lengthscale, "lengthscale")
+    big_r = validate_finite_positive(domain.outcome_range, "outcome range")
+    propensity: float | None = None
+    clip = validate_finite_positive(params.propensity_clip, "propensity_clip")
+    if domain.design == StudyDesign.RCT:
+        p = domain.treatment_probability
+        if p is None or not 0.0 < p < 1.0:
+            raise InvalidParameters("an RCT needs a declared treatment_probability in (0, 1)")
+        propensity = float(p)
+        clip = min(propensity, 1.0 - propensity)
+    elif not domain.min_propensity_clip <= clip <= 0.5:
+        raise InvalidParameters(f"propensity_clip must be in [{domain.min_propensity_clip}, 0.5]")
+    # proof step 1: the public bound on the second-stage targets.
+    if params.learner == "r":
+        bound_r = big_r
+    else:
+        # |psi_DR| <= R / c; the public K (default R_Y) may only tighten it.
+        natural = big_r / clip
+        requested = params.pseudo_outcome_clip
+        if requested is None:
+            bound_r = min(big_r, natural)
+        else:
+            bound_r = min(validate_finite_positive(requested, "pseudo_outcome_clip"), natural)
+    d = len(params.points)
+    events: list[NoiseEvent] = []
+    accounting: DpEbmAccounting | None = None
+    theta: GaussianCalibration | None = None
+    if params.mode == "strict":
+        guarantee = Guarantee.STRICT
+        accounting = solve_dp_ebm_epsilon_p(epsilon, delta)
+        if "propensity" in names:
+            events.append(
+                dp_ebm_event(
+                    "propensity",
+                    epsilon,
+                    delta,
+                    accounting,
+                    n_features=domain.q,
+                    target_range=1.0,
+                    learner="Classifier",
+                )
+            )
+        width = domain.q if params.learner == "r" else domain.q + 1
+        events.append(
+            dp_ebm_event(
+                "outcome",
+                epsilon,
+                delta,
+                accounting,
+                n_features=width,
+                target_range=big_r,
+                learner="Regressor",
+            )
+        )
+        # proof steps 2-5: sensitivity of theta, plus the float margin.
+        nominal = theta_sensitivity(bound_r, ridge, sizes[-1], FEATURE_NORM)
+        radius = bound_r / math.sqrt(ridge)
+        sensitivity = math.nextafter(nominal + 2.0 * _SOLVE_SLACK * radius, math.inf)
+        theta = calibrate_gaussian(
+            epsilon, delta, sensitivity, dim=params.n_features + 1 + domain.q
+        )
+        events.append(
+            NoiseEvent(
+                type="gaussian",
+                module="estimation",
+                epsilon=epsilon,
+                delta=delta,
+                params={
+                    "statistic": "ridge coefficients on random Fourier features",
+                    "sampler": "opendp discrete gaussian on 2^k lattice",
+                    "sensitivity_l2_nominal": nominal,
+                    "sensitivity_l2": sensitivity,
+                    "sensitivity_l2_effective": theta.sensitivity_l2_effective,
+                    "dim": theta.dim,
+                    "lattice_exponent": theta.lattice_exponent,
+                    "noise_multiplier": theta.noise_multiplier,
+                    "sigma": theta.sigma,
+                    "ridge": ridge,
+                    "target_bound": bound_r,
+                    "feature_norm": FEATURE_NORM,
+                    "queries": d,
+                },
+            )
+        )
+        composition = Composition.THEOREM6_MAX
+    else:
+        guarantee = Guarantee.PAPER
+        events.append(
+            NoiseEvent(
+                type="smooth_sensitivity_gaussian",
+                module="estimation",
+                epsilon=epsilon,
+                delta=delta,
+                params={
+                    "claim": "Schroeder et al. Theorem 1 (heuristic)",
+                    "c": c_constant(epsilon, delta, sizes[-1]),
+                    "queries": d,
+                },
+            )
+        )
+        composition = Composition.SEQUENTIAL
+    record = MechanismRecord(
+        mechanism=MECHANISM,
+        version=VERSION,
+        guarantee=guarantee,
+        n=domain.n,
+        fold_sizes=dict(zip(names, sizes, strict=True)),
+        composition=composition,
+        events=tuple(events),
+        epsilon=max(e.epsilon for e in events),
+        delta=max(e.delta for e in events),
+    )
+    return Plan(
+        params, guarantee, names, sizes, clip, propensity, bound_r, accounting, theta, record
+    )
+
+
+def plan(domain: PublicDomain, params: CateVectorParams) -> MechanismRecord:
+    """The record (cost); ``InvalidParameters`` / ``PaperModeDisabled`` before any charge."""
+    return make_plan(domain, params).record
+
+
+def _public(state: Plan) -> dict[str, Any]:
+    params = state.params
+    return {
+        "mode": params.mode,
+        "guarantee": str(state.guarantee),
+        "learner": params.learner,
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "queries": len(params.points),
+        "fold_sizes": dict(state.record.fold_sizes),
+        "propensity_clip": state.clip,
+        "target_bound": state.bound_r,
+        "ridge": params.ridge,
+        "n_features": params.n_features,
+        "lengthscale": params.lengthscale,
+    }
+
+
+def quote(domain: PublicDomain, params: CateVectorParams) -> dict[str, Any]:
+    """Public accuracy preview. Strict: an upper bound on every coordinate's noise sd.
+
+    Strict: coordinate j's noise is ``phi(x_j)' N(0, sigma^2 I)`` with ``||phi|| <= C = 2``,
+    so its sd is at most ``2 sigma``. Paper: the noise sd is data-dependent
+    (``gamma_hat c``) and never released; the quote gives ``c`` only.
+    """
+    state = make_plan(domain, params)
+    out = _public(state)
+    if state.theta is not None:
+        out["noise_sd_upper_bound"] = FEATURE_NORM * state.theta.sigma
+        out["theta_sigma"] = state.theta.sigma
+    else:
+        out["c"] = c_constant(state.record.epsilon, state.record.delta, state.n2)
+        out["noise_sd_upper_bound"] = None
+    return out
+
+
+# ---- second stage and the paper-mode sensitivity (pure helpers, tested directly) ----------
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """Public random Fourier features on unit-scaled covariates (drawn without data)."""
+
+    lower: NDArray[np.float64]
+    upper: NDArray[np.float64]
+    frequencies: NDArray[np.float64]  # (D, q)
+    phases: NDArray[np.float64]  # (D,)
+
+    @classmethod
+    def draw(
+        cls, domain: PublicDomain, n_features: int, lengthscale: float, rng: np.random.Generator
+    ) -> FeatureMap:
+        q = domain.q
+        return cls(
+            lower=np.asarray(domain.x_lower, dtype=np.float64),
+            upper=np.asarray(domain.x_upper, dtype=np.float64),
+            frequencies=rng.normal(0.0, 1.0 / lengthscale, size=(n_features, q)),
+            phases=rng.uniform(0.0, 2.0 * math.pi, size=n_features),
+        )
+
+    def __call__(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        u = (np.clip(np.atleast_2d(x), self.lower, self.upper) - self.lower) / (
+            self.upper - self.lower
+        )
+        d = self.phases.size
+        q = self.lower.size
+        linear = (2.0 * u - 1.0) / math.sqrt(q)
+        waves = math.sqrt(2.0 / d) * np.cos(u @ self.frequencies.T + self.phases)
+        return np.column_stack([np.ones(u.shape[0]), linear, waves])
+
+
+def ridge_fit(
+    features: NDArray[np.float64], targets: NDArray[np.float64], ridge: float, bound_r: float
+) -> NDArray[np.float64]:
+    """``argmin (1/n) sum (r - v'theta)^2 + lambda ||theta||^2``, projected on the ball.
+
+    The exact minimiser has ``||theta|| <= B_r / sqrt(lambda)`` (proof step 2); the projection
+    only removes float error.
+    """
+    n = features.shape[0]
+    gram = features.T @ features / n + ridge * np.eye(features.shape[1])
+    theta = np.linalg.solve(gram, features.T @ targets / n)
+    radius = bound_r / math.sqrt(ridge)
+    norm = float(np.linalg.norm(theta))
+    if not math.isfinite(norm):
+        raise ValueError("non-finite second stage")
+    if norm > radius:
+        theta = theta * (radius / norm)
+    return np.asarray(theta, dtype=np.float64)
+
+
+def second_stage_data(
+    learner: Learner,
+    phi: NDArray[np.float64],
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    pi_hat: NDArray[np.float64],
+    mu0: NDArray[np.float64],
+    mu1: NDArray[np.float64],
+    bound_r: float,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Row-wise features and targets of the second stage, with |r| <= B_r and ||v|| <= C.
+
+    R (Robinson form): ``r = y - m``, ``m = pi mu1 + (1 - pi) mu0``, ``v = (a - pi) phi``.
+    DR: ``r = clip(psi_AIPW, -K, K)``, ``v = phi``.
+    """
+    if learner == "r":
+        m = pi_hat * mu1 + (1.0 - pi_hat) * mu0
+        targets = np.clip(y - m, -bound_r, bound_r)
+        return (a - pi_hat)[:, None] * phi, targets
+    with np.errstate(all="ignore"):
+        psi = mu1 - mu0 + a * (y - mu1) / pi_hat - (1.0 - a) * (y - mu0) / (1.0 - pi_hat)
+    psi = np.clip(np.where(np.isfinite(psi), psi, 0.0), -bound_r, bound_r)
+    return phi, psi
+
+
+Nuisance = Callable[[NDArray[np.float64]], tuple[NDArray[np.float64], ...]]
+
+
+def influence_sup(
+    learner: Learner,
+    nuisance: Nuisance,
+    g: Callable[[NDArray[np.float64]], NDArray[np.float64]],
+    domain: PublicDomain,
+    *,
+    overlap: float,
+    rng: np.random.Generator,
+    candidates: int = 2000,
+    starts: int = 8,
+) -> float:
+    """Paper mode: ``gamma_hat = sup_z |IF(z)|`` (cate_vector.md §6 step 4).
+
+    The IF is affine in y for fixed (x, a): enumerate a in {0, 1} and y in {y_lo, y_hi}
+    exactly; over x, evaluate a random candidate set plus the box corners (q <= 10), then run
+    box-bounded L-BFGS-B from the best ``starts`` candidates per (a, y, sign). ``nuisance(x)``
+    returns ``(pi, mu0, mu1)`` (clipped); ``overlap`` is Lambda_hat for R (1 for DR).
+    """
+    from scipy.optimize import minimize
+
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    q = domain.q
+
+    def influence(x: NDArray[np.float64], a: float, y: float) -> NDArray[np.float64]:
+        pi, mu0, mu1 = nuisance(x)
+        gx = g(x)
+        mu_a = mu1 if a == 1.0 else mu0
+        if learner == "r":
+            m = pi * mu1 + (1.0 - pi) * mu0
+            return np.asarray((a - pi) * (y - m - (a - pi) * gx) / overlap)
+        return np.asarray((a - pi) / (pi * (1.0 - pi)) * (y - mu_a) + mu1 - mu0 - gx)
+
+    points = rng.uniform(lower, upper, size=(candidates, q))
+    if q <= 10:
+        corners = np.array(np.meshgrid(*[[lo, hi] for lo, hi in zip(lower, upper, strict=True)]))
+        points = np.vstack([points, corners.reshape(q, -1).T])
+    best = 0.0
+    bounds = list(zip(lower.tolist(), upper.tolist(), strict=True))
+    for a in (0.0, 1.0):
+        for y in (domain.y_lower, domain.y_upper):
+            values = influence(points, a, y)
+            for sign in (1.0, -1.0):
+                signed = sign * values
+                best = max(best, float(np.max(signed)))
+                for start in points[np.argsort(-signed)[:starts]]:
+
+                    def objective(
+                        x: NDArray[np.float64], a: float = a, y: float = y, sign: float = sign
+                    ) -> float:
+                        return -sign * float(influence(x[None, :], a, y)[0])
+
+                    found = minimize(objective, start, method="L-BFGS-B", bounds=bounds)
+                    best = max(best, -float(found.fun))
+    return best
+
+
+# ---- running ---------------------------------------------------------------------------------
+
+
+def run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    params: CateVectorParams,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Release the vector after the charge; ``ReleaseFailed`` on any data-time failure."""
+    state = make_plan(domain, params)
+    try:
+        return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
+    except Exception:
+        raise ReleaseFailed() from None
+
+
+def _prepare(
+    arrays: Arrays, domain: PublicDomain
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    x = np.asarray(arrays.x, dtype=np.float64)
+    a = np.asarray(arrays.a, dtype=np.float64)
+    y = np.asarray(arrays.y, dtype=np.float64)
+    if x.shape != (domain.n, domain.q) or a.shape != (domain.n,) or y.shape != (domain.n,):
+        raise ValueError("arrays do not match the public domain")
+    x = np.clip(np.where(np.isfinite(x), x, lower), lower, upper)
+    a = np.where(a >= 0.5, 1.0, 0.0)
+    y = np.clip(np.where(np.isfinite(y), y, domain.y_lower), domain.y_lower, domain.y_upper)
+    return x, a, y
+
+
+def _run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    state: Plan,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    params = state.params
+    x, a, y = _prepare(arrays, domain)
+    # proof step 6: uniformly random permutation cut at public sizes (never stored).
+    permutation = rng.permutation(domain.n)
+    folds: dict[str, NDArray[np.intp]] = {}
+    start = 0
+    for name, size in zip(state.modules, state.fold_sizes, strict=True):
+        folds[name] = permutation[start : start + size]
+        start += size
+    del permutation
+    feature_map = FeatureMap.draw(domain, params.n_features, params.lengthscale, rng)
+    progress(0.05, "partition")
+
+    nuisance = (
+        _strict_nuisance(x, a, y, folds, domain, state)
+        if params.mode == "strict"
+        else _paper_nuisance(x, a, y, folds["nuisance"], domain, state)
+    )
+    progress(0.6, "nuisance")
+    rows = folds["estimation"]
+    x2, a2, y2 = x[rows], a[rows], y[rows]
+    pi2, mu02, mu12 = nuisance(x2)
+    phi2 = feature_map(x2)
+    features, targets = second_stage_data(
+        params.learner, phi2, a2, y2, pi2, mu02, mu12, state.bound_r
+    )
+    theta = ridge_fit(features, targets, params.ridge, state.bound_r)
+    points = np.asarray(params.points, dtype=np.float64)
+    phi_points = feature_map(points)
+    if state.theta is not None:
+        # proof step 5: theta through the lattice Gaussian; the vector is post-processing.
+        theta_dp = noise.gaussian(
+            theta, sigma=state.theta.sigma, sensitivity_l2=state.theta.sensitivity_l2
+        )
+        values = phi_points @ theta_dp
+    else:
+
+        def g(z: NDArray[np.float64]) -> NDArray[np.float64]:
+            return np.asarray(feature_map(z) @ theta)
+
+        overlap = float(np.mean(pi2 * (1.0 - pi2))) if params.learner == "r" else 1.0
+        gamma_hat = influence_sup(params.learner, nuisance, g, domain, overlap=overlap, rng=rng)
+        r = gamma_hat * c_constant(state.record.epsilon, state.record.delta, state.n2)
+        # r is data-dependent and never released; the sampler's check uses r as its own scale.
+        values = noise.gaussian(phi_points @ theta, sigma=max(r, 1e-300), sensitivity_l2=r)
+    del x2, a2, y2, features, targets
+    if not np.all(np.isfinite(values)):
+        raise ValueError("non-finite release")
+    progress(1.0, "done")
+    return {**_public(state), "estimates": [float(v) for v in values]}
+
+
+def _strict_nuisance(
+    x: NDArray[np.float64],
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    folds: dict[str, NDArray[np.intp]],
+    domain: PublicDomain,
+    state: Plan,
+) -> Nuisance:
+    """DP-EBM nuisances, each on its own fold (proof step 1)."""
+    accounting = state.accounting
+    assert accounting is not None
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    low, high = domain.y_lower, domain.y_upper
+    c = state.clip
+    classifier = None
+    if state.propensity is None:
+        rows = folds["propensity"]
+        classifier = fit_classifier(x[rows], a[rows], lower, upper, accounting)
+    rows = folds["outcome"]
+    if state.params.learner == "r":
+        model, mid = fit_regressor(x[rows], y[rows], lower, upper, low, high, accounting)
+    else:
+        model, mid = fit_regressor(
+            np.column_stack([a[rows], x[rows]]),
+            y[rows],
+            np.concatenate([[0.0], lower]),
+            np.concatenate([[1.0], upper]),
+            low,
+            high,
+            accounting,
+        )
+    learner = state.params.learner
+    propensity = state.propensity
+
+    def predict(z: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        with interpret_guard():
+            if classifier is not None:
+                proba = np.asarray(classifier.predict_proba(z), dtype=np.float64)[:, 1]
+                pi = np.clip(np.nan_to_num(proba, nan=0.5), c, 1.0 - c)
+            else:
+                pi = np.full(z.shape[0], propensity, dtype=np.float64)
+            if learner == "r":
+                # only m = E[Y | X] is needed: pass it as mu0 = mu1 = m.
+                m = np.clip(np.nan_to_num(np.asarray(model.predict(z)) + mid, nan=mid), low, high)
+                return pi, m, m
+            ones = np.ones(z.shape[0])
+            mu1 = np.asarray(model.predict(np.column_stack([ones, z]))) + mid
+            mu0 = np.asarray(model.predict(np.column_stack([0.0 * ones, z]))) + mid
+        return (
+            pi,
+            np.clip(np.nan_to_num(mu0, nan=mid), low, high),
+            np.clip(np.nan_to_num(mu1, nan=mid), low, high),
+        )
+
+    return predict
+
+
+def _paper_nuisance(
+    x: NDArray[np.float64],
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    rows: NDArray[np.intp],
+    domain: PublicDomain,
+    state: Plan,
+) -> Nuisance:
+    """Non-private MLP nuisances on D_1 (paper: 1 hidden layer of 32, Adam lr 0.01, batch 128)."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    low, high = domain.y_lower, domain.y_upper
+    scale = high - low
+    c = state.clip
+
+    def unit(z: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.asarray((z - lower) / (upper - lower))
+
+    common: dict[str, Any] = {
+        "hidden_layer_sizes": (32,),
+        "learning_rate_init": 0.01,
+        "batch_size": 128,
+        "max_iter": 200,
+    }
+    xa = np.column_stack([unit(x[rows]), a[rows]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        outcome = MLPRegressor(**common).fit(xa, (y[rows] - low) / scale)
+        classifier = None
+        if state.propensity is None and 0.0 < float(np.mean(a[rows])) < 1.0:
+            classifier = MLPClassifier(**common).fit(unit(x[rows]), a[rows].astype(int))
+    propensity = state.propensity if state.propensity is not None else 0.5
+
+    def predict(z: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        u = unit(z)
+        if classifier is not None:
+            pi = np.clip(classifier.predict_proba(u)[:, 1], c, 1.0 - c)
+        else:
+            pi = np.full(z.shape[0], propensity)
+        ones = np.ones(z.shape[0])
+        mu1 = np.clip(outcome.predict(np.column_stack([u, ones])) * scale + low, low, high)
+        mu0 = np.clip(outcome.predict(np.column_stack([u, 0 * ones])) * scale + low, low, high)
+        return np.asarray(pi), np.asarray(mu0), np.asarray(mu1)
+
+    return predict

@@ -1,0 +1,305 @@
+"""Shared DP-EBM helpers for the CATE kinds (dp_ebm_learners.md §3, §4, §7).
+
+What it provides:
+    * re-exports of the replace-one DP-EBM accounting of ``ate_strict`` (``DpEbmAccounting``,
+      ``dp_ebm_accounting``, ``solve_dp_ebm_epsilon_p`` and the interpret hyperparameters), so
+      that every kind charges DP-EBM fits by the same epsilon_p rule (README §1.2);
+    * ``fit_classifier`` / ``fit_regressor``: interpret 0.7.8 DP-EBMs with public bounds for
+      every feature and the target, all features ``'continuous'``, ``random_state=None``,
+      centred regression targets, and interpret's privacy warnings turned into errors; the
+      fitted noise scales are checked against the planned mu;
+    * ``SafeEbm``: the safe fields of a fitted DP-EBM (dp_ebm_learners.md §7.3: cut points,
+      term scores, intercept, public bounds) and a pure evaluator of the additive model from
+      those fields alone, used for post-processing predictions of stored releases.
+
+Neighbouring relation: replace-one with public n and public fold sizes. A fit at
+``accounting.epsilon_p`` is ``accounting.mu_replace_one``-GDP, hence (epsilon, delta)-DP.
+Proof: docs/proofs/ate_strict.md ("DP-EBM modules"); docs/proofs/ebm_cate.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.mechanisms.ate_strict import (
+    DP_EBM_BIN_BUDGET_FRAC,
+    DP_EBM_LEARNING_RATE,
+    DP_EBM_MAX_BINS,
+    DP_EBM_MAX_LEAVES,
+    DP_EBM_MAX_ROUNDS,
+    DP_EBM_OUTER_BAGS,
+    DpEbmAccounting,
+    dp_ebm_accounting,
+    solve_dp_ebm_epsilon_p,
+)
+
+# The interpret guard (process-wide lock + warnings-as-errors) is shared with ate_strict on
+# purpose: ``warnings.catch_warnings`` is process-global, so all interpret calls in the process
+# must be serialised by the same lock.
+from service.mechanisms.ate_strict import _interpret_guard as interpret_guard
+from service.mechanisms.records import NoiseEvent
+
+__all__ = [
+    "DP_EBM_BIN_BUDGET_FRAC",
+    "DP_EBM_LEARNING_RATE",
+    "DP_EBM_MAX_BINS",
+    "DP_EBM_MAX_LEAVES",
+    "DP_EBM_MAX_ROUNDS",
+    "DP_EBM_OUTER_BAGS",
+    "DpEbmAccounting",
+    "SafeEbm",
+    "dp_ebm_accounting",
+    "dp_ebm_event",
+    "fit_classifier",
+    "fit_regressor",
+    "interpret_guard",
+    "solve_dp_ebm_epsilon_p",
+]
+
+_MU_RTOL = 1e-9
+
+
+def _common(accounting: DpEbmAccounting) -> dict[str, Any]:
+    return {
+        "epsilon": accounting.epsilon_p,
+        "delta": accounting.delta_p,
+        "composition": "gdp",
+        "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
+        "max_bins": DP_EBM_MAX_BINS,
+        "max_rounds": DP_EBM_MAX_ROUNDS,
+        "learning_rate": DP_EBM_LEARNING_RATE,
+        "max_leaves": DP_EBM_MAX_LEAVES,
+        "outer_bags": DP_EBM_OUTER_BAGS,
+        "validation_size": 0,
+        "n_jobs": 1,
+        "random_state": None,  # never a fixed seed (threats.md §2)
+    }
+
+
+def _bounds(lower: NDArray[np.float64], upper: NDArray[np.float64]) -> list[tuple[float, float]]:
+    return [(float(lo), float(hi)) for lo, hi in zip(lower, upper, strict=True)]
+
+
+def check_fitted_noise(
+    model: Any, accounting: DpEbmAccounting, n_features: int, target_range: float
+) -> None:
+    """Verify from the fitted noise scales that the (unweighted) fit is within the planned mu."""
+    mu_binning = math.sqrt(n_features) / float(model.noise_scale_binning_)
+    queries = DP_EBM_MAX_ROUNDS * n_features * DP_EBM_OUTER_BAGS
+    mu_boosting = (
+        math.sqrt(queries)
+        * DP_EBM_LEARNING_RATE
+        * target_range
+        / float(model.noise_scale_boosting_)
+    )
+    if 2.0 * math.hypot(mu_binning, mu_boosting) > accounting.mu_replace_one * (1.0 + _MU_RTOL):
+        raise ValueError("DP-EBM noise scale below the planned calibration")
+
+
+def fit_classifier(
+    x: NDArray[np.float64],
+    a: NDArray[np.float64],
+    lower: NDArray[np.float64],
+    upper: NDArray[np.float64],
+    accounting: DpEbmAccounting,
+) -> Any:
+    """DP-EBM classifier for P(A = 1 | X) with public bounds (dp_ebm_learners.md §7.4).
+
+    Two public anchor rows (A = 0 and A = 1 at the box centre) make both classes present in
+    every fit, so interpret's data-derived ``classes_`` is constant (as in ``ate_strict``).
+    """
+    from interpret.privacy import DPExplainableBoostingClassifier
+
+    q = int(lower.shape[0])
+    centre = (lower + upper) / 2.0
+    x_fit = np.vstack([np.clip(x, lower, upper), centre, centre])
+    a_fit = np.concatenate([np.where(a >= 0.5, 1, 0), [0, 1]]).astype(np.int64)
+    model = DPExplainableBoostingClassifier(
+        **_common(accounting),
+        feature_types=["continuous"] * q,
+        privacy_bounds=_bounds(lower, upper),
+    )
+    with interpret_guard():
+        model.fit(x_fit, a_fit)
+    if list(np.asarray(model.classes_).tolist()) != [0, 1]:
+        raise ValueError("unexpected classes")
+    check_fitted_noise(model, accounting, q, 1.0)
+    return model
+
+
+def fit_regressor(
+    x: NDArray[np.float64],
+    target: NDArray[np.float64],
+    lower: NDArray[np.float64],
+    upper: NDArray[np.float64],
+    target_lower: float,
+    target_upper: float,
+    accounting: DpEbmAccounting,
+    *,
+    sample_weight: NDArray[np.float64] | None = None,
+) -> tuple[Any, float]:
+    """DP-EBM regressor with public feature and target bounds; the target is centred.
+
+    The target is clipped to ``[target_lower, target_upper]`` and centred on the public
+    midpoint ``m`` (dp_ebm_learners.md §3.2 open item: the first residuals are then bounded by
+    the range). Returns ``(model, m)``; predictions are ``model.predict(x) + m``.
+
+    ``sample_weight`` is only for the paper-label R-learner: interpret then scales the noise by
+    the empirical ``max(sample_weight)`` and the fit is **not** strict (§6 item 6), so the noise
+    check is skipped.
+    """
+    from interpret.privacy import DPExplainableBoostingRegressor
+
+    q = int(lower.shape[0])
+    midpoint = (target_lower + target_upper) / 2.0
+    half = (target_upper - target_lower) / 2.0
+    model = DPExplainableBoostingRegressor(
+        **_common(accounting),
+        feature_types=["continuous"] * q,
+        privacy_bounds=_bounds(lower, upper),
+        privacy_target_min=-half,
+        privacy_target_max=half,
+    )
+    centred = np.clip(target, target_lower, target_upper) - midpoint
+    with interpret_guard():
+        if sample_weight is None:
+            model.fit(np.clip(x, lower, upper), centred)
+        else:
+            model.fit(np.clip(x, lower, upper), centred, sample_weight=sample_weight)
+    if sample_weight is None:
+        check_fitted_noise(model, accounting, q, 2.0 * half)
+    return model, midpoint
+
+
+def dp_ebm_event(
+    module: str,
+    epsilon: float,
+    delta: float,
+    accounting: DpEbmAccounting,
+    *,
+    n_features: int,
+    target_range: float,
+    learner: str,
+) -> NoiseEvent:
+    """The ledger event of one DP-EBM module (public parameters only)."""
+    return NoiseEvent(
+        type="gdp_module",
+        module=module,
+        epsilon=epsilon,
+        delta=delta,
+        params={
+            "learner": f"interpret-core 0.7.8 DPExplainableBoosting{learner}",
+            "epsilon_p": accounting.epsilon_p,
+            "delta_p": accounting.delta_p,
+            "mu_binning": accounting.mu_binning,
+            "mu_boosting": accounting.mu_boosting,
+            "mu_add_remove": accounting.mu_add_remove,
+            "mu": accounting.mu_replace_one,
+            "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
+            "max_bins": DP_EBM_MAX_BINS,
+            "max_rounds": DP_EBM_MAX_ROUNDS,
+            "learning_rate": DP_EBM_LEARNING_RATE,
+            "max_leaves": DP_EBM_MAX_LEAVES,
+            "outer_bags": DP_EBM_OUTER_BAGS,
+            "n_features": n_features,
+            "target_range": target_range,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class SafeEbm:
+    """The safe fields of a fitted main-effects DP-EBM and a pure evaluator (§7.3).
+
+    ``cuts[j]`` are feature j's DP cut points; ``scores[j]`` has ``len(cuts[j]) + 3`` entries
+    (index 0: missing, 1..len+1: bins, last: unknown), exactly interpret's ``term_scores_``;
+    ``offset`` is the public centring midpoint added to every prediction (0 for a classifier,
+    whose output is on the logit scale). Nothing here is a per-row or non-DP value.
+    """
+
+    intercept: float
+    offset: float
+    cuts: tuple[tuple[float, ...], ...]
+    scores: tuple[tuple[float, ...], ...]
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+    names: tuple[str, ...]
+
+    @classmethod
+    def from_model(cls, model: Any, *, offset: float, names: list[str]) -> SafeEbm:
+        """Copy the safe fields of a fitted interpret DP-EBM (mains only, continuous)."""
+        q = len(names)
+        if [tuple(t) for t in model.term_features_] != [(j,) for j in range(q)]:
+            raise ValueError("expected main effects only")
+        cuts: list[tuple[float, ...]] = []
+        scores: list[tuple[float, ...]] = []
+        for j in range(q):
+            levels = model.bins_[j]
+            if len(levels) != 1 or isinstance(levels[0], dict):
+                raise ValueError("expected continuous binning")
+            cut = np.asarray(levels[0], dtype=np.float64)
+            score = np.asarray(model.term_scores_[j], dtype=np.float64)
+            if score.shape != (cut.size + 3,):
+                raise ValueError("unexpected term score layout")
+            cuts.append(tuple(float(v) for v in cut))
+            scores.append(tuple(float(v) for v in score))
+        bounds = np.asarray(model.feature_bounds_, dtype=np.float64)
+        return cls(
+            intercept=float(model.intercept_),
+            offset=float(offset),
+            cuts=tuple(cuts),
+            scores=tuple(scores),
+            lower=tuple(float(v) for v in bounds[:, 0]),
+            upper=tuple(float(v) for v in bounds[:, 1]),
+            names=tuple(names),
+        )
+
+    def predict(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``offset + intercept + sum_j score_j(bin_j(x_j))`` at public points."""
+        points = np.atleast_2d(np.asarray(x, dtype=np.float64))
+        out = np.full(points.shape[0], self.offset + self.intercept, dtype=np.float64)
+        for j, (cut, score) in enumerate(zip(self.cuts, self.scores, strict=True)):
+            index = np.searchsorted(np.asarray(cut), points[:, j], side="right") + 1
+            out += np.asarray(score)[index]
+        return out
+
+    def shape_functions(self) -> list[dict[str, Any]]:
+        """Per-feature piecewise-constant shape: edges (public bounds + DP cuts) and values."""
+        shapes = []
+        for j, (cut, score) in enumerate(zip(self.cuts, self.scores, strict=True)):
+            shapes.append(
+                {
+                    "feature": self.names[j],
+                    "edges": [self.lower[j], *cut, self.upper[j]],
+                    "values": list(score[1 : len(cut) + 2]),
+                }
+            )
+        return shapes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "intercept": self.intercept,
+            "offset": self.offset,
+            "cuts": [list(c) for c in self.cuts],
+            "scores": [list(s) for s in self.scores],
+            "lower": list(self.lower),
+            "upper": list(self.upper),
+            "names": list(self.names),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SafeEbm:
+        return cls(
+            intercept=float(data["intercept"]),
+            offset=float(data["offset"]),
+            cuts=tuple(tuple(float(v) for v in c) for c in data["cuts"]),
+            scores=tuple(tuple(float(v) for v in s) for s in data["scores"]),
+            lower=tuple(float(v) for v in data["lower"]),
+            upper=tuple(float(v) for v in data["upper"]),
+            names=tuple(str(v) for v in data["names"]),
+        )

@@ -1,0 +1,474 @@
+"""DP-EBM CATE learners (Niu et al. 2022): S-, DR- and R-learner on interpret's DP-EBMs.
+
+What it releases:
+    the fitted DP effect model as its safe fields only (``SafeEbm``: DP cut points, term
+    scores, intercept, public bounds; dp_ebm_learners.md §7.3), the ATE read off the model
+    (DR/R: the effect model's intercept plus its public offset; S: ``mu(1, x) - mu(0, x)``,
+    constant in x for an additive model), the per-feature shape functions, and the CATE at
+    caller-supplied public points. Never per-row pseudo-outcomes, fold memberships, nuisance
+    predictions at stored rows, data-derived bounds or interpret's ``to_json``.
+
+Neighbouring relation:
+    replace-one on records (X, A, Y), n public; fold sizes are public functions of n.
+
+Claim (strict learners S and DR):
+    ``run`` is (epsilon, delta)-DP. Each DP-EBM module is fitted at the epsilon_p of the
+    replace-one rule (``solve_dp_ebm_epsilon_p``) so that it is (epsilon, delta)-DP on its own
+    fold; the folds are disjoint, of public sizes, drawn by a uniformly random permutation;
+    the DR pseudo-outcome is a row-wise function of the record given the first-stage models and
+    is clipped to the public [-K, K] that calibrates the effect model; Niu et al. Theorem 6
+    (parallel composition over folds) gives the max over modules, (epsilon, delta). Everything
+    returned is post-processing of the DP models. The R-learner passes data-dependent sample
+    weights (T - e_hat)^2 to interpret, whose noise then depends on max(weight) and whose
+    binning threshold on the weight total (§6 item 6): paper label only.
+
+    Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
+
+References:
+    Niu, Nori, Quistorff, Caruana, Ngwe, Kannan (2022). Differentially private estimation of
+    heterogeneous causal effects. CLeaR (Algorithm 1-2, Theorem 6).
+    Nori, Caruana, Zhong, Hsu, Sharma (2021). Accuracy, interpretability, and differential
+    privacy via explainable boosting. ICML.
+    Kennedy (2020). Optimal doubly robust estimation of heterogeneous causal effects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.mechanisms.calibration import (
+    default_delta,
+    validate_delta,
+    validate_epsilon,
+    validate_finite_positive,
+)
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.dp_ebm import (
+    DP_EBM_LEARNING_RATE,
+    DP_EBM_MAX_ROUNDS,
+    DpEbmAccounting,
+    SafeEbm,
+    dp_ebm_event,
+    fit_classifier,
+    fit_regressor,
+    interpret_guard,
+    solve_dp_ebm_epsilon_p,
+)
+from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
+from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
+
+MECHANISM = "ebm_cate"
+VERSION = "1"
+
+Learner = Literal["dr", "r", "s"]
+Progress = Callable[[float, str], None]
+
+MIN_EPSILON = 0.05
+MAX_EPSILON = 100.0
+MIN_FOLD_SIZE = 100
+MAX_PREDICT_POINTS = 10_000
+_FOLD_SUM_TOLERANCE = 1e-9
+# Spec guidance (dp_ebm_learners.md §6 item 11, benchmarks.md §3.4): below these effect-fold
+# sizes at epsilon = 1 the DR/R learner is usually worse than the ATE; the quote warns.
+_SMALL_N_WARNING = 20_000
+
+
+@dataclass(frozen=True)
+class EbmCateParams:
+    """Public request parameters.
+
+    Attributes:
+        epsilon, delta: the charged (epsilon, delta); each module gets (epsilon, delta).
+        learner: ``"dr"`` (default, strict), ``"s"`` (strict, an ATE learner) or ``"r"``
+            (paper label: data-dependent sample weights).
+        propensity_clip: c; e_hat is clipped to [c, 1 - c] (observational designs).
+        pseudo_outcome_clip: public K; pseudo-outcomes are clipped to [-K, K]. None: R_Y.
+        fold_fractions: fractions per module (see ``modules``); None: Niu et al.'s defaults.
+    """
+
+    epsilon: float
+    delta: float
+    learner: Learner = "dr"
+    propensity_clip: float = 0.05
+    pseudo_outcome_clip: float | None = None
+    fold_fractions: tuple[float, ...] | None = None
+
+
+def modules(domain: PublicDomain, learner: Learner) -> tuple[str, ...]:
+    """The fold names in partition order."""
+    if learner == "s":
+        return ("outcome",)
+    if domain.design == StudyDesign.RCT:
+        return ("outcome", "effect")
+    return ("propensity", "outcome", "effect")
+
+
+def default_fractions(domain: PublicDomain, learner: Learner) -> tuple[float, ...]:
+    """Niu et al.: (0.25, 0.25, 0.5); RCT (known propensity): (0.5, 0.5); S: all rows."""
+    count = len(modules(domain, learner))
+    return {1: (1.0,), 2: (0.5, 0.5), 3: (0.25, 0.25, 0.5)}[count]
+
+
+def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
+    """Public fold sizes: ``floor(fraction * n)``; the last fold takes the rest."""
+    sizes = [math.floor(f * n) for f in fractions[:-1]]
+    return (*sizes, n - sum(sizes))
+
+
+def default_delta_for(
+    domain: PublicDomain, learner: Learner, fold_fractions: tuple[float, ...] | None
+) -> float:
+    """README §1.7 default: ``min(1e-5, 1 / (10 n_min))`` over this release's folds."""
+    fractions = _fractions(domain, learner, fold_fractions)
+    return default_delta(min(fold_sizes(domain.n, fractions)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    params: EbmCateParams
+    guarantee: Guarantee
+    modules: tuple[str, ...]
+    fold_sizes: tuple[int, ...]
+    clip_k: float
+    propensity: float | None  # RCT: the declared p
+    accounting: DpEbmAccounting
+    record: MechanismRecord
+
+
+def _fractions(
+    domain: PublicDomain, learner: Learner, fold_fractions: tuple[float, ...] | None
+) -> tuple[float, ...]:
+    names = modules(domain, learner)
+    fractions = default_fractions(domain, learner) if fold_fractions is None else fold_fractions
+    if len(fractions) != len(names):
+        raise InvalidParameters(
+            f"fold_fractions must have {len(names)} entries ({', '.join(names)})"
+        )
+    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
+    if abs(math.fsum(checked) - 1.0) > _FOLD_SUM_TOLERANCE:
+        raise InvalidParameters("fold_fractions must sum to 1")
+    if min(fold_sizes(domain.n, checked)) < MIN_FOLD_SIZE:
+        raise InvalidParameters(f"every fold needs at least {MIN_FOLD_SIZE} records")
+    return checked
+
+
+def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
+    """Validate the request and compute the record (the cost) from public inputs only."""
+    learner = params.learner
+    if learner not in ("dr", "r", "s"):
+        raise InvalidParameters("learner must be 'dr', 'r' or 's'")
+    guarantee = Guarantee.PAPER if learner == "r" else Guarantee.STRICT
+    if guarantee == Guarantee.PAPER and not domain.allow_paper_mode:
+        raise PaperModeDisabled(
+            "the DP-EBM R-learner is paper-label only (data-dependent sample weights); the "
+            "dataset's owner has not enabled paper mode"
+        )
+    if not domain.y_lower < domain.y_upper:
+        raise InvalidParameters("outcome bounds must satisfy y_lower < y_upper")
+    epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    fractions = _fractions(domain, learner, params.fold_fractions)
+    names = modules(domain, learner)
+    sizes = fold_sizes(domain.n, fractions)
+    delta = validate_delta(params.delta, n_min=min(sizes))
+    big_r = domain.outcome_range
+    propensity: float | None = None
+    clip = validate_finite_positive(params.propensity_clip, "propensity_clip")
+    if domain.design == StudyDesign.RCT:
+        p = domain.treatment_probability
+        if p is None or not 0.0 < p < 1.0:
+            raise InvalidParameters("an RCT needs a declared treatment_probability in (0, 1)")
+        propensity = float(p)
+        clip = min(propensity, 1.0 - propensity)
+    else:
+        if clip < domain.min_propensity_clip or clip > 0.5:
+            raise InvalidParameters(
+                f"propensity_clip must be in [{domain.min_propensity_clip}, 0.5]"
+            )
+    # proof step 1: the public pseudo-outcome bound K (|psi_DR| <= R / c; |psi_R| <= R / c).
+    natural = big_r / clip
+    clip_k = natural if learner != "s" else big_r
+    if params.pseudo_outcome_clip is not None and learner != "s":
+        clip_k = min(validate_finite_positive(params.pseudo_outcome_clip, "K"), natural)
+    elif learner != "s":
+        clip_k = min(big_r, natural)
+    # proof step 2: every module at epsilon_p with (epsilon, delta) under replace-one.
+    accounting = solve_dp_ebm_epsilon_p(epsilon, delta)
+    q = domain.q
+    events: list[NoiseEvent] = []
+    for name in names:
+        if name == "propensity":
+            events.append(
+                dp_ebm_event(
+                    name,
+                    epsilon,
+                    delta,
+                    accounting,
+                    n_features=q,
+                    target_range=1.0,
+                    learner="Classifier",
+                )
+            )
+        elif name == "outcome":
+            width = q if learner == "r" else q + 1
+            events.append(
+                dp_ebm_event(
+                    name,
+                    epsilon,
+                    delta,
+                    accounting,
+                    n_features=width,
+                    target_range=big_r,
+                    learner="Regressor",
+                )
+            )
+        else:
+            events.append(
+                dp_ebm_event(
+                    name,
+                    epsilon,
+                    delta,
+                    accounting,
+                    n_features=q,
+                    target_range=2.0 * clip_k,
+                    learner="Regressor",
+                )
+            )
+    # proof step 3: Theorem 6 - the max over modules.
+    record = MechanismRecord(
+        mechanism=MECHANISM,
+        version=VERSION,
+        guarantee=guarantee,
+        n=domain.n,
+        fold_sizes=dict(zip(names, sizes, strict=True)),
+        composition=Composition.THEOREM6_MAX if len(names) > 1 else Composition.SEQUENTIAL,
+        events=tuple(events),
+        epsilon=max(e.epsilon for e in events),
+        delta=max(e.delta for e in events),
+    )
+    return Plan(params, guarantee, names, sizes, clip_k, propensity, accounting, record)
+
+
+def plan(domain: PublicDomain, params: EbmCateParams) -> MechanismRecord:
+    """The mechanism record (cost) of a request; raises ``InvalidParameters`` before a charge."""
+    return make_plan(domain, params).record
+
+
+def _public(state: Plan, domain: PublicDomain) -> dict[str, Any]:
+    return {
+        "mode": str(state.guarantee),
+        "guarantee": str(state.guarantee),
+        "learner": state.params.learner,
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "epsilon_p": state.accounting.epsilon_p,
+        "propensity_clip": state.params.propensity_clip if state.propensity is None else None,
+        "treatment_probability": state.propensity,
+        "pseudo_outcome_clip": state.clip_k if state.params.learner != "s" else None,
+        "fold_sizes": dict(state.record.fold_sizes),
+        "design": str(domain.design),
+    }
+
+
+def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
+    """Public accuracy preview: the effect model's public noise scales and a small-n warning.
+
+    ``boosting_noise_sd_per_step`` is interpret's sigma_boost for the effect (DR/R) or outcome
+    (S) model: the sd of the noise on each leaf's learning-rate-scaled residual sum; divided by
+    a leaf's size it is the per-step noise on the shape function. All public.
+    """
+    state = make_plan(domain, params)
+    mu_boost = state.accounting.mu_boosting
+    q = domain.q
+    width = q + 1 if params.learner == "s" else q
+    target_range = domain.outcome_range if params.learner == "s" else 2.0 * state.clip_k
+    sigma_boost = math.sqrt(DP_EBM_MAX_ROUNDS * width) * DP_EBM_LEARNING_RATE * target_range
+    sigma_boost /= mu_boost
+    last = state.fold_sizes[-1]
+    # A rough public scale for the per-bin noise of one shape function (32 bins, 3 leaves per
+    # step, 300 rounds): sigma_boost * sqrt(rounds) / (leaf size ~ n_last / 3).
+    shape_noise = sigma_boost * math.sqrt(DP_EBM_MAX_ROUNDS) / max(last / 3.0, 1.0)
+    warnings: list[str] = []
+    if params.learner != "s" and last * min(state.record.epsilon, 1.0) < _SMALL_N_WARNING:
+        warnings.append(
+            "the effect fold is small for this epsilon: the DR/R learner is often less accurate "
+            "than the ATE (learner 's') here (dp_ebm_learners.md §6 item 11)"
+        )
+    return {
+        **_public(state, domain),
+        "boosting_noise_sd_per_step": sigma_boost,
+        "approx_shape_noise_sd": shape_noise,
+        "warnings": warnings,
+    }
+
+
+# ---- running ---------------------------------------------------------------------------------
+
+
+def prepare(
+    arrays: Arrays, domain: PublicDomain
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """Row-wise public clean-up: impute non-finite values, clip to the box, binarise A."""
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    x = np.asarray(arrays.x, dtype=np.float64)
+    a = np.asarray(arrays.a, dtype=np.float64)
+    y = np.asarray(arrays.y, dtype=np.float64)
+    if x.shape != (domain.n, domain.q) or a.shape != (domain.n,) or y.shape != (domain.n,):
+        raise ValueError("arrays do not match the public domain")
+    x = np.clip(np.where(np.isfinite(x), x, lower), lower, upper)
+    a = np.where(a >= 0.5, 1.0, 0.0)
+    y = np.clip(np.where(np.isfinite(y), y, domain.y_lower), domain.y_lower, domain.y_upper)
+    return x, a, y
+
+
+def run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    params: EbmCateParams,
+    *,
+    rng: np.random.Generator,
+    progress: Progress,
+    feature_names: list[str] | None = None,
+) -> dict[str, Any]:
+    """Fit the learner after the charge; ``ReleaseFailed`` on any data-time failure."""
+    state = make_plan(domain, params)
+    try:
+        return _run(arrays, domain, state, rng=rng, progress=progress, names=feature_names)
+    except Exception:
+        raise ReleaseFailed() from None
+
+
+def _run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    state: Plan,
+    *,
+    rng: np.random.Generator,
+    progress: Progress,
+    names: list[str] | None,
+) -> dict[str, Any]:
+    params = state.params
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    q = domain.q
+    feature_names = list(names) if names is not None else [f"x{j}" for j in range(q)]
+    x, a, y = prepare(arrays, domain)
+    low, high = domain.y_lower, domain.y_upper
+
+    # proof step 4: uniformly random permutation cut at public sizes; never stored.
+    permutation = rng.permutation(domain.n)
+    folds: dict[str, NDArray[np.intp]] = {}
+    start = 0
+    for name, size in zip(state.modules, state.fold_sizes, strict=True):
+        folds[name] = permutation[start : start + size]
+        start += size
+    del permutation
+    progress(0.05, "partition")
+    a_lower = np.concatenate([[0.0], lower])
+    a_upper = np.concatenate([[1.0], upper])
+
+    if params.learner == "s":
+        rows = folds["outcome"]
+        model, midpoint = fit_regressor(
+            np.column_stack([a[rows], x[rows]]),
+            y[rows],
+            a_lower,
+            a_upper,
+            low,
+            high,
+            state.accounting,
+        )
+        safe = SafeEbm.from_model(model, offset=midpoint, names=["treatment", *feature_names])
+        centre = ((lower + upper) / 2.0)[None, :]
+        effect = float(
+            safe.predict(np.column_stack([[1.0], centre]))[0]
+            - safe.predict(np.column_stack([[0.0], centre]))[0]
+        )
+        progress(1.0, "done")
+        return {
+            **_public(state, domain),
+            "ate": effect,
+            "model": {"kind": "s_learner", "outcome": safe.to_dict()},
+            "shape_functions": safe.shape_functions(),
+        }
+
+    effect_rows = folds["effect"]
+    x2, a2, y2 = x[effect_rows], a[effect_rows], y[effect_rows]
+    # proof step 2: first-stage DP models, each on its own fold; predictions on the effect fold
+    # are row-wise post-processing.
+    if state.propensity is not None:
+        e_hat = np.full(x2.shape[0], state.propensity)
+    else:
+        rows = folds["propensity"]
+        classifier = fit_classifier(x[rows], a[rows], lower, upper, state.accounting)
+        with interpret_guard():
+            proba = np.asarray(classifier.predict_proba(x2), dtype=np.float64)[:, 1]
+        c = params.propensity_clip
+        e_hat = np.clip(np.nan_to_num(proba, nan=0.5), c, 1.0 - c)
+        del classifier, proba
+    progress(0.35, "propensity")
+    rows = folds["outcome"]
+    k = state.clip_k
+    if params.learner == "dr":
+        outcome, mid = fit_regressor(
+            np.column_stack([a[rows], x[rows]]),
+            y[rows],
+            a_lower,
+            a_upper,
+            low,
+            high,
+            state.accounting,
+        )
+        with interpret_guard():
+            mu1 = np.asarray(outcome.predict(np.column_stack([np.ones(len(x2)), x2])))
+            mu0 = np.asarray(outcome.predict(np.column_stack([np.zeros(len(x2)), x2])))
+        mu1 = np.clip(np.nan_to_num(mu1 + mid, nan=mid), low, high)
+        mu0 = np.clip(np.nan_to_num(mu0 + mid, nan=mid), low, high)
+        del outcome
+        progress(0.65, "outcome")
+        # proof step 1 (applied): row-wise AIPW pseudo-outcome, clipped to [-K, K].
+        with np.errstate(all="ignore"):
+            psi = mu1 - mu0 + a2 * (y2 - mu1) / e_hat - (1.0 - a2) * (y2 - mu0) / (1.0 - e_hat)
+        psi = np.clip(np.where(np.isfinite(psi), psi, 0.0), -k, k)
+        effect_model, offset = fit_regressor(x2, psi, lower, upper, -k, k, state.accounting)
+    else:
+        eta_model, mid = fit_regressor(x[rows], y[rows], lower, upper, low, high, state.accounting)
+        with interpret_guard():
+            eta = np.asarray(eta_model.predict(x2)) + mid
+        eta = np.clip(np.nan_to_num(eta, nan=mid), low, high)
+        del eta_model
+        progress(0.65, "outcome")
+        residual_a = a2 - e_hat  # |.| >= c since a in {0, 1} and e_hat in [c, 1 - c]
+        psi = np.clip((y2 - eta) / residual_a, -k, k)
+        weight = residual_a**2
+        effect_model, offset = fit_regressor(
+            x2, psi, lower, upper, -k, k, state.accounting, sample_weight=weight
+        )
+    safe = SafeEbm.from_model(effect_model, offset=offset, names=feature_names)
+    del effect_model, psi, x2, a2, y2
+    progress(1.0, "done")
+    return {
+        **_public(state, domain),
+        # The effect model's terms are centred (noisy bin weights of the effect fold), so the
+        # intercept plus offset is the model's average effect (dp_ebm_learners.md §5).
+        "ate": safe.offset + safe.intercept,
+        "model": {"kind": "effect", "effect": safe.to_dict()},
+        "shape_functions": safe.shape_functions(),
+    }
+
+
+def predict(result: dict[str, Any], points: NDArray[np.float64]) -> NDArray[np.float64]:
+    """CATE at public points from a stored result (post-processing of the DP model)."""
+    model = result["model"]
+    x = np.atleast_2d(np.asarray(points, dtype=np.float64))
+    if model["kind"] == "s_learner":
+        safe = SafeEbm.from_dict(model["outcome"])
+        ones = np.ones((x.shape[0], 1))
+        return safe.predict(np.hstack([ones, x])) - safe.predict(np.hstack([0.0 * ones, x]))
+    return SafeEbm.from_dict(model["effect"]).predict(x)

@@ -1,0 +1,561 @@
+"""epsilon-ADUM (Betlei et al. 2021): a DP uplift table on a public regular grid.
+
+What it releases:
+    for every cell k of a public regular grid over the public covariate box and every arm t,
+    a noisy count ``C[k, t]`` and a noisy centred outcome sum ``S[k, t]`` (Laplace, on the
+    public lattice via OpenDP), and their post-processing: the guarded cell means
+    ``y[k, t] = clip(m_y + S / max(C, c_min), y_lo, y_hi)``, the uplift ``u[k] = y[k, 1] -
+    y[k, 0]``, a low-count flag per cell (noisy count below a public threshold) and the
+    delta-method noise sd of each uplift. Predictions are lookups ``u[cell(x)]`` (free).
+
+Neighbouring relation:
+    replace-one on (X, A, Y), n public (adum.md §3.2).
+
+Claim:
+    ``run`` is (epsilon, 0)-DP. The 2p counts (one per cell and arm) have replace-one L1
+    sensitivity 2 (a replaced record leaves one group and enters one, or stays); the 2p
+    centred sums of ``y - m_y`` with ``|y - m_y| <= W / 2`` have L1 sensitivity ``W`` (``W =
+    y_hi - y_lo``). Each vector gets the Laplace mechanism at epsilon / 2 with those
+    sensitivities (scales 4 / epsilon and 2 W / epsilon = 4 D_y / epsilon, D_y = W / 2), plus
+    the lattice inflation; sequential composition gives epsilon. The grid is public (declared
+    box and analyst-chosen bins), so the partition costs nothing. Proof:
+    docs/proofs/uplift_table.md.
+
+Causal reading: uplift = CATE only under an RCT, or when the cells form a valid adjustment set
+(declared by the analyst with ``adjustment_partition=True``; adum.md §1).
+
+References:
+    Betlei, Gregoir, Rahier, Bissuel, Diemert, Amini (2021). Differentially private individual
+    treatment effect estimation from aggregated data. HAL hal-03339723.
+    McSherry (2009). Privacy integrated queries. SIGMOD (parallel composition).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.mechanisms.calibration import validate_epsilon, validate_finite_positive
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters, ReleaseFailed
+from service.mechanisms.noise import LaplaceCalibration, NoiseSampler, calibrate_laplace
+from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
+
+MECHANISM = "uplift_table"
+VERSION = "1"
+Progress = Callable[[float, str], None]
+
+MIN_EPSILON = 0.01
+MAX_EPSILON = 1000.0
+MAX_CELLS = 20_000
+MAX_BINS_PER_FEATURE = 1_000
+MAX_CLUSTERS = 1_000
+MAX_KMEANS_ITERATIONS = 20
+COUNT_SHARE = 0.5  # epsilon / 2 for counts, epsilon / 2 for sums (Betlei et al. Alg. 1)
+
+
+@dataclass(frozen=True)
+class UpliftParams:
+    """Public request parameters.
+
+    Attributes:
+        epsilon: the charged epsilon (delta = 0).
+        bins: cells per covariate of the regular grid (one entry per covariate; 1 = no cut).
+        min_count: c_min >= 1, the floor on noisy counts before dividing.
+        low_count_threshold: cells whose noisy count in an arm is below this are flagged.
+        adjustment_partition: for observational data, the analyst asserts the grid cells are a
+            valid adjustment set (otherwise only RCT designs are accepted).
+        partition: ``"grid"`` (public regular grid, free) or ``"kmeans"`` (DP k-means, charged:
+            adum.md §4 (c)).
+        clusters: number of k-means cells (``"kmeans"`` only).
+        kmeans_share: share of epsilon spent on the k-means (the rest on the table).
+        kmeans_iterations: T public DPLloyd iterations.
+    """
+
+    epsilon: float
+    bins: tuple[int, ...] = ()
+    min_count: float = 1.0
+    low_count_threshold: float = 10.0
+    adjustment_partition: bool = False
+    partition: str = "grid"
+    clusters: int = 0
+    kmeans_share: float = 0.5
+    kmeans_iterations: int = 5
+
+
+@dataclass(frozen=True)
+class Plan:
+    params: UpliftParams
+    cells: int
+    counts: LaplaceCalibration
+    sums: LaplaceCalibration
+    record: MechanismRecord
+    kmeans_counts: LaplaceCalibration | None = None  # per iteration
+    kmeans_sums: LaplaceCalibration | None = None  # per iteration
+
+
+def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
+    """Validate and calibrate from public inputs only."""
+    epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    if domain.design != StudyDesign.RCT and not params.adjustment_partition:
+        raise InvalidParameters(
+            "uplift_table is causal only for an RCT design; for observational data set "
+            "adjustment_partition=true to assert the grid cells are a valid adjustment set"
+        )
+    kmeans_events: list[NoiseEvent] = []
+    kmeans_counts: LaplaceCalibration | None = None
+    kmeans_sums: LaplaceCalibration | None = None
+    if params.partition == "grid":
+        cells = _grid_cells(domain, params.bins)
+        epsilon_table = epsilon
+    elif params.partition == "kmeans":
+        if params.bins:
+            raise InvalidParameters("bins are for partition='grid' only")
+        cells = params.clusters
+        if isinstance(cells, bool) or not isinstance(cells, int) or not 1 <= cells <= MAX_CLUSTERS:
+            raise InvalidParameters(f"clusters must be an integer in [1, {MAX_CLUSTERS}]")
+        iterations = params.kmeans_iterations
+        if not isinstance(iterations, int) or not 1 <= iterations <= MAX_KMEANS_ITERATIONS:
+            raise InvalidParameters(
+                f"kmeans_iterations must be an integer in [1, {MAX_KMEANS_ITERATIONS}]"
+            )
+        share = float(params.kmeans_share)
+        if not 0.0 < share < 1.0:
+            raise InvalidParameters("kmeans_share must be in (0, 1)")
+        # proof step 4: DPLloyd, T iterations, each eps_km / (2T) on counts and on sums.
+        epsilon_kmeans = epsilon * share
+        epsilon_table = epsilon - epsilon_kmeans
+        per_statistic = epsilon_kmeans / (2 * iterations)
+        kmeans_counts = calibrate_laplace(per_statistic, 2.0, dim=cells)
+        sum_l1 = sum_sensitivity(2.0 * domain.q, domain.n)
+        kmeans_sums = calibrate_laplace(per_statistic, sum_l1, dim=cells * domain.q)
+        for t in range(iterations):
+            kmeans_events.append(_event(f"kmeans_{t}_counts", kmeans_counts, 2.0, module="kmeans"))
+            kmeans_events.append(
+                _event(f"kmeans_{t}_sums", kmeans_sums, 2.0 * domain.q, module="kmeans")
+            )
+    else:
+        raise InvalidParameters("partition must be 'grid' or 'kmeans'")
+    if not params.min_count >= 1.0 or not math.isfinite(params.min_count):
+        raise InvalidParameters("min_count must be a finite number >= 1")
+    validate_finite_positive(params.low_count_threshold, "low_count_threshold")
+    width = domain.outcome_range
+    validate_finite_positive(width, "outcome range")
+    # proof steps 1-2: replace-one L1 sensitivities 2 (counts) and W (centred sums), eps / 2 each.
+    epsilon_counts = epsilon_table * COUNT_SHARE
+    epsilon_sums = epsilon_table - epsilon_counts
+    counts = calibrate_laplace(epsilon_counts, 2.0, dim=2 * cells)
+    sums = calibrate_laplace(epsilon_sums, sum_sensitivity(width, domain.n), dim=2 * cells)
+    events = (
+        *kmeans_events,
+        _event("counts", counts, 2.0),
+        _event("centred_sums", sums, width),
+    )
+    record = MechanismRecord(
+        mechanism=MECHANISM,
+        version=VERSION,
+        guarantee=Guarantee.STRICT,
+        n=domain.n,
+        fold_sizes={"all": domain.n},
+        composition=Composition.CELLS if not kmeans_events else Composition.SEQUENTIAL,
+        events=events,
+        epsilon=math.fsum(e.epsilon for e in events),
+        delta=0.0,
+    )
+    return Plan(params, cells, counts, sums, record, kmeans_counts, kmeans_sums)
+
+
+def _grid_cells(domain: PublicDomain, bins: tuple[int, ...]) -> int:
+    if len(bins) != domain.q:
+        raise InvalidParameters(f"bins must have one entry per covariate ({domain.q})")
+    cells = 1
+    for b in bins:
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BINS_PER_FEATURE:
+            raise InvalidParameters(
+                f"each bins entry must be an integer in [1, {MAX_BINS_PER_FEATURE}]"
+            )
+        cells *= b
+        if cells > MAX_CELLS:
+            raise InvalidParameters(f"the grid may have at most {MAX_CELLS} cells")
+    return cells
+
+
+def _event(
+    statistic: str, calibration: LaplaceCalibration, sensitivity: float, *, module: str = "all"
+) -> NoiseEvent:
+    return NoiseEvent(
+        type="laplace",
+        module=module,
+        epsilon=calibration.epsilon,
+        delta=0.0,
+        params={
+            "statistic": statistic,
+            "sampler": "opendp discrete laplace on 2^k lattice",
+            "sensitivity_l1_nominal": sensitivity,
+            "sensitivity_l1": calibration.sensitivity_l1,
+            "sensitivity_l1_effective": calibration.sensitivity_l1_effective,
+            "dim": calibration.dim,
+            "lattice_exponent": calibration.lattice_exponent,
+            "scale": calibration.scale,
+        },
+    )
+
+
+def plan(domain: PublicDomain, params: UpliftParams) -> MechanismRecord:
+    """The record (cost) of a request; ``InvalidParameters`` before any charge."""
+    return make_plan(domain, params).record
+
+
+def suggested_bins(
+    domain: PublicDomain,
+    epsilon: float,
+    *,
+    lipschitz: float | None = None,
+    noise_sd: float | None = None,
+    treated_share: float = 0.5,
+) -> dict[str, Any]:
+    """Partition-size heuristic from public quantities only (adum.md §6.3-6.4, generalised).
+
+    Minimises Betlei et al.'s bound (7) with a regular grid of m cells per covariate (p = m^q):
+    bias ``2 L^2 D_x^2 m^-2`` (D_x the diameter of the box scaled to [0, 1]^q ... = sqrt(q)),
+    variance ``4 (2 s^2 + L^2 D_x^2) p / n`` and the DP term with the service's replace-one
+    scales ``(48 D_y)^2 p^2 / (n^2 eps^2)`` (D_y = W / 2). Defaults (public, declared range W):
+    L = W (the effect may change by the full range across each unit-scaled axis), s = W / 4.
+    A heuristic only: the bound's constants are loose (adum.md §9 item 7).
+    """
+    width = domain.outcome_range
+    q = domain.q
+    big_l = width if lipschitz is None else lipschitz
+    s = width / 4.0 if noise_sd is None else noise_sd
+    d_x2 = float(q)  # squared diameter of [0, 1]^q
+    d_y = width / 2.0
+    n = domain.n
+    balance = 1.0 / (4.0 * treated_share * (1.0 - treated_share))  # 1 for a 50/50 RCT
+    best_m, best_value = 1, math.inf
+    for m in range(1, 501):
+        p = float(m**q)
+        if p > MAX_CELLS:
+            break
+        value = (
+            2 * big_l**2 * d_x2 * m**-2.0
+            + 4 * (2 * s**2 + big_l**2 * d_x2) * balance * p / n
+            + (48 * d_y) ** 2 * balance * p**2 / (n**2 * epsilon**2)
+        )
+        if value < best_value:
+            best_m, best_value = m, value
+    return {
+        "suggested_bins": [best_m] * q,
+        "suggested_cells": best_m**q,
+        "bound_at_suggestion": best_value,
+        "assumptions": {"lipschitz": big_l, "noise_sd": s, "box_scaled_to_unit": True},
+    }
+
+
+def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
+    """Public preview: noise scales, the expected noise sd of a cell uplift, the p heuristic."""
+    state = make_plan(domain, params)
+    p_treat = domain.treatment_probability or 0.5
+    width = domain.outcome_range
+    b_c, b_s = state.counts.scale, state.sums.scale
+    per_cell = domain.n / state.cells
+    arms = {"treated": per_cell * p_treat, "control": per_cell * (1.0 - p_treat)}
+    # delta method (adum.md §5) with |centred mean| <= W / 2 and outcome sd <= W / 2.
+    variance = 0.0
+    for size in arms.values():
+        size = max(size, params.min_count)
+        variance += (width / 2) ** 2 / size + (2 * b_s**2 + (width / 2) ** 2 * 2 * b_c**2) / size**2
+    return {
+        "mode": "strict",
+        "guarantee": "strict",
+        "epsilon": state.record.epsilon,
+        "delta": 0.0,
+        "cells": state.cells,
+        "partition": params.partition,
+        "bins": list(params.bins),
+        "count_noise_scale": b_c,
+        "sum_noise_scale": b_s,
+        "expected_records_per_cell": per_cell,
+        "approx_uplift_sd_per_cell": math.sqrt(variance),
+        **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
+    }
+
+
+def cell_index(
+    x: NDArray[np.float64],
+    lower: NDArray[np.float64],
+    upper: NDArray[np.float64],
+    bins: tuple[int, ...],
+) -> NDArray[np.int64]:
+    """Row-major cell index of each point on the regular grid (points clipped to the box)."""
+    points = np.clip(np.atleast_2d(np.asarray(x, dtype=np.float64)), lower, upper)
+    bins_arr = np.asarray(bins, dtype=np.int64)
+    scaled = (points - lower) / (upper - lower) * bins_arr
+    per_axis = np.clip(np.floor(scaled).astype(np.int64), 0, bins_arr - 1)
+    index = np.zeros(points.shape[0], dtype=np.int64)
+    for j in range(len(bins)):
+        index = index * bins_arr[j] + per_axis[:, j]
+    return index
+
+
+def aggregates(
+    x: NDArray[np.float64],
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    domain: PublicDomain,
+    bins: tuple[int, ...],
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Exact counts and centred sums per (cell, arm), flattened as ``2 * cell + arm``.
+
+    NEVER released: only their noisy versions are. Replacing one row changes the count vector
+    by at most 2 in L1 and the centred-sum vector by at most W in L1 (proof step 1).
+    """
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    return aggregates_by_cell(cell_index(x, lower, upper, bins), a, y, domain, int(np.prod(bins)))
+
+
+def aggregates_by_cell(
+    cell: NDArray[np.int64],
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    domain: PublicDomain,
+    cells: int,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Exact counts and centred sums per (cell, arm) for any public cell assignment rule."""
+    group = 2 * cell + np.where(a >= 0.5, 1, 0)
+    midpoint = (domain.y_lower + domain.y_upper) / 2.0
+    centred = np.clip(y, domain.y_lower, domain.y_upper) - midpoint
+    counts = np.bincount(group, minlength=2 * cells).astype(np.float64)
+    # Correctly rounded sums per group (math.fsum): a replaced row then moves the vector by at
+    # most W (1 + n 2^-53) in L1, covered by ``sum_sensitivity`` (proof step 1).
+    order = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[order], np.arange(2 * cells + 1))
+    ordered = centred[order]
+    sums = np.array(
+        [math.fsum(ordered[bounds[g] : bounds[g + 1]].tolist()) for g in range(2 * cells)],
+        dtype=np.float64,
+    )
+    return counts, sums
+
+
+def sum_sensitivity(width: float, n: int) -> float:
+    """Replace-one L1 sensitivity of the centred sums, with the float slack of fsum.
+
+    Nominal ``W``; each correctly rounded group sum is off by at most ``2^-53 |S| <= 2^-53 n W /
+    2``, and two groups change, so ``W (1 + (n + 8) 2^-50)`` covers the rounding.
+    """
+    return math.nextafter(width * (1.0 + (n + 8) * 2.0**-50), math.inf)
+
+
+def unit_scale(x: NDArray[np.float64], domain: PublicDomain) -> NDArray[np.float64]:
+    """Points mapped to [-1, 1]^q by the public box (clipped)."""
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    u = 2.0 * (np.atleast_2d(np.asarray(x, dtype=np.float64)) - lower) / (upper - lower) - 1.0
+    return np.asarray(np.clip(u, -1.0, 1.0), dtype=np.float64)
+
+
+def nearest(u: NDArray[np.float64], centroids: NDArray[np.float64]) -> NDArray[np.int64]:
+    """Index of the nearest centroid (ties: the lowest index); a public rule."""
+    distances = ((u[:, None, :] - centroids[None, :, :]) ** 2).sum(axis=2)
+    return np.asarray(np.argmin(distances, axis=1), dtype=np.int64)
+
+
+def cluster_statistics(
+    u: NDArray[np.float64], assignment: NDArray[np.int64], clusters: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Exact counts and correctly rounded coordinate sums per cluster (never released).
+
+    Replacing one row moves the counts by <= 2 and the sums by <= 2q (1 + (n + 8) 2^-50) in L1.
+    """
+    q = u.shape[1]
+    counts = np.bincount(assignment, minlength=clusters).astype(np.float64)
+    order = np.argsort(assignment, kind="stable")
+    bounds = np.searchsorted(assignment[order], np.arange(clusters + 1))
+    ordered = u[order]
+    sums = np.array(
+        [
+            [math.fsum(ordered[bounds[k] : bounds[k + 1], j].tolist()) for j in range(q)]
+            for k in range(clusters)
+        ],
+        dtype=np.float64,
+    )
+    return counts, sums
+
+
+def dp_kmeans(
+    u: NDArray[np.float64],
+    state: Plan,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+) -> NDArray[np.float64]:
+    """DPLloyd under replace-one (adum.md §4 (c)); returns centroids in [-1, 1]^q.
+
+    proof step 4: data-independent initial centroids; each iteration releases noisy counts
+    (L1 sensitivity 2) and noisy coordinate sums (L1 sensitivity 2q, plus float slack) at
+    eps_km / (2T) each; the new centroids are post-processing.
+    """
+    counts_cal, sums_cal = state.kmeans_counts, state.kmeans_sums
+    if counts_cal is None or sums_cal is None:
+        raise ValueError("not a k-means plan")
+    clusters, q = state.cells, u.shape[1]
+    centroids = rng.uniform(-1.0, 1.0, size=(clusters, q))
+    for _ in range(state.params.kmeans_iterations):
+        counts, sums = cluster_statistics(u, nearest(u, centroids), clusters)
+        noisy_counts = noise.laplace(counts, scale=counts_cal.scale, sensitivity_l1=2.0)
+        noisy_sums = noise.laplace(
+            sums.ravel(), scale=sums_cal.scale, sensitivity_l1=sums_cal.sensitivity_l1
+        ).reshape(clusters, q)
+        centroids = np.clip(noisy_sums / np.maximum(noisy_counts, 1.0)[:, None], -1.0, 1.0)
+    return np.asarray(centroids, dtype=np.float64)
+
+
+def table(
+    noisy_counts: NDArray[np.float64],
+    noisy_sums: NDArray[np.float64],
+    domain: PublicDomain,
+    params: UpliftParams,
+    *,
+    count_scale: float,
+    sum_scale: float,
+) -> dict[str, Any]:
+    """Post-processing of the DP counts and sums into the guarded uplift table."""
+    midpoint = (domain.y_lower + domain.y_upper) / 2.0
+    counts = noisy_counts.reshape(-1, 2)
+    sums = noisy_sums.reshape(-1, 2)
+    floor = np.maximum(counts, params.min_count)
+    means = np.clip(midpoint + sums / floor, domain.y_lower, domain.y_upper)
+    uplift = means[:, 1] - means[:, 0]
+    centred = means - midpoint
+    # delta-method noise variance of each arm's mean (adum.md §5), DP plug-ins only.
+    noise_var = (2 * sum_scale**2 + centred**2 * 2 * count_scale**2) / floor**2
+    return {
+        "counts_control": counts[:, 0].tolist(),
+        "counts_treated": counts[:, 1].tolist(),
+        "mean_control": means[:, 0].tolist(),
+        "mean_treated": means[:, 1].tolist(),
+        "uplift": uplift.tolist(),
+        "uplift_noise_sd": np.sqrt(noise_var.sum(axis=1)).tolist(),
+        "low_count": (np.min(counts, axis=1) < params.low_count_threshold).tolist(),
+    }
+
+
+def run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    params: UpliftParams,
+    *,
+    noise: NoiseSampler,
+    progress: Progress,
+    rng: np.random.Generator | None = None,
+) -> dict[str, Any]:
+    """Release the DP table after the charge; ``ReleaseFailed`` on any data-time failure.
+
+    ``rng`` (``secure_rng()`` in production) draws the k-means initial centroids.
+    """
+    state = make_plan(domain, params)
+    try:
+        return _run(arrays, domain, state, noise=noise, progress=progress, rng=rng)
+    except Exception:
+        raise ReleaseFailed() from None
+
+
+def _run(
+    arrays: Arrays,
+    domain: PublicDomain,
+    state: Plan,
+    *,
+    noise: NoiseSampler,
+    progress: Progress,
+    rng: np.random.Generator | None,
+) -> dict[str, Any]:
+    params = state.params
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    x = np.asarray(arrays.x, dtype=np.float64)
+    a = np.asarray(arrays.a, dtype=np.float64)
+    y = np.asarray(arrays.y, dtype=np.float64)
+    if x.shape != (domain.n, domain.q) or a.shape != (domain.n,) or y.shape != (domain.n,):
+        raise ValueError("arrays do not match the public domain")
+    x = np.clip(np.where(np.isfinite(x), x, lower), lower, upper)
+    y = np.where(np.isfinite(y), y, domain.y_lower)
+    partition: dict[str, Any]
+    if params.partition == "kmeans":
+        if rng is None:
+            raise ValueError("k-means needs a generator")
+        u = unit_scale(x, domain)
+        centroids = dp_kmeans(u, state, rng=rng, noise=noise)
+        progress(0.5, "kmeans")
+        counts, sums = aggregates_by_cell(nearest(u, centroids), a, y, domain, state.cells)
+        del u
+        partition = {
+            "type": "kmeans",
+            "centroids_unit": centroids.tolist(),
+            "lower": [float(v) for v in lower],
+            "upper": [float(v) for v in upper],
+            "scaling": "u = 2 (x - lower) / (upper - lower) - 1, clipped to [-1, 1]",
+        }
+    else:
+        counts, sums = aggregates(x, a, y, domain, params.bins)
+        partition = {
+            "type": "grid",
+            "bins": list(params.bins),
+            "lower": [float(v) for v in lower],
+            "upper": [float(v) for v in upper],
+            "order": "row-major over covariates",
+        }
+    del x, a, y
+    # proof step 3: two Laplace vectors with public scales.
+    noisy_counts = noise.laplace(counts, scale=state.counts.scale, sensitivity_l1=2.0)
+    noisy_sums = noise.laplace(
+        sums, scale=state.sums.scale, sensitivity_l1=state.sums.sensitivity_l1
+    )
+    del counts, sums
+    progress(0.9, "noise")
+    out = table(
+        noisy_counts,
+        noisy_sums,
+        domain,
+        params,
+        count_scale=state.counts.scale,
+        sum_scale=state.sums.scale,
+    )
+    progress(1.0, "done")
+    return {
+        "mode": "strict",
+        "guarantee": "strict",
+        "epsilon": state.record.epsilon,
+        "delta": 0.0,
+        "grid" if params.partition == "grid" else "partition": partition,
+        "cells": state.cells,
+        "count_noise_scale": state.counts.scale,
+        "sum_noise_scale": state.sums.scale,
+        "min_count": params.min_count,
+        "low_count_threshold": params.low_count_threshold,
+        **out,
+    }
+
+
+def predict(result: dict[str, Any], points: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Lookup ``u[cell(x)]`` in a stored table (post-processing)."""
+    if "partition" in result:  # DP k-means cells: the nearest DP centroid
+        part = result["partition"]
+        lower = np.asarray(part["lower"], dtype=np.float64)
+        upper = np.asarray(part["upper"], dtype=np.float64)
+        u = np.clip(2.0 * (np.atleast_2d(points) - lower) / (upper - lower) - 1.0, -1.0, 1.0)
+        cell = nearest(u, np.asarray(part["centroids_unit"], dtype=np.float64))
+        return np.asarray(result["uplift"], dtype=np.float64)[cell]
+    grid = result["grid"]
+    index = cell_index(
+        points,
+        np.asarray(grid["lower"], dtype=np.float64),
+        np.asarray(grid["upper"], dtype=np.float64),
+        tuple(int(b) for b in grid["bins"]),
+    )
+    return np.asarray(result["uplift"], dtype=np.float64)[index]

@@ -1,0 +1,115 @@
+"""The ``cate_vector`` release kind: DP-CATE at d public query points (one charge per vector).
+
+``strict`` (default): DP-EBM nuisances and an output-perturbed ridge second stage with a proven
+global sensitivity (docs/proofs/cate_vector.md). ``paper``: Schroeder et al.'s Theorem 1 with a
+data-dependent influence-function scale, only where the owner set ``allow_paper_mode``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from service.mechanisms import cate_vector
+from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.noise import NoiseSampler
+from service.mechanisms.records import MechanismRecord
+from service.problems import ValidationFailed
+from service.releases.kinds.base import KindParams, Progress
+
+
+class CateVectorRequest(KindParams):
+    """Request parameters of a ``cate_vector`` release."""
+
+    points: list[list[float]] = Field(min_length=1, max_length=cate_vector.MAX_POINTS)
+    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    # None: README §1.7 default, min(1e-5, 1 / (10 * smallest fold size)).
+    delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    learner: Literal["r", "dr"] = "r"
+    mode: Literal["strict", "paper"] = "strict"
+    propensity_clip: float = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
+    pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # None: 0.1 in strict mode (it sets the sensitivity), 0.001 in paper mode.
+    ridge: float | None = Field(default=None, ge=cate_vector.MIN_RIDGE, allow_inf_nan=False)
+    n_features: int = Field(default=50, ge=1, le=cate_vector.MAX_FEATURES)
+    lengthscale: float = Field(default=0.3, gt=0, allow_inf_nan=False)
+    fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=2, max_length=3)
+
+
+def check_points(points: list[list[float]], domain: PublicDomain, prefix: str) -> None:
+    """422 with a JSON pointer per offending coordinate (e.g. ``#/params/points/3/0``)."""
+    errors = [
+        {"pointer": prefix + "/".join(str(p) for p in path), "detail": message}
+        for path, message in cate_vector.point_errors(points, domain)
+    ]
+    if errors:
+        raise ValidationFailed(
+            "query points must lie inside the public covariate box", errors=errors
+        )
+
+
+def to_mechanism_params(
+    params: CateVectorRequest, domain: PublicDomain
+) -> cate_vector.CateVectorParams:
+    check_points(params.points, domain, "#/params/points/")
+    delta = params.delta
+    if delta is None:
+        delta = cate_vector.default_delta_for(domain, params.mode, params.fold_fractions)
+    return cate_vector.CateVectorParams(
+        points=tuple(tuple(p) for p in params.points),
+        epsilon=params.epsilon,
+        delta=delta,
+        learner=params.learner,
+        mode=params.mode,
+        propensity_clip=params.propensity_clip,
+        pseudo_outcome_clip=params.pseudo_outcome_clip,
+        ridge=params.ridge
+        if params.ridge is not None
+        else (0.1 if params.mode == "strict" else 1e-3),
+        n_features=params.n_features,
+        lengthscale=params.lengthscale,
+        fold_fractions=params.fold_fractions,
+    )
+
+
+class CateVectorKind:
+    """Adapter between the HTTP layer and ``service.mechanisms.cate_vector``."""
+
+    name: ClassVar[str] = "cate_vector"
+    Params: ClassVar[type[KindParams]] = CateVectorRequest
+
+    def record(self, params: Any, domain: PublicDomain) -> MechanismRecord:
+        """The mechanism record and cost, from public inputs only."""
+        return cate_vector.plan(domain, to_mechanism_params(_as_params(params), domain))
+
+    def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
+        """Public accuracy preview."""
+        return cate_vector.quote(domain, to_mechanism_params(_as_params(params), domain))
+
+    def run(
+        self,
+        arrays: Arrays,
+        domain: PublicDomain,
+        params: Any,
+        *,
+        rng: np.random.Generator,
+        noise: NoiseSampler,
+        progress: Progress,
+    ) -> dict[str, Any]:
+        """Run after the charge; ``ReleaseFailed`` on any data-time failure."""
+        return cate_vector.run(
+            arrays,
+            domain,
+            to_mechanism_params(_as_params(params), domain),
+            rng=rng,
+            noise=noise,
+            progress=progress,
+        )
+
+
+def _as_params(params: Any) -> CateVectorRequest:
+    if isinstance(params, CateVectorRequest):
+        return params
+    return CateVectorRequest.model_validate(params)

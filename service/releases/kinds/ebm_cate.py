@@ -1,0 +1,84 @@
+"""The ``ebm_cate`` release kind: DP-EBM S-, DR- (strict) and R-learners (paper label).
+
+The result holds the fitted DP effect model's safe fields, the ATE read off it and its shape
+functions; ``POST /v1/releases/{id}/predict`` evaluates it at public points for free.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from service.mechanisms import ebm_cate
+from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.noise import NoiseSampler
+from service.mechanisms.records import MechanismRecord
+from service.releases.kinds.base import KindParams, Progress
+
+
+class EbmCateRequest(KindParams):
+    """Request parameters of an ``ebm_cate`` release."""
+
+    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    learner: Literal["dr", "s", "r"] = "dr"
+    propensity_clip: float = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
+    pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
+
+
+def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cate.EbmCateParams:
+    delta = params.delta
+    if delta is None:
+        delta = ebm_cate.default_delta_for(domain, params.learner, params.fold_fractions)
+    return ebm_cate.EbmCateParams(
+        epsilon=params.epsilon,
+        delta=delta,
+        learner=params.learner,
+        propensity_clip=params.propensity_clip,
+        pseudo_outcome_clip=params.pseudo_outcome_clip,
+        fold_fractions=params.fold_fractions,
+    )
+
+
+class EbmCateKind:
+    """Adapter between the HTTP layer and ``service.mechanisms.ebm_cate``."""
+
+    name: ClassVar[str] = "ebm_cate"
+    Params: ClassVar[type[KindParams]] = EbmCateRequest
+
+    def record(self, params: Any, domain: PublicDomain) -> MechanismRecord:
+        """The mechanism record and cost, from public inputs only."""
+        return ebm_cate.plan(domain, to_mechanism_params(_as_params(params), domain))
+
+    def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
+        """Public accuracy preview."""
+        return ebm_cate.quote(domain, to_mechanism_params(_as_params(params), domain))
+
+    def run(
+        self,
+        arrays: Arrays,
+        domain: PublicDomain,
+        params: Any,
+        *,
+        rng: np.random.Generator,
+        noise: NoiseSampler,
+        progress: Progress,
+    ) -> dict[str, Any]:
+        """Fit after the charge (interpret draws its own noise; ``noise`` is unused)."""
+        del noise
+        return ebm_cate.run(
+            arrays,
+            domain,
+            to_mechanism_params(_as_params(params), domain),
+            rng=rng,
+            progress=progress,
+        )
+
+
+def _as_params(params: Any) -> EbmCateRequest:
+    if isinstance(params, EbmCateRequest):
+        return params
+    return EbmCateRequest.model_validate(params)

@@ -1,0 +1,76 @@
+"""``POST /v1/releases/{id}/predict``: evaluate a stored DP model at public points, for free.
+
+Pure post-processing of a finished ``ebm_cate`` or ``uplift_table`` release's stored DP
+artefact (its result): no charge, no ledger entry, never reads the dataset's rows. Points are
+validated against the dataset's public box (422 with a JSON pointer per bad coordinate).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.auth.service import CurrentCaller
+from service.datasets import service as datasets
+from service.db.engine import SessionDep
+from service.db.models import Dataset
+from service.mechanisms import ebm_cate, uplift
+from service.problems import Forbidden, NotFound, Unauthenticated, ValidationFailed, responses
+from service.releases import service
+from service.releases.kinds.cate_vector import check_points
+
+router = APIRouter(tags=["releases"])
+
+MAX_POINTS = 10_000
+PREDICTORS = {"ebm_cate": ebm_cate.predict, "uplift_table": uplift.predict}
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    points: list[list[float]] = Field(min_length=1, max_length=MAX_POINTS)
+
+
+class PredictRead(BaseModel):
+    release_id: str
+    kind: str
+    guarantee: str
+    predictions: list[float]
+
+
+@router.post(
+    "/v1/releases/{release_id}/predict",
+    response_model=PredictRead,
+    responses=responses(Unauthenticated, Forbidden, NotFound, ValidationFailed),
+    summary="CATE of a stored ebm_cate / uplift_table release at public points (free)",
+)
+def predict(
+    session: SessionDep, caller: CurrentCaller, release_id: str, body: PredictRequest
+) -> PredictRead:
+    release = service.readable(session, caller=caller, release_id=release_id)
+    view = service.view(release)  # applies the latency padding
+    if view.status != "done" or view.result is None:
+        raise NotFound("no finished release with a stored model")
+    predictor = PREDICTORS.get(release.kind)
+    if predictor is None:
+        raise ValidationFailed(
+            f"releases of kind '{release.kind}' cannot be evaluated; "
+            f"use one of {', '.join(sorted(PREDICTORS))}"
+        )
+    dataset = session.get(Dataset, release.dataset_id)
+    if dataset is None:
+        raise NotFound("release not found")
+    domain = datasets.domain_of(dataset)
+    check_points(body.points, domain, "#/points/")
+    result: dict[str, Any] = json.loads(release.result_json or "{}")
+    values = predictor(result, np.asarray(body.points, dtype=np.float64))
+    return PredictRead(
+        release_id=release.id,
+        kind=release.kind,
+        guarantee=release.guarantee,
+        predictions=[float(v) for v in values],
+    )

@@ -1,0 +1,199 @@
+"""The CATE kinds over HTTP (SQLite and PostgreSQL): cate_vector, ebm_cate, uplift_table,
+the free predict endpoint, validation pointers, and canary rows that must never show."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.test_datasets import problem
+from tests.api.test_releases import post_release, wait
+from tests.conftest import RCT_SCHEMA, SCHEMA, Api, synthetic_csv
+
+POINTS = [[30.0, 0.2, 0.0], [60.0, 0.8, 1.0]]
+
+
+def _setup(
+    api: Api, *, schema: dict[str, Any], n: int = 800, csv: str | None = None, **form: Any
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    r = api.upload(owner["api_key"], csv or synthetic_csv(n, seed=3), schema, **form)
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    b = api.c.put(
+        f"/v1/datasets/{ds['id']}/budget",
+        json={"epsilon_total": 20.0, "delta_total": 1e-3},
+        headers=api.auth(owner["api_key"]),
+    )
+    assert b.status_code == 200, b.text
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    return owner, analyst, ds
+
+
+def _spent(client: TestClient, owner: dict[str, Any], ds: dict[str, Any]) -> float:
+    body = client.get(f"/v1/datasets/{ds['id']}/budget", headers=Api.auth(owner["api_key"]))
+    return float(body.json()["epsilon_spent"])
+
+
+def _predict(client: TestClient, key: str, release_id: str, points: list[list[float]]) -> Any:
+    return client.post(
+        f"/v1/releases/{release_id}/predict", json={"points": points}, headers=Api.auth(key)
+    )
+
+
+def test_cate_vector_points_outside_the_box_give_pointers(client: TestClient, api: Api) -> None:
+    _, analyst, ds = _setup(api, schema=SCHEMA)
+    params = {
+        "points": [[30.0, 0.2, 0.0], [30.0, 0.5, 0.0], [30.0, 0.5, 0.0], [95.0, 0.5, 0.0]],
+        "epsilon": 1.0,
+    }
+    r = post_release(client, analyst["api_key"], ds["id"], params, kind="cate_vector")
+    body = problem(r, 422, "validation-failed")
+    assert [e["pointer"] for e in body["errors"]] == ["#/params/points/3/0"]
+
+
+def test_cate_vector_paper_mode_needs_the_owner(client: TestClient, api: Api) -> None:
+    _, analyst, ds = _setup(api, schema=SCHEMA)
+    params = {"points": POINTS, "epsilon": 1.0, "mode": "paper"}
+    r = post_release(client, analyst["api_key"], ds["id"], params, kind="cate_vector")
+    problem(r, 403, "paper-mode-disabled")
+
+
+def test_ebm_cate_release_and_free_predictions(client: TestClient, api: Api) -> None:
+    owner, analyst, ds = _setup(api, schema=SCHEMA)
+    key = analyst["api_key"]
+    r = post_release(client, key, ds["id"], {"epsilon": 2.0}, kind="ebm_cate")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    result = done["result"]
+    assert result["learner"] == "dr"
+    assert len(result["shape_functions"]) == 3
+    spent = _spent(client, owner, ds)
+    assert spent == pytest.approx(2.0)
+    p = _predict(client, key, done["id"], POINTS)
+    assert p.status_code == 200, p.text
+    assert len(p.json()["predictions"]) == 2
+    again = _predict(client, key, done["id"], POINTS)
+    assert again.json()["predictions"] == p.json()["predictions"]  # a pure function
+    assert _spent(client, owner, ds) == spent  # predictions never charge
+    bad = _predict(client, key, done["id"], [[30.0, 1.5, 0.0]])
+    body = problem(bad, 422, "validation-failed")
+    assert [e["pointer"] for e in body["errors"]] == ["#/points/0/1"]
+
+
+def test_uplift_tables_and_lookup(client: TestClient, api: Api) -> None:
+    owner, analyst, ds = _setup(api, schema=RCT_SCHEMA, n=1000)
+    key = analyst["api_key"]
+    params = {"epsilon": 1.0, "bins": [2, 2, 1]}
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "uplift_table", "params": params},
+        headers=Api.auth(key),
+    ).json()
+    assert quote["delta"] == 0.0
+    assert len(quote["accuracy"]["suggested_bins"]) == 3
+    r = post_release(client, key, ds["id"], params, kind="uplift_table")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert len(done["result"]["uplift"]) == 4
+    p = _predict(client, key, done["id"], [[20.0, 0.1, 0.0], [80.0, 0.9, 1.0]])
+    assert p.status_code == 200, p.text
+    assert p.json()["predictions"] == [done["result"]["uplift"][0], done["result"]["uplift"][3]]
+    assert _spent(client, owner, ds) == pytest.approx(1.0)
+    # DP k-means cells on the same dataset (charged inside its epsilon)
+    params = {"epsilon": 2.0, "partition": "kmeans", "clusters": 4}
+    r = post_release(client, key, ds["id"], params, kind="uplift_table")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["mechanism"]["composition"] == "sequential"
+    assert len(done["result"]["partition"]["centroids_unit"]) == 4
+    p = _predict(client, key, done["id"], [[20.0, 0.1, 0.0]])
+    assert p.status_code == 200, p.text
+    assert p.json()["predictions"][0] in done["result"]["uplift"]
+    assert _spent(client, owner, ds) == pytest.approx(3.0)
+
+
+def test_predict_refuses_other_kinds(client: TestClient, api: Api) -> None:
+    _, analyst, ds = _setup(api, schema=RCT_SCHEMA, n=1000)
+    key = analyst["api_key"]
+    r = post_release(client, key, ds["id"], {"epsilon": 1.0, "nuisance": "none"})
+    done = wait(client, key, r.json()["id"])
+    problem(_predict(client, key, done["id"], POINTS), 422, "validation-failed")
+    problem(_predict(client, key, "nope", POINTS), 404, "not-found")
+
+
+CANARY_AGE, CANARY_SEVERITY, CANARY_OUTCOME = "89.987654", "0.9876543", "-4.9876543"
+
+
+def _canary_csv() -> tuple[str, dict[str, Any]]:
+    """A dataset with one canary row: a rare category (sex = 2) and extreme, unique values."""
+    lines = synthetic_csv(1200, seed=9).strip().split("\n")
+    lines.append(f"CANARY,{CANARY_AGE},{CANARY_SEVERITY},2,1,{CANARY_OUTCOME}")
+    schema = json.loads(json.dumps(RCT_SCHEMA))
+    schema["covariates"][2]["codes"] = [0, 1, 2]
+    return "\n".join(lines) + "\n", schema
+
+
+def test_canary_row_cannot_be_read_off_any_response(client: TestClient, api: Api) -> None:
+    """Also the end-to-end run of each kind (quote, charge, result shape)."""
+    csv, schema = _canary_csv()
+    owner, analyst, ds = _setup(api, schema=schema, csv=csv)
+    key = analyst["api_key"]
+    texts: list[str] = []
+    released: list[dict[str, Any]] = []
+    requests: list[tuple[str, dict[str, Any]]] = [
+        ("cate_vector", {"points": POINTS, "epsilon": 1.0}),
+        ("ebm_cate", {"epsilon": 1.0}),
+        ("ebm_cate", {"epsilon": 1.0, "learner": "s"}),
+        ("uplift_table", {"epsilon": 1.0, "bins": [3, 3, 3]}),
+    ]
+    for kind, params in requests:
+        quote = client.post(
+            f"/v1/datasets/{ds['id']}/quotes",
+            json={"kind": kind, "params": params},
+            headers=Api.auth(key),
+        )
+        texts.append(quote.text)
+        r = post_release(client, key, ds["id"], params, kind=kind)
+        done = wait(client, key, r.json()["id"])
+        assert done["status"] == "done", done
+        texts.append(json.dumps(done))
+        released.append(done)
+        if kind == "cate_vector":
+            assert quote.json()["accuracy"]["noise_sd_upper_bound"] > 0
+            assert done["guarantee"] == "strict"
+            assert done["mechanism"]["composition"] == "theorem6_max"
+            assert len(done["result"]["estimates"]) == 2
+        if kind in ("ebm_cate", "uplift_table"):
+            p = _predict(client, key, done["id"], [[89.98, 0.98, 2.0]])
+            texts.append(p.text)
+        if kind == "ebm_cate":
+            # the rare category is binned as a continuous feature on the public range [0, 2]:
+            # no per-category structure exists that could reveal that code 2 occurs
+            shape = done["result"]["shape_functions"][-1]
+            assert shape["edges"][0] == 0.0
+            assert shape["edges"][-1] == 2.0
+            assert all(isinstance(e, float) for e in shape["edges"])
+    assert _spent(client, owner, ds) == pytest.approx(4.0)  # one charge per release
+    blob = "\n".join(texts)
+    for text in (CANARY_AGE, CANARY_SEVERITY, CANARY_OUTCOME, "89.98765", "4.98765", "CANARY"):
+        assert text not in blob
+    values = np.asarray(_numbers(released), dtype=np.float64)
+    for value in (float(CANARY_AGE), float(CANARY_SEVERITY), float(CANARY_OUTCOME)):
+        assert np.all(np.abs(values - value) > 1e-6)
+
+
+def _numbers(tree: Any) -> list[float]:
+    if isinstance(tree, bool):
+        return []
+    if isinstance(tree, int | float):
+        return [float(tree)]
+    if isinstance(tree, dict):
+        return [v for item in tree.values() for v in _numbers(item)]
+    if isinstance(tree, list):
+        return [v for item in tree for v in _numbers(item)]
+    return []

@@ -1,0 +1,202 @@
+"""cate_vector: the paper constant, the strict sensitivity, validation, seeded runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.mechanisms import cate_vector as cv
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
+from service.mechanisms.noise import SeededSampler
+from service.mechanisms.records import Composition, Guarantee
+
+
+def domain(n: int = 2000, *, rct: bool = False, paper: bool = False, q: int = 2) -> PublicDomain:
+    return PublicDomain(
+        x_lower=np.zeros(q),
+        x_upper=np.ones(q),
+        y_lower=-2.0,
+        y_upper=5.0,
+        n=n,
+        design=StudyDesign.RCT if rct else StudyDesign.OBSERVATIONAL,
+        treatment_probability=0.5 if rct else None,
+        allow_paper_mode=paper,
+    )
+
+
+POINTS = tuple((float(t), 0.5) for t in np.linspace(0, 1, 11))
+
+
+@pytest.mark.parametrize(
+    ("delta", "epsilon", "expected"),
+    [
+        (1e-5, 0.1, 0.2572),
+        (1e-5, 1.0, 0.02572),
+        (1e-5, 10.0, 0.002572),
+        (1e-6, 0.5, 0.05608),
+        (1e-6, 2.0, 0.01402),
+        (1e-6, 5.0, 0.005608),
+    ],
+)
+def test_paper_constant_matches_spec_table(delta: float, epsilon: float, expected: float) -> None:
+    assert cv.c_constant(epsilon, delta, 2700) == pytest.approx(expected, rel=5e-4)
+
+
+def test_paper_constant_mimic() -> None:
+    assert cv.c_constant(1.0, 1e-5, 13247) == pytest.approx(0.005745, rel=5e-4)
+
+
+def test_theta_sensitivity_closed_form() -> None:
+    c = 2.0
+    assert cv.theta_sensitivity(7.0, 0.1, 2000, c) == pytest.approx(
+        2 * c * 7.0 * (1 + c / math.sqrt(0.1)) / (0.1 * 2000)
+    )
+
+
+def test_feature_norm_is_bounded() -> None:
+    fmap = cv.FeatureMap.draw(domain(q=3), 200, 0.1, np.random.default_rng(0))
+    phi = fmap(np.random.default_rng(1).uniform(-1, 2, (5000, 3)))  # clipped to the box
+    assert np.max(np.linalg.norm(phi, axis=1)) <= cv.FEATURE_NORM + 1e-12
+
+
+@pytest.mark.parametrize("learner", ["r", "dr"])
+def test_ridge_replace_one_never_exceeds_the_bound(learner: cv.Learner) -> None:
+    """Replace one row by adversarial box vertices: ||theta - theta'|| <= Delta_theta."""
+    rng = np.random.default_rng(3)
+    n, ridge, q = 150, 0.05, 1
+    dom = domain(n, q=q)
+    fmap = cv.FeatureMap.draw(dom, 10, 0.3, rng)
+    bound_r = 7.0 if learner == "r" else 7.0 / 0.05
+    limit = cv.theta_sensitivity(bound_r, ridge, n, cv.FEATURE_NORM)
+    worst = 0.0
+    for _ in range(20):
+        x = rng.uniform(0, 1, (n, q))
+        a = (rng.uniform(size=n) < 0.5).astype(float)
+        y = rng.uniform(-2, 5, n)
+        pi = rng.uniform(0.05, 0.95, n)
+        mu0, mu1 = rng.uniform(-2, 5, n), rng.uniform(-2, 5, n)
+        v, r = cv.second_stage_data(learner, fmap(x), a, y, pi, mu0, mu1, bound_r)
+        theta = cv.ridge_fit(v, r, ridge, bound_r)
+        for xv in (0.0, 0.37, 1.0):
+            for av, yv, piv, m0, m1 in [
+                (1, 5, 0.05, -2, -2),
+                (0, -2, 0.95, 5, 5),
+                (1, -2, 0.05, 5, 5),
+            ]:
+                x2, a2, y2 = x.copy(), a.copy(), y.copy()
+                pi2, mu02, mu12 = pi.copy(), mu0.copy(), mu1.copy()
+                x2[0], a2[0], y2[0], pi2[0], mu02[0], mu12[0] = xv, av, yv, piv, m0, m1
+                v2, r2 = cv.second_stage_data(learner, fmap(x2), a2, y2, pi2, mu02, mu12, bound_r)
+                worst = max(
+                    worst, float(np.linalg.norm(cv.ridge_fit(v2, r2, ridge, bound_r) - theta))
+                )
+    assert 0 < worst <= limit
+
+
+def test_points_outside_the_box_are_reported_with_paths() -> None:
+    errors = cv.point_errors([[0.5, 0.5], [1.5, 0.5], [0.1], [0.2, -0.1]], domain())
+    assert [path for path, _ in errors] == [(1, 0), (2,), (3, 1)]
+
+
+def test_plan_strict_record() -> None:
+    params = cv.CateVectorParams(points=POINTS, epsilon=1.0, delta=1e-5)
+    record = cv.plan(domain(), params)
+    assert record.guarantee == Guarantee.STRICT
+    assert record.composition == Composition.THEOREM6_MAX
+    assert (record.epsilon, record.delta) == (1.0, 1e-5)
+    assert [e.module for e in record.events] == ["propensity", "outcome", "estimation"]
+    theta_event = record.events[-1]
+    assert theta_event.params["dim"] == params.n_features + 1 + 2
+    quote = cv.quote(domain(), params)
+    assert quote["noise_sd_upper_bound"] == pytest.approx(2.0 * float(theta_event.params["sigma"]))
+
+
+def test_paper_mode_needs_the_owner_flag() -> None:
+    params = cv.CateVectorParams(points=POINTS, epsilon=1.0, delta=1e-5, mode="paper")
+    with pytest.raises(PaperModeDisabled):
+        cv.plan(domain(), params)
+    record = cv.plan(domain(paper=True), params)
+    assert record.guarantee == Guarantee.PAPER
+    assert record.events[0].type == "smooth_sensitivity_gaussian"
+    assert cv.quote(domain(paper=True), params)["noise_sd_upper_bound"] is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"points": ((0.5, 2.0),)},
+        {"epsilon": 0.0},
+        {"delta": 0.1},
+        {"ridge": 1e-6},
+        {"n_features": 0},
+        {"fold_fractions": (0.5, 0.5)},
+        {"propensity_clip": 0.001},
+    ],
+)
+def test_invalid_parameters(change: dict[str, object]) -> None:
+    base: dict[str, object] = {"points": POINTS, "epsilon": 1.0, "delta": 1e-5}
+    with pytest.raises(InvalidParameters):
+        cv.plan(domain(), cv.CateVectorParams(**{**base, **change}))  # type: ignore[arg-type]
+
+
+def test_influence_sup_matches_a_brute_force_grid() -> None:
+    """DR with constant nuisances: the sup is found exactly (closed form on a grid)."""
+    dom = domain(q=1)
+
+    def nuisance(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        k = x.shape[0]
+        return np.full(k, 0.3), np.full(k, 1.0), np.full(k, 2.0)
+
+    def g(x: np.ndarray) -> np.ndarray:
+        return np.asarray(3 * np.sin(6 * x[:, 0]))
+
+    found = cv.influence_sup("dr", nuisance, g, dom, overlap=1.0, rng=np.random.default_rng(0))
+    grid = np.linspace(0, 1, 200001)
+    best = 0.0
+    for a, mu_a in ((0.0, 1.0), (1.0, 2.0)):
+        for y in (-2.0, 5.0):
+            value = (a - 0.3) / 0.21 * (y - mu_a) + 1.0 - 3 * np.sin(6 * grid)
+            best = max(best, float(np.max(np.abs(value))))
+    assert found == pytest.approx(best, rel=1e-6)
+
+
+def _data(n: int, seed: int, *, rct: bool) -> Arrays:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, (n, 2))
+    pi = np.full(n, 0.5) if rct else 0.3 + 0.4 * x[:, 1]
+    a = (rng.uniform(size=n) < pi).astype(float)
+    tau = 1 + 2 * x[:, 0]
+    y = np.clip(x[:, 1] + a * tau + rng.normal(0, 0.3, n), -2, 5)
+    return Arrays(x, a, y)
+
+
+@pytest.mark.parametrize(("learner", "mode"), [("r", "strict"), ("dr", "strict"), ("r", "paper")])
+def test_seeded_run_is_near_the_truth(learner: cv.Learner, mode: cv.Mode) -> None:
+    n = 20000 if mode == "strict" else 4000
+    dom = domain(n, rct=True, paper=True)
+    params = cv.CateVectorParams(
+        points=POINTS,
+        epsilon=50.0,
+        delta=1e-5,
+        learner=learner,
+        mode=mode,
+        ridge=0.05 if mode == "strict" else 1e-3,
+    )
+    result = cv.run(
+        _data(n, 0, rct=True),
+        dom,
+        params,
+        rng=np.random.default_rng(1),
+        noise=SeededSampler(np.random.default_rng(2)),
+        progress=lambda f, s: None,
+    )
+    truth = 1 + 2 * np.linspace(0, 1, 11)
+    estimates = np.asarray(result["estimates"])
+    assert estimates.shape == (11,)
+    assert float(np.sqrt(np.mean((estimates - truth) ** 2))) < 0.6
+    assert result["guarantee"] == ("strict" if mode == "strict" else "paper")
+    for forbidden in ("sigma", "gamma", "noise_scale", "theta"):
+        assert not any(forbidden in key for key in result if key != "target_bound")

@@ -1,0 +1,174 @@
+"""ebm_cate: accounting, safe export, warnings as errors, seeded runs near the truth."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from service.mechanisms import ebm_cate as ec
+from service.mechanisms.calibration import gdp_delta
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.dp_ebm import (
+    DP_EBM_LEARNING_RATE,
+    DP_EBM_MAX_ROUNDS,
+    SafeEbm,
+    fit_regressor,
+    interpret_guard,
+    solve_dp_ebm_epsilon_p,
+)
+from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
+from service.mechanisms.records import Composition, Guarantee
+
+
+def domain(n: int = 4000, *, rct: bool = False, paper: bool = False) -> PublicDomain:
+    return PublicDomain(
+        x_lower=np.zeros(2),
+        x_upper=np.ones(2),
+        y_lower=-2.0,
+        y_upper=5.0,
+        n=n,
+        design=StudyDesign.RCT if rct else StudyDesign.OBSERVATIONAL,
+        treatment_probability=0.5 if rct else None,
+        allow_paper_mode=paper,
+    )
+
+
+def test_dr_plan_is_theorem6_max() -> None:
+    record = ec.plan(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert record.guarantee == Guarantee.STRICT
+    assert record.composition == Composition.THEOREM6_MAX
+    assert [e.module for e in record.events] == ["propensity", "outcome", "effect"]
+    assert record.fold_sizes == {"propensity": 1000, "outcome": 1000, "effect": 2000}
+    assert (record.epsilon, record.delta) == (1.0, 1e-5)
+    for event in record.events:
+        mu = float(event.params["mu"])
+        assert gdp_delta(1.0, mu) <= 1e-5  # replace-one mu converts to the charge
+        assert float(event.params["epsilon_p"]) <= 1.0
+    # K defaults to the outcome range (a public choice); the effect model's target range is 2K
+    assert record.events[-1].params["target_range"] == pytest.approx(14.0)
+
+
+def test_epsilon_p_rule_matches_the_spec() -> None:
+    """dp_ebm_learners.md §1: epsilon_p = epsilon / 2 suffices for epsilon <= 9.64 at 1e-5."""
+    accounting = solve_dp_ebm_epsilon_p(4.0, 1e-5)
+    assert accounting.epsilon_p >= 2.0
+    assert gdp_delta(4.0, accounting.mu_replace_one) <= 1e-5
+
+
+def test_rct_and_s_learner_folds() -> None:
+    rct = ec.plan(domain(rct=True), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert [e.module for e in rct.events] == ["outcome", "effect"]
+    s = ec.plan(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5, learner="s"))
+    assert s.fold_sizes == {"outcome": 4000}
+    assert s.composition == Composition.SEQUENTIAL
+
+
+def test_r_learner_is_paper_only() -> None:
+    params = ec.EbmCateParams(epsilon=1.0, delta=1e-5, learner="r")
+    with pytest.raises(PaperModeDisabled):
+        ec.plan(domain(), params)
+    assert ec.plan(domain(paper=True), params).guarantee == Guarantee.PAPER
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"epsilon": 0.0}, {"delta": 0.5}, {"fold_fractions": (0.5, 0.5)}, {"propensity_clip": 0.9}],
+)
+def test_invalid_parameters(change: dict[str, object]) -> None:
+    base: dict[str, object] = {"epsilon": 1.0, "delta": 1e-5}
+    with pytest.raises(InvalidParameters):
+        ec.plan(domain(), ec.EbmCateParams(**{**base, **change}))  # type: ignore[arg-type]
+
+
+def test_small_folds_are_refused() -> None:
+    with pytest.raises(InvalidParameters):
+        ec.plan(domain(300), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+
+
+def test_fitted_noise_scale_matches_the_formula_and_safe_export_predicts_exactly() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (800, 2))
+    y = 2 * x[:, 0] + rng.normal(0, 0.1, 800)
+    accounting = solve_dp_ebm_epsilon_p(2.0, 1e-4)
+    model, mid = fit_regressor(x, y, np.zeros(2), np.ones(2), -1.0, 3.0, accounting)
+    expected = math.sqrt(DP_EBM_MAX_ROUNDS * 2) * DP_EBM_LEARNING_RATE * 4.0
+    assert float(model.noise_scale_boosting_) == pytest.approx(
+        expected / accounting.mu_boosting, rel=1e-6
+    )
+    safe = SafeEbm.from_model(model, offset=mid, names=["a", "b"])
+    probe = rng.uniform(0, 1, (500, 2))
+    on_cuts = np.array([[c, 0.5] for c in safe.cuts[0]])  # boundary convention
+    for points in (probe, on_cuts, np.array([[0.0, 0.0], [1.0, 1.0]])):
+        with interpret_guard():
+            reference = np.asarray(model.predict(points)) + mid
+        np.testing.assert_allclose(safe.predict(points), reference, rtol=0, atol=1e-12)
+    assert SafeEbm.from_dict(json.loads(json.dumps(safe.to_dict()))) == safe
+
+
+def test_interpret_privacy_warnings_are_errors() -> None:
+    from interpret.privacy import DPExplainableBoostingRegressor
+
+    x = np.random.default_rng(0).uniform(0, 1, (200, 1))
+    model = DPExplainableBoostingRegressor(epsilon=1.0, delta=1e-5, n_jobs=1)  # no bounds
+    with pytest.raises(Warning), interpret_guard():
+        model.fit(x, x[:, 0])
+
+
+def _data(n: int, seed: int, *, rct: bool) -> Arrays:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, (n, 2))
+    pi = np.full(n, 0.5) if rct else 0.3 + 0.4 * x[:, 1]
+    a = (rng.uniform(size=n) < pi).astype(float)
+    y = np.clip(x[:, 1] + a * (1 + 2 * x[:, 0]) + rng.normal(0, 0.3, n), -2, 5)
+    return Arrays(x, a, y)
+
+
+SAFE_KEYS = {"intercept", "offset", "cuts", "scores", "lower", "upper", "names"}
+
+
+@pytest.mark.parametrize(("learner", "rct"), [("dr", False), ("dr", True), ("s", False)])
+def test_seeded_run_is_near_the_truth(learner: ec.Learner, rct: bool) -> None:
+    n = 8000
+    dom = domain(n, rct=rct)
+    result = ec.run(
+        _data(n, 1, rct=rct),
+        dom,
+        ec.EbmCateParams(epsilon=16.0, delta=1e-5, learner=learner),
+        rng=np.random.default_rng(2),
+        progress=lambda f, s: None,
+    )
+    assert result["ate"] == pytest.approx(2.0, abs=0.35)
+    grid = np.column_stack([np.linspace(0, 1, 21), np.full(21, 0.5)])
+    cate = ec.predict(result, grid)
+    if learner == "dr":
+        assert cate[-1] - cate[0] > 0.8  # the effect grows with x0 (1 -> 3)
+        assert set(result["model"]["effect"]) == SAFE_KEYS
+    else:
+        np.testing.assert_allclose(cate, cate[0])  # an additive S-learner has constant CATE
+    text = json.dumps(result)
+    for leak in ("noise_scale", "min_target", "max_target", "bin_weights", "feature_bounds"):
+        assert leak not in text
+    assert [s["feature"] for s in result["shape_functions"]][-2:] == ["x0", "x1"]
+
+
+def test_r_learner_paper_run() -> None:
+    n = 4000
+    dom = domain(n, paper=True)
+    result = ec.run(
+        _data(n, 3, rct=False),
+        dom,
+        ec.EbmCateParams(epsilon=16.0, delta=1e-5, learner="r"),
+        rng=np.random.default_rng(4),
+        progress=lambda f, s: None,
+    )
+    assert result["guarantee"] == "paper"
+    assert math.isfinite(result["ate"])
+
+
+def test_quote_warns_for_small_effect_folds() -> None:
+    quote = ec.quote(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert quote["warnings"]
+    assert quote["boosting_noise_sd_per_step"] > 0

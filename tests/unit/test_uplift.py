@@ -1,0 +1,209 @@
+"""uplift_table (epsilon-ADUM): scales, sensitivities, guards, the p heuristic, seeded runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.mechanisms import uplift as up
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters
+from service.mechanisms.noise import OpenDPSampler, SeededSampler
+from service.mechanisms.records import Composition, Guarantee
+
+
+def domain(n: int = 20000, *, q: int = 1, rct: bool = True) -> PublicDomain:
+    return PublicDomain(
+        x_lower=np.full(q, -1.0),
+        x_upper=np.full(q, 1.0),
+        y_lower=-5.0,
+        y_upper=5.0,
+        n=n,
+        design=StudyDesign.RCT if rct else StudyDesign.OBSERVATIONAL,
+        treatment_probability=0.5 if rct else None,
+    )
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 5.0])
+def test_replace_one_scales(epsilon: float) -> None:
+    """adum.md §3.2: Lap(4 / eps) counts and Lap(4 D_y / eps) sums, D_y = W / 2 (+ lattice)."""
+    record = up.plan(domain(), up.UpliftParams(epsilon=epsilon, bins=(10,)))
+    counts, sums = record.events
+    assert float(counts.params["scale"]) == pytest.approx(4.0 / epsilon, rel=1e-7)
+    assert float(sums.params["scale"]) == pytest.approx(4.0 * 5.0 / epsilon, rel=1e-7)
+    assert counts.params["dim"] == 20
+    assert record.guarantee == Guarantee.STRICT
+    assert record.composition == Composition.CELLS
+    assert record.epsilon == pytest.approx(epsilon)
+    assert record.delta == 0.0
+
+
+def test_cell_index_row_major() -> None:
+    lower, upper = np.array([0.0, 0.0]), np.array([1.0, 1.0])
+    points = np.array([[0.0, 0.0], [0.99, 0.0], [0.0, 0.99], [1.0, 1.0], [0.5, 0.25], [2.0, -1.0]])
+    np.testing.assert_array_equal(up.cell_index(points, lower, upper, (2, 4)), [0, 4, 3, 7, 5, 4])
+
+
+def test_replace_one_sensitivity_of_the_aggregates() -> None:
+    rng = np.random.default_rng(0)
+    dom = domain(300, q=2)
+    x = rng.uniform(-1, 1, (300, 2))
+    a = (rng.uniform(size=300) < 0.5).astype(float)
+    y = rng.uniform(-5, 5, 300)
+    counts, sums = up.aggregates(x, a, y, dom, (3, 2))
+    worst_c = worst_s = 0.0
+    for xv in ([-1, -1], [1, 1], [0.1, -0.5]):
+        for av in (0.0, 1.0):
+            for yv in (-5.0, 5.0, 0.0):
+                for row in (0, 1, 2):
+                    x2, a2, y2 = x.copy(), a.copy(), y.copy()
+                    x2[row], a2[row], y2[row] = xv, av, yv
+                    c2, s2 = up.aggregates(x2, a2, y2, dom, (3, 2))
+                    worst_c = max(worst_c, float(np.abs(c2 - counts).sum()))
+                    worst_s = max(worst_s, float(np.abs(s2 - sums).sum()))
+    assert worst_c == 2.0
+    assert worst_s <= up.sum_sensitivity(10.0, 300)
+
+
+def test_guards_floor_counts_and_clip_means() -> None:
+    dom = domain()
+    params = up.UpliftParams(epsilon=1.0, bins=(2,))
+    out = up.table(
+        np.array([-3.0, 0.5, 100.0, 100.0]),
+        np.array([50.0, -50.0, 100.0, -100.0]),
+        dom,
+        params,
+        count_scale=4.0,
+        sum_scale=20.0,
+    )
+    assert out["mean_control"] == [5.0, 1.0]  # 50 / max(-3, 1) clipped to y_hi
+    assert out["mean_treated"] == [-5.0, -1.0]
+    assert out["uplift"] == [-10.0, -2.0]
+    assert out["low_count"] == [True, False]
+
+
+def test_observational_needs_an_adjustment_partition() -> None:
+    with pytest.raises(InvalidParameters):
+        up.plan(domain(rct=False), up.UpliftParams(epsilon=1.0, bins=(4,)))
+    up.plan(domain(rct=False), up.UpliftParams(epsilon=1.0, bins=(4,), adjustment_partition=True))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        up.UpliftParams(epsilon=1.0, bins=(4, 4)),
+        up.UpliftParams(epsilon=1.0, bins=(0,)),
+        up.UpliftParams(epsilon=1.0, bins=(up.MAX_CELLS + 1,)),
+        up.UpliftParams(epsilon=1.0, bins=(4,), min_count=0.5),
+        up.UpliftParams(epsilon=0.0, bins=(4,)),
+    ],
+)
+def test_invalid_parameters(params: up.UpliftParams) -> None:
+    with pytest.raises(InvalidParameters):
+        up.plan(domain(), params)
+
+
+def test_partition_heuristic_grows_with_epsilon_and_n() -> None:
+    small = up.suggested_bins(domain(), 0.1)["suggested_cells"]
+    large = up.suggested_bins(domain(), 5.0)["suggested_cells"]
+    bigger_n = up.suggested_bins(domain(200000), 5.0)["suggested_cells"]
+    assert small <= large <= bigger_n
+    quote = up.quote(domain(), up.UpliftParams(epsilon=1.0, bins=(10,)))
+    assert quote["suggested_bins"]
+    assert quote["approx_uplift_sd_per_cell"] > 0
+
+
+def _sin_data(n: int, seed: int) -> Arrays:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (n, 1))
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    y = np.clip(a * np.sin(x[:, 0]) + rng.normal(0, 0.1, n), -5, 5)
+    return Arrays(x, a, y)
+
+
+def test_seeded_run_near_the_truth_and_lookup() -> None:
+    dom = domain()
+    params = up.UpliftParams(epsilon=50.0, bins=(20,))
+    result = up.run(
+        _sin_data(20000, 0),
+        dom,
+        params,
+        noise=SeededSampler(np.random.default_rng(1)),
+        progress=lambda f, s: None,
+    )
+    centres = np.linspace(-1, 1, 41)[1::2]
+    np.testing.assert_allclose(result["uplift"], np.sin(centres), atol=0.08)
+    points = np.array([[-0.97], [0.0], [0.51]])
+    np.testing.assert_array_equal(
+        up.predict(result, points), np.asarray(result["uplift"])[[0, 10, 15]]
+    )
+
+
+def test_opendp_laplace_variance_matches_the_scale() -> None:
+    """A4: the production sampler's noise on the counts has variance 2 b^2 (b = 4 / eps).
+
+    With 2 x 10000 draws the sample variance is within 10% of 2 b^2 except with probability
+    below 1e-6 (the Laplace fourth moment is 24 b^4: relative sd of the variance 0.017).
+    """
+    dom = domain(20000, q=2)
+    rng = np.random.default_rng(0)
+    data = Arrays(rng.uniform(-1, 1, (20000, 2)), np.zeros(20000), np.zeros(20000))
+    params = up.UpliftParams(epsilon=2.0, bins=(100, 100))
+    result = up.run(data, dom, params, noise=OpenDPSampler(), progress=lambda f, s: None)
+    counts, _ = up.aggregates(data.x, data.a, data.y, dom, (100, 100))
+    noisy = np.column_stack([result["counts_control"], result["counts_treated"]]).ravel()
+    variance = float(np.var(noisy - counts))
+    assert variance == pytest.approx(2 * (4.0 / 2.0) ** 2, rel=0.1)
+    assert variance != pytest.approx(2 * (2.0 / 2.0) ** 2, rel=0.3)  # the add/remove scale
+
+
+def test_kmeans_plan_composes_sequentially() -> None:
+    params = up.UpliftParams(epsilon=2.0, partition="kmeans", clusters=8, kmeans_iterations=4)
+    record = up.plan(domain(q=2), params)
+    assert len(record.events) == 2 * 4 + 2
+    assert record.composition == Composition.SEQUENTIAL
+    assert record.epsilon == pytest.approx(2.0)
+    kmeans = [e for e in record.events if e.module == "kmeans"]
+    # eps_km / (2T) per statistic: count scale 2 / (1 / 8) = 16, sum scale 2q / (1 / 8) = 32
+    assert float(kmeans[0].params["scale"]) == pytest.approx(16.0, rel=1e-7)
+    assert float(kmeans[1].params["scale"]) == pytest.approx(32.0, rel=1e-6)  # + lattice
+    with pytest.raises(InvalidParameters):
+        up.plan(domain(q=2), up.UpliftParams(epsilon=1.0, partition="kmeans", clusters=0))
+    with pytest.raises(InvalidParameters):
+        up.plan(
+            domain(q=2), up.UpliftParams(epsilon=1.0, partition="kmeans", clusters=4, bins=(2, 2))
+        )
+
+
+def test_kmeans_cluster_statistics_sensitivity() -> None:
+    rng = np.random.default_rng(4)
+    u = rng.uniform(-1, 1, (200, 3))
+    centroids = rng.uniform(-1, 1, (5, 3))
+    counts, sums = up.cluster_statistics(u, up.nearest(u, centroids), 5)
+    worst_c = worst_s = 0.0
+    for vertex in (np.ones(3), -np.ones(3), np.array([1.0, -1.0, 1.0])):
+        for row in range(5):
+            u2 = u.copy()
+            u2[row] = vertex
+            c2, s2 = up.cluster_statistics(u2, up.nearest(u2, centroids), 5)
+            worst_c = max(worst_c, float(np.abs(c2 - counts).sum()))
+            worst_s = max(worst_s, float(np.abs(s2 - sums).sum()))
+    assert worst_c <= 2.0
+    assert worst_s <= up.sum_sensitivity(6.0, 200)
+
+
+def test_kmeans_seeded_run_and_lookup() -> None:
+    dom = domain(20000, q=1)
+    params = up.UpliftParams(epsilon=50.0, partition="kmeans", clusters=10)
+    result = up.run(
+        _sin_data(20000, 0),
+        dom,
+        params,
+        noise=SeededSampler(np.random.default_rng(1)),
+        progress=lambda f, s: None,
+        rng=np.random.default_rng(2),
+    )
+    test = np.linspace(-0.95, 0.95, 39)[:, None]
+    pehe = float(np.mean((up.predict(result, test) - np.sin(test[:, 0])) ** 2))
+    assert pehe < 0.05
+    assert result["partition"]["type"] == "kmeans"
