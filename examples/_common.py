@@ -57,6 +57,13 @@ def roles(url: str, admin_key: str, label: str) -> Roles:
     )
 
 
+def client_key(url: str, admin_key: str, label: str) -> tuple[str, str]:
+    """The admin creates a client principal (decision support: evaluates, never releases)."""
+    with CuratorClient(url, admin_key) as admin:
+        made = admin.create_principal(f"{label} decision support {uuid.uuid4().hex[:6]}", "client")
+    return made.id, made.api_key
+
+
 def progress(release: Release) -> None:
     """A one-line progress report per change (a notebook or GUI would draw a bar)."""
     print(f"  {release.id[:8]}  {release.status:<8} {release.progress:5.0%}  {release.stage}")

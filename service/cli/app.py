@@ -1,4 +1,4 @@
-"""``dpcurator``: the command line for owners and analysts (and the admin's principal setup).
+"""``dpcurator``: the command line for owners, analysts and clients (and the admin's setup).
 
 Every command talks to one server (``--url`` / ``CURATOR_URL``, default the embedded
 ``http://127.0.0.1:8000``) with one key (``--key`` / ``CURATOR_KEY``). Errors are printed as one
@@ -7,9 +7,11 @@ line (``error: budget-exhausted (409): ...``) with exit status 1; usage errors e
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -644,6 +646,146 @@ def release_plot(
         labels.append(f"{rid[:8]} ε={parsed.epsilon:g}")
     plot_ate(results, output, labels=labels, reference=reference)
     click.echo(f"wrote {output}")
+
+
+# ---- points for evaluations and predictions (clients, analysts, owners) -------------------------
+
+
+POINT_OPTIONS = [
+    click.option(
+        "--points",
+        "points_json",
+        metavar="JSON",
+        help="Points as JSON, e.g. '[[50, 0.3, 25, 1, 0]]' (covariates in schema order).",
+    ),
+    click.option(
+        "--csv",
+        "points_csv",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Points from a CSV file: with a header, the dataset's covariate columns by name "
+        "(other columns such as an id are ignored); without one, every column, in order.",
+    ),
+]
+
+
+def with_points(f: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(POINT_OPTIONS):
+        f = option(f)
+    return f
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_points(
+    points_json: str | None,
+    points_csv: Path | None,
+    covariates: Callable[[], Sequence[str]],
+) -> list[list[float]]:
+    """The points of ``--points`` or ``--csv`` (exactly one); ``covariates`` names the columns."""
+    if (points_json is None) == (points_csv is None):
+        raise click.UsageError("give exactly one of --points and --csv")
+    if points_json is not None:
+        try:
+            loaded = json.loads(points_json)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc.msg}", param_hint="--points") from None
+        if not isinstance(loaded, list) or not all(isinstance(p, list) for p in loaded):
+            raise click.BadParameter("must be a JSON list of lists", param_hint="--points")
+        try:
+            points = [[float(c) for c in p] for p in loaded]
+        except (TypeError, ValueError):
+            raise click.BadParameter("coordinates must be numbers", param_hint="--points") from None
+    else:
+        assert points_csv is not None
+        with points_csv.open(newline="", encoding="utf-8") as handle:
+            rows = [r for r in csv.reader(handle) if r and any(c.strip() for c in r)]
+        if rows and not all(_is_number(c) for c in rows[0]):
+            header = [c.strip() for c in rows[0]]
+            names = list(covariates())
+            missing = [n for n in names if n not in header]
+            if missing:
+                raise click.BadParameter(
+                    f"the header lacks covariate column(s) {', '.join(missing)}",
+                    param_hint="--csv",
+                )
+            columns = [header.index(n) for n in names]
+            rows = [[r[j] for j in columns] for r in rows[1:]]
+        try:
+            points = [[float(c) for c in r] for r in rows]
+        except (ValueError, IndexError):
+            raise click.BadParameter("every cell must be a number", param_hint="--csv") from None
+    if not points:
+        raise click.BadParameter("no points", param_hint="--csv" if points_csv else "--points")
+    if any(not math.isfinite(c) for p in points for c in p):
+        raise click.BadParameter("coordinates must be finite")
+    return points
+
+
+def _covariates(state: State, dataset_id: str) -> Callable[[], list[str]]:
+    def names() -> list[str]:
+        schema = state.client.get_dataset(dataset_id).public_schema
+        return [str(c["name"]) for c in schema.get("covariates", [])]
+
+    return names
+
+
+@release.command("predict")
+@click.argument("release_id")
+@with_points
+@pass_state
+def release_predict(
+    state: State, release_id: str, points_json: str | None, points_csv: Path | None
+) -> None:
+    """CATE of an ebm_cate or uplift_table release at points (free: no charge)."""
+
+    def covariates() -> list[str]:
+        return _covariates(state, state.client.get_release(release_id).dataset_id)()
+
+    points = read_points(points_json, points_csv, covariates)
+    pr = state.client.predict(release_id, points)
+    emit(state, lambda: render.prediction(pr), lambda: pr.raw)
+
+
+@cli.group()
+def function() -> None:
+    """Released CATE functions: public metadata and free evaluation (clients, analysts, owners)."""
+
+
+@function.command("show")
+@click.argument("function_id")
+@pass_state
+def function_show(state: State, function_id: str) -> None:
+    """A function's status, basis, capacity, noise sd and public box (its id is the release id)."""
+    info = state.client.function_info(function_id)
+    emit(state, lambda: render.function_info(info), lambda: vars(info))
+
+
+@function.command("evaluate")
+@click.argument("function_id")
+@with_points
+@click.option("--level", default=0.95, show_default=True, help="Level of the pointwise noise band.")
+@pass_state
+def function_evaluate(
+    state: State,
+    function_id: str,
+    points_json: str | None,
+    points_csv: Path | None,
+    level: float,
+) -> None:
+    """Evaluate a released CATE function at points (free; a repeated point gets the same value)."""
+
+    def covariates() -> list[str]:
+        return _covariates(state, state.client.function_info(function_id).dataset_id)()
+
+    points = read_points(points_json, points_csv, covariates)
+    ev = state.client.evaluate_function(function_id, points)
+    emit(state, lambda: render.evaluation(ev, level), lambda: {**ev.raw, "points": ev.points})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,17 @@ from decimal import Decimal
 from typing import Any
 
 from service.client.models import Budget, Dataset, LedgerEntry, Quote, Release
-from service.client.results import AteResult, TypedResult, UpliftTable
+from service.client.results import (
+    AteResult,
+    CateVectorResult,
+    EbmShapeResult,
+    FunctionEvaluation,
+    FunctionHandle,
+    FunctionInfo,
+    Prediction,
+    TypedResult,
+    UpliftTable,
+)
 
 
 def fmt(value: Any) -> str:
@@ -173,5 +183,68 @@ def result(parsed: TypedResult) -> str:
         )
     if isinstance(parsed, UpliftTable):
         return table(parsed.columns, [[row.get(c) for c in parsed.columns] for row in parsed.rows])
+    if isinstance(parsed, CateVectorResult):
+        points = parsed.points or [[] for _ in parsed.estimates]
+        return table(
+            ["point", "estimate"],
+            [[fmt(p), e] for p, e in zip(points, parsed.estimates, strict=True)],
+        )
+    if isinstance(parsed, EbmShapeResult):
+        return pairs(
+            [
+                ("ate", parsed.ate),
+                ("learner", parsed.learner),
+                ("guarantee", parsed.guarantee),
+                ("epsilon", parsed.epsilon),
+                ("delta", parsed.delta),
+                ("shape functions", ", ".join(f.feature for f in parsed.shape_functions)),
+            ]
+        )
+    if isinstance(parsed, FunctionHandle):
+        raw_fn: dict[str, Any] = parsed.raw
+        items = [(k, v) for k, v in raw_fn.items() if not isinstance(v, dict | list)]
+        return pairs([("function id", parsed.function_id), *items])
     raw: dict[str, Any] = parsed.raw
     return pairs([(k, v) for k, v in raw.items() if not isinstance(v, dict | list)])
+
+
+def function_info(info: FunctionInfo) -> str:
+    box = info.box
+    return pairs(
+        [
+            ("id", info.id),
+            ("dataset", info.dataset_id),
+            ("status", info.status),
+            ("guarantee", info.public.get("guarantee")),
+            ("basis", info.basis),
+            ("q", info.q),
+            ("t max", info.t_max),
+            ("batch max", info.batch_max),
+            ("bandwidth", info.public.get("bandwidth")),
+            ("lambda0", info.public.get("lambda0")),
+            ("pointwise noise sd", info.pointwise_noise_sd),
+            ("box lower", box[0] if box else None),
+            ("box upper", box[1] if box else None),
+        ]
+    )
+
+
+def evaluation(ev: FunctionEvaluation, level: float = 0.95) -> str:
+    bands = ev.bands(level)
+    headers = ["point", "value"]
+    if bands is not None:
+        headers += [f"{level:.0%} noise band"]
+    rows: list[list[Any]] = []
+    for i, (p, v) in enumerate(zip(ev.points, ev.values, strict=True)):
+        row: list[Any] = [fmt(p), v]
+        if bands is not None:
+            row.append(f"[{bands[i][0]:.4g}, {bands[i][1]:.4g}]")
+        rows.append(row)
+    footer = f"\n(guarantee {ev.guarantee}; free: no budget charged)"
+    return table(headers, rows) + footer
+
+
+def prediction(pr: Prediction) -> str:
+    rows = [[fmt(p), v] for p, v in zip(pr.points, pr.predictions, strict=True)]
+    footer = f"\n({pr.kind}, guarantee {pr.guarantee}; free: no budget charged)"
+    return table(["point", "cate"], rows) + footer

@@ -41,7 +41,14 @@ from service.client.models import (
     Release,
     Verification,
 )
-from service.client.results import FunctionEvaluation, FunctionHandle, TypedResult, parse_result
+from service.client.results import (
+    FunctionEvaluation,
+    FunctionHandle,
+    FunctionInfo,
+    Prediction,
+    TypedResult,
+    parse_result,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = frozenset({502, 503, 504})
@@ -421,13 +428,34 @@ class CuratorClient:
             release = self.get_release(release)
         return FunctionHandle.from_release(release, self)
 
+    def function_info(self, function_id: str) -> FunctionInfo:
+        """GET /v1/functions/{id}: public metadata (status, basis, capacity, constants, box)."""
+        return FunctionInfo.from_response(
+            self.request("GET", f"/v1/functions/{function_id}").json()
+        )
+
     def evaluate_function(
         self, function_id: str, points: Sequence[Sequence[float]]
     ) -> FunctionEvaluation:
-        """POST /v1/functions/{id}/evaluate. Free; a repeated point returns the same value."""
-        pts = [[float(c) for c in p] for p in points]
+        """POST /v1/functions/{id}/evaluate. Free; a repeated point returns the same value.
+
+        Retrying is safe: an answer is returned only after its noise is committed, and a point
+        already answered is served from the stored state.
+        """
+        pts = _as_points(points)
         r = self.request("POST", f"/v1/functions/{function_id}/evaluate", json_body={"points": pts})
         return FunctionEvaluation.from_response(r.json(), pts)
+
+    def predict(self, release_id: str, points: Sequence[Sequence[float]]) -> Prediction:
+        """POST /v1/releases/{id}/predict: a finished ``ebm_cate`` or ``uplift_table`` release's
+        CATE at public points. Free (post-processing of the stored DP model), deterministic."""
+        pts = _as_points(points)
+        r = self.request("POST", f"/v1/releases/{release_id}/predict", json_body={"points": pts})
+        return Prediction.from_response(r.json(), pts)
+
+
+def _as_points(points: Sequence[Sequence[float]]) -> list[list[float]]:
+    return [[float(c) for c in p] for p in points]
 
 
 @contextmanager

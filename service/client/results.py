@@ -1,10 +1,9 @@
 """Typed wrappers over a release's ``result`` dict, one per release kind.
 
-Only ``ate`` exists on the server today. The wrappers for the later kinds (``cate_vector``,
-``cate_function``, ``ebm_cate``, ``uplift_table``) are deliberately thin: they parse the fields
-their specs describe (``spec/cate_vector.md``, ``cate_function_gp.md``, ``dp_ebm_learners.md``,
-``adum.md``), keep the whole dict in ``raw`` and are tested on synthetic dicts only.
-TODO(issue 6): check them against the server's kinds when those land.
+Each wrapper reads the fields its kind's ``run()`` returns (``service/releases/kinds/*.py``) and
+keeps the whole dict in ``raw``; fields the server adds later are kept there, not refused.
+``FunctionEvaluation`` and ``Prediction`` wrap the responses of ``POST /v1/functions/{id}/evaluate``
+and ``POST /v1/releases/{id}/predict``.
 
 Every field here is a DP output, its post-processing or public metadata: nothing else is released.
 """
@@ -31,14 +30,6 @@ def _points(value: Any) -> list[list[float]] | None:
     if not isinstance(value, list | tuple):
         raise ValueError("result field 'points' is not a list of points")
     return [[float(c) for c in (p if isinstance(p, list | tuple) else [p])] for p in value]
-
-
-def _first(result: dict[str, Any], *names: str) -> Any:
-    """The first of ``names`` present in ``result`` (kinds spell some fields differently)."""
-    for name in names:
-        if result.get(name) is not None:
-            return result[name]
-    return None
 
 
 def _sd(value: Any, n: int) -> list[float] | None:
@@ -95,32 +86,42 @@ class AteResult:
 
 @dataclass(frozen=True)
 class CateVectorResult:
-    """DP CATE values at public points or cells (``kind: "cate_vector"``; provisional)."""
+    """DP CATE estimates at the request's public query points (``kind: "cate_vector"``).
 
-    values: list[float]
+    The result holds ``estimates`` only; the query points are the request's ``params.points``.
+    The noise sd is not in the result: strict mode's quote has a public upper bound
+    (``accuracy.noise_sd_upper_bound``), which ``bands`` takes explicitly.
+    """
+
+    estimates: list[float]
     points: list[list[float]] | None
-    noise_sd: list[float] | None
+    learner: str
     guarantee: str
+    epsilon: float
+    delta: float
     raw: dict[str, Any] = field(repr=False)
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> CateVectorResult:
-        raw_values = _first(result, "values", "estimates", "cate")
-        values = _floats(raw_values, "values")
+        estimates = _floats(result.get("estimates"), "estimates")
         points = _points(result.get("points"))
-        if points is not None and len(points) != len(values):
-            raise ValueError("points and values have different lengths")
+        if points is not None and len(points) != len(estimates):
+            raise ValueError("points and estimates have different lengths")
         return cls(
-            values=values,
+            estimates=estimates,
             points=points,
-            noise_sd=_sd(_first(result, "noise_sd", "noise_sd_upper_bound"), len(values)),
+            learner=str(result.get("learner", "")),
             guarantee=str(result.get("guarantee", "")),
+            epsilon=float(result.get("epsilon", 0.0)),
+            delta=float(result.get("delta", 0.0)),
             raw=dict(result),
         )
 
-    def bands(self, level: float = 0.95) -> list[tuple[float, float]] | None:
-        """Pointwise noise bands ``value ± z·sd`` (privacy noise only), if sd is public."""
-        return _bands(self.values, self.noise_sd, level)
+    def bands(self, noise_sd_upper_bound: float, level: float = 0.95) -> list[tuple[float, float]]:
+        """Pointwise privacy-noise bands ``estimate ± z·sd`` from the quote's public sd bound."""
+        bands = _bands(self.estimates, [float(noise_sd_upper_bound)] * len(self.estimates), level)
+        assert bands is not None
+        return bands
 
 
 def _bands(
@@ -134,32 +135,91 @@ def _bands(
 
 @dataclass(frozen=True)
 class FunctionEvaluation:
-    """Values of a released CATE function at query points (free: answered from the GP state)."""
+    """``POST /v1/functions/{id}/evaluate``: a released CATE function's values at points (free).
 
+    ``pointwise_noise_sd`` is the public sd of the privacy noise at any point (strict mode only;
+    ``None`` in paper mode); ``noise_sd`` repeats it per point for ``bands`` and the plots.
+    """
+
+    function_id: str
     points: list[list[float]]
     values: list[float]
-    noise_sd: list[float] | None
+    guarantee: str
+    pointwise_noise_sd: float | None
     raw: dict[str, Any] = field(repr=False)
 
     @classmethod
     def from_response(
         cls, body: dict[str, Any], points: Sequence[Sequence[float]]
     ) -> FunctionEvaluation:
+        """Pair the response (``EvaluateRead``) with the request's points, in order."""
         values = _floats(body.get("values"), "values")
-        returned = _points(body.get("points"))
-        pts = returned if returned is not None else [[float(c) for c in p] for p in points]
+        pts = [[float(c) for c in p] for p in points]
         if len(pts) != len(values):
             raise ValueError("points and values have different lengths")
+        sd = body.get("pointwise_noise_sd")
         return cls(
+            function_id=str(body.get("function_id", "")),
             points=pts,
             values=values,
-            noise_sd=_sd(_first(body, "noise_sd", "pointwise_noise_sd"), len(values)),
+            guarantee=str(body.get("guarantee", "")),
+            pointwise_noise_sd=float(sd) if sd is not None else None,
             raw=body,
         )
+
+    @property
+    def noise_sd(self) -> list[float] | None:
+        return _sd(self.pointwise_noise_sd, len(self.values))
 
     def bands(self, level: float = 0.95) -> list[tuple[float, float]] | None:
         """Pointwise noise bands ``value ± z·sd`` (the GP noise is correlated across points)."""
         return _bands(self.values, self.noise_sd, level)
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """``GET /v1/functions/{id}``: public metadata of a released function (``FunctionRead``).
+
+    ``status`` is ``open`` while it answers; ``t_max`` (exact basis only) is its capacity of
+    distinct points; ``public`` holds the release's public constants and the box
+    (``x_lower``, ``x_upper``).
+    """
+
+    id: str
+    dataset_id: str
+    status: str
+    basis: str
+    q: int
+    t_max: int | None
+    batch_max: int
+    public: dict[str, Any]
+
+    @classmethod
+    def from_response(cls, body: dict[str, Any]) -> FunctionInfo:
+        t_max = body.get("t_max")
+        return cls(
+            id=str(body["id"]),
+            dataset_id=str(body["dataset_id"]),
+            status=str(body["status"]),
+            basis=str(body["basis"]),
+            q=int(body["q"]),
+            t_max=int(t_max) if t_max is not None else None,
+            batch_max=int(body["batch_max"]),
+            public=dict(body.get("public") or {}),
+        )
+
+    @property
+    def pointwise_noise_sd(self) -> float | None:
+        sd = self.public.get("pointwise_noise_sd")
+        return float(sd) if sd is not None else None
+
+    @property
+    def box(self) -> tuple[list[float], list[float]] | None:
+        """The public covariate box ``(x_lower, x_upper)`` the points must lie in."""
+        lower, upper = self.public.get("x_lower"), self.public.get("x_upper")
+        if lower is None or upper is None:
+            return None
+        return _floats(lower, "x_lower"), _floats(upper, "x_upper")
 
 
 class _Evaluator(Protocol):
@@ -167,10 +227,16 @@ class _Evaluator(Protocol):
         self, function_id: str, points: Sequence[Sequence[float]]
     ) -> FunctionEvaluation: ...
 
+    def function_info(self, function_id: str) -> FunctionInfo: ...
+
 
 @dataclass(frozen=True)
 class FunctionHandle:
-    """A released CATE function (``kind: "cate_function"``); evaluating it costs no budget."""
+    """A released CATE function (``kind: "cate_function"``); evaluating it costs no budget.
+
+    The function's id is the release id. ``raw`` is the release result: public constants only
+    (``bandwidth``, ``lambda0``, ``basis``, ``pointwise_noise_sd`` in strict mode, ...).
+    """
 
     function_id: str
     release_id: str
@@ -182,94 +248,168 @@ class FunctionHandle:
     def from_release(cls, release: Release, client: _Evaluator | None = None) -> FunctionHandle:
         result = release.result or {}
         return cls(
-            function_id=str(result.get("function_id", release.id)),
+            function_id=release.id,
             release_id=release.id,
             guarantee=str(result.get("guarantee", release.guarantee)),
             raw=dict(result),
             _client=client,
         )
 
-    def evaluate(self, points: Sequence[Sequence[float]]) -> FunctionEvaluation:
-        """POST /v1/functions/{id}/evaluate: the function's DP values at ``points``."""
+    @property
+    def pointwise_noise_sd(self) -> float | None:
+        """Public sd of the privacy noise at any point (strict mode; ``None`` in paper mode)."""
+        sd = self.raw.get("pointwise_noise_sd")
+        return float(sd) if sd is not None else None
+
+    def _bound(self) -> _Evaluator:
         if self._client is None:
             raise RuntimeError("this handle is not bound to a client")
-        return self._client.evaluate_function(self.function_id, points)
+        return self._client
+
+    def evaluate(self, points: Sequence[Sequence[float]]) -> FunctionEvaluation:
+        """POST /v1/functions/{id}/evaluate: the function's DP values at ``points`` (free)."""
+        return self._bound().evaluate_function(self.function_id, points)
+
+    def info(self) -> FunctionInfo:
+        """GET /v1/functions/{id}: status, basis, capacity and the public constants."""
+        return self._bound().function_info(self.function_id)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """``POST /v1/releases/{id}/predict``: a stored ``ebm_cate`` / ``uplift_table`` model's CATE
+    at public points (free post-processing; no noise sd is published with it)."""
+
+    release_id: str
+    kind: str
+    guarantee: str
+    points: list[list[float]]
+    predictions: list[float]
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_response(cls, body: dict[str, Any], points: Sequence[Sequence[float]]) -> Prediction:
+        predictions = _floats(body.get("predictions"), "predictions")
+        pts = [[float(c) for c in p] for p in points]
+        if len(pts) != len(predictions):
+            raise ValueError("points and predictions have different lengths")
+        return cls(
+            release_id=str(body.get("release_id", "")),
+            kind=str(body.get("kind", "")),
+            guarantee=str(body.get("guarantee", "")),
+            points=pts,
+            predictions=predictions,
+            raw=body,
+        )
 
 
 @dataclass(frozen=True)
 class ShapeFunction:
-    """One term of an EBM: piecewise-constant scores over bins of a feature."""
+    """One term of an EBM: piecewise-constant values over bins of a feature.
+
+    ``edges`` are the public bounds with the DP cuts between them (``len(edges) ==
+    len(scores) + 1``); ``scores`` are the server's ``values``. The server names features
+    ``x0``, ``x1``, ... in schema order (``treatment`` first for the S-learner).
+    """
 
     feature: str
     edges: list[float]
     scores: list[float]
-    categorical: bool
+    categorical: bool = False
 
 
 @dataclass(frozen=True)
 class EbmShapeResult:
-    """DP-EBM CATE shape functions and intercept (``kind: "ebm_cate"``; provisional)."""
+    """A DP-EBM CATE model (``kind: "ebm_cate"``): the ATE read off it and its shape functions.
 
+    ``intercept`` is the model's intercept plus its offset (for the DR/R effect model this is
+    the ``ate``; for the S-learner, the outcome model's). Predict at points with
+    ``CuratorClient.predict`` (free).
+    """
+
+    ate: float
     intercept: float
+    learner: str
     shape_functions: list[ShapeFunction]
     guarantee: str
+    epsilon: float
+    delta: float
     raw: dict[str, Any] = field(repr=False)
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> EbmShapeResult:
         shapes = []
         for item in result.get("shape_functions", []):
-            edges = _floats(item.get("edges", item.get("bins", [])), "edges")
-            scores = _floats(_first(item, "scores", "values"), "scores")
-            categorical = bool(item.get("categorical", False))
-            if not categorical and len(edges) != len(scores) + 1:
-                raise ValueError("a numeric shape function needs len(edges) == len(scores) + 1")
-            if categorical and len(edges) != len(scores):
-                raise ValueError("a categorical shape function needs one score per code")
+            edges = _floats(item.get("edges"), "edges")
+            scores = _floats(item.get("values"), "values")
+            if len(edges) != len(scores) + 1:
+                raise ValueError("a shape function needs len(edges) == len(values) + 1")
             shapes.append(
-                ShapeFunction(
-                    feature=str(item.get("feature", item.get("name", ""))),
-                    edges=edges,
-                    scores=scores,
-                    categorical=categorical,
-                )
+                ShapeFunction(feature=str(item.get("feature", "")), edges=edges, scores=scores)
             )
+        model = result.get("model") or {}
+        inner = model.get("effect") or model.get("outcome") or {}
+        intercept = float(inner.get("intercept", 0.0)) + float(inner.get("offset", 0.0))
         return cls(
-            intercept=float(result.get("intercept", 0.0)),
+            ate=float(result.get("ate", intercept)),
+            intercept=intercept,
+            learner=str(result.get("learner", "")),
             shape_functions=shapes,
             guarantee=str(result.get("guarantee", "")),
+            epsilon=float(result.get("epsilon", 0.0)),
+            delta=float(result.get("delta", 0.0)),
             raw=dict(result),
         )
 
 
+UPLIFT_COLUMNS = (
+    "counts_control",
+    "counts_treated",
+    "mean_control",
+    "mean_treated",
+    "uplift",
+    "uplift_noise_sd",
+    "low_count",
+)
+
+
 @dataclass(frozen=True)
 class UpliftTable:
-    """A DP uplift table, one row per public cell (``kind: "uplift_table"``; provisional)."""
+    """A DP uplift table (``kind: "uplift_table"``), one row per public cell.
+
+    The server returns parallel per-cell lists (``UPLIFT_COLUMNS``); ``rows`` zips them with
+    the cell index. ``partition`` is the public ``grid`` (bins, box, row-major order) or the
+    DP k-means ``partition``. Look up points with ``CuratorClient.predict`` (free).
+    """
 
     columns: list[str]
     rows: list[dict[str, Any]]
+    cells: int
+    partition: dict[str, Any]
     guarantee: str
+    epsilon: float
     raw: dict[str, Any] = field(repr=False)
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> UpliftTable:
-        rows = result.get("rows")
-        if rows is None and isinstance(result.get("uplift"), list):
-            rows = _columnar_rows(result, len(result["uplift"]))
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise ValueError("result has neither 'rows' nor an 'uplift' column")
-        columns: list[str] = list(result.get("columns") or [])
-        for row in rows:
-            columns += [k for k in row if k not in columns]
+        uplift = result.get("uplift")
+        if not isinstance(uplift, list):
+            raise ValueError("result has no 'uplift' column")
+        n = len(uplift)
+        present = [c for c in UPLIFT_COLUMNS if isinstance(result.get(c), list)]
+        for name in present:
+            if len(result[name]) != n:
+                raise ValueError(f"result column '{name}' has a different length than 'uplift'")
+        rows = [{"cell": i, **{c: result[c][i] for c in present}} for i in range(n)]
         return cls(
-            columns=columns, rows=rows, guarantee=str(result.get("guarantee", "")), raw=result
+            columns=["cell", *present],
+            rows=rows,
+            cells=int(result.get("cells", n)),
+            partition=dict(result.get("grid") or result.get("partition") or {}),
+            guarantee=str(result.get("guarantee", "")),
+            epsilon=float(result.get("epsilon", 0.0)),
+            raw=dict(result),
         )
-
-
-def _columnar_rows(result: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """Rows from parallel per-cell lists (``uplift``, ``uplift_noise_sd``, ``mean_treated``...)."""
-    names = [k for k, v in result.items() if isinstance(v, list) and len(v) == n and k != "bins"]
-    return [{"cell": i, **{k: result[k][i] for k in names}} for i in range(n)]
 
 
 @dataclass(frozen=True)

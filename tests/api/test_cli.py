@@ -181,6 +181,102 @@ def test_errors_are_one_line_with_exit_status(run: Dpcurator, study: dict[str, s
     assert "does not exist" in missing.stderr
 
 
+def test_function_show_and_evaluate(run: Dpcurator, study: dict[str, str], tmp_path: Path) -> None:
+    owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
+    run(owner, "grant", "add", ds, study["analyst_id"])
+    ward = run.json(ADMIN_KEY, "principal", "create", "Ward", "--role", "client")
+    run(owner, "grant", "add", ds, ward["id"])
+    params = '{"nuisance": "none", "basis": "nystrom", "n_centres": 32}'
+    fn = run.json(
+        analyst,
+        "release",
+        "request",
+        ds,
+        "--kind",
+        "cate_function",
+        "-p",
+        "epsilon=1",
+        "--params",
+        params,
+    )
+    assert fn["status"] == "done"
+    fid = fn["id"]
+    before = run.json(owner, "budget", "show", ds)
+    assert before["epsilon_spent"] == 1.0
+
+    shown = run(ward["api_key"], "function", "show", fid).stdout
+    assert "nystrom" in shown
+    assert "pointwise noise sd" in shown
+    info = run.json(ward["api_key"], "function", "show", fid)
+    assert (info["id"], info["dataset_id"], info["q"]) == (fid, ds, 3)
+
+    points = "[[50, 0.3, 1], [70, 0.9, 0]]"
+    table = run(ward["api_key"], "function", "evaluate", fid, "--points", points).stdout
+    assert "95% noise band" in table
+    assert "no budget charged" in table
+    first = run.json(ward["api_key"], "function", "evaluate", fid, "--points", points)
+    assert first["function_id"] == fid
+    assert first["guarantee"] == "strict"
+    assert first["pointwise_noise_sd"] > 0
+    assert first["points"] == [[50.0, 0.3, 1.0], [70.0, 0.9, 0.0]]
+    # the same patients from a CSV file: covariate columns by name, in any order, ids ignored
+    patients = tmp_path / "patients.csv"
+    patients.write_text("patient_id,sex,severity,age\nP1,1,0.3,50\nP2,0,0.9,70\n")
+    again = run.json(ward["api_key"], "function", "evaluate", fid, "--csv", str(patients))
+    assert again["values"] == first["values"]  # identical answers for repeated points
+    bare = tmp_path / "bare.csv"
+    bare.write_text("50,0.3,1\n70,0.9,0\n")
+    assert (
+        run.json(analyst, "function", "evaluate", fid, "--csv", str(bare))["values"]
+        == (first["values"])
+    )
+    assert run.json(owner, "budget", "show", ds) == before  # evaluations are free
+
+    missing = tmp_path / "missing.csv"
+    missing.write_text("patient_id,age,sex\nP1,50,1\n")
+    err = run(ward["api_key"], "function", "evaluate", fid, "--csv", str(missing), code=2)
+    assert "severity" in err.stderr
+    run(ward["api_key"], "function", "evaluate", fid, code=2)  # neither --points nor --csv
+    out = run(ward["api_key"], "function", "evaluate", fid, "--points", "[[500, 0.3, 1]]", code=1)
+    assert out.stderr.startswith("error: validation-failed (422)")
+    assert (
+        "error: not-found (404)" in run(ward["api_key"], "function", "show", "nope", code=1).stderr
+    )
+
+
+def test_release_predict(run: Dpcurator, study: dict[str, str], tmp_path: Path) -> None:
+    owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
+    run(owner, "grant", "add", ds, study["analyst_id"])
+    table = run.json(
+        analyst,
+        "release",
+        "request",
+        ds,
+        "--kind",
+        "uplift_table",
+        "-p",
+        "epsilon=1",
+        "-p",
+        "bins=[2, 2, 2]",
+    )
+    assert table["status"] == "done"
+    shown = run(analyst, "release", "show", table["id"]).stdout
+    assert "uplift_noise_sd" in shown
+    spent = run.json(owner, "budget", "show", ds)["epsilon_spent"]
+    points = tmp_path / "points.csv"
+    points.write_text("age,severity,sex\n30,0.2,0\n80,0.8,1\n")
+    text = run(analyst, "release", "predict", table["id"], "--csv", str(points)).stdout
+    assert "uplift_table" in text
+    pred = run.json(analyst, "release", "predict", table["id"], "--points", "[[30, 0.2, 0]]")
+    assert pred["kind"] == "uplift_table"
+    assert len(pred["predictions"]) == 1
+    assert run.json(owner, "budget", "show", ds)["epsilon_spent"] == spent
+    bad = run(analyst, "release", "predict", table["id"], "--points", "[[30, 2, 0]]", code=1)
+    assert bad.stderr.startswith("error: validation-failed (422)")
+    assert "points/0/1" in bad.stderr
+    run(analyst, "release", "predict", table["id"], "--points", "not json", code=2)
+
+
 def test_entry_point_never_prints_a_traceback(live_url: str) -> None:
     env = {**os.environ, "CURATOR_URL": live_url, "CURATOR_KEY": "wrong-key"}
     cmd = [sys.executable, "-m", "service.cli"]

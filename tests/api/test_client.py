@@ -22,17 +22,23 @@ from service.client import (
     AteResult,
     BudgetExhausted,
     CuratorClient,
+    EbmShapeResult,
     Forbidden,
+    FunctionEvaluation,
+    FunctionHandle,
+    FunctionInfo,
     IdempotencyKeyReused,
     InvalidCsv,
     InvalidSchema,
     NotFound,
+    Prediction,
     PrincipalCapExceeded,
     ProblemError,
     Release,
     TransportError,
     Unauthenticated,
     UnknownReleaseKind,
+    UpliftTable,
     ValidationFailed,
 )
 from service.client.errors import problem_from_body
@@ -268,12 +274,95 @@ def test_problems_become_typed_exceptions(setup: Callable[..., Setup]) -> None:
     assert s.owner.get_budget(ds).epsilon_spent == 0.0
 
 
-def test_function_evaluate_reaches_its_endpoint(setup: Callable[..., Setup]) -> None:
-    # The functions endpoint lands with the cate_function kind (issue 6); an unknown id is
-    # not-found before and after, so this checks the route and the error mapping only.
+FUNCTION = {"epsilon": 1.0, "nuisance": "none", "basis": "nystrom", "n_centres": 32}
+PATIENTS = [[50.0, 0.3, 1.0], [70.0, 0.9, 0.0], [35.5, 0.1, 1.0]]
+
+
+def test_function_handle_evaluates_for_free(setup: Callable[..., Setup]) -> None:
     s = setup()
+    ds = s.dataset.id
+    client_p = s.admin.create_principal("ward", "client")
+    s.owner.grant(ds, client_p.id)
+    clinic = s.client(client_p.api_key)
+    release = s.analyst.release(ds, "cate_function", FUNCTION)
+    analyst_handle = s.analyst.result(release)
+    assert isinstance(analyst_handle, FunctionHandle)
+    assert analyst_handle.function_id == release.id
+    sd = analyst_handle.pointwise_noise_sd
+    assert sd is not None
+    assert sd > 0
+    spent = s.owner.get_budget(ds)
+    assert spent.epsilon_spent == pytest.approx(1.0)
+
+    handle = clinic.function(release.id)
+    info = handle.info()
+    assert isinstance(info, FunctionInfo)
+    assert (info.id, info.dataset_id, info.status, info.basis, info.q) == (
+        release.id,
+        ds,
+        "open",
+        "nystrom",
+        3,
+    )
+    assert info.t_max is None  # finite basis: no capacity limit
+    assert info.pointwise_noise_sd == pytest.approx(sd)
+    assert info.box == ([18.0, 0.0, 0.0], [90.0, 1.0, 1.0])
+
+    first = handle.evaluate(PATIENTS)
+    assert isinstance(first, FunctionEvaluation)
+    assert first.function_id == release.id
+    assert first.guarantee == "strict"
+    assert first.points == PATIENTS
+    assert first.pointwise_noise_sd == pytest.approx(sd)
+    again = handle.evaluate(list(reversed(PATIENTS)))
+    assert again.values == list(reversed(first.values))  # identical, not re-noised
+    by_analyst = analyst_handle.evaluate(PATIENTS[:1])
+    assert by_analyst.values == first.values[:1]  # one shared state for every caller
+    after = s.owner.get_budget(ds)
+    assert (after.epsilon_spent, after.delta_spent) == (spent.epsilon_spent, spent.delta_spent)
+    assert [e.entry_type for e in s.owner.ledger(ds)].count("charge") == 1
+
+    with pytest.raises(ValidationFailed) as outside:
+        handle.evaluate([[50.0, 0.3, 1.0], [500.0, 0.3, 1.0]])
+    assert any(e["pointer"] == "#/points/1/0" for e in outside.value.errors)
     with pytest.raises(NotFound):
-        s.analyst.evaluate_function("no-such-function", [[50.0, 0.5, 1.0]])
+        clinic.evaluate_function("no-such-function", PATIENTS)
+    with pytest.raises(NotFound):
+        clinic.function_info("no-such-function")
+    with pytest.raises(ValidationFailed):  # a function is not a predict-able release
+        clinic.predict(release.id, PATIENTS)
+
+
+@pytest.mark.parametrize(
+    ("kind", "params"),
+    [("ebm_cate", {"epsilon": 1.0}), ("uplift_table", {"epsilon": 1.0, "bins": [2, 2, 2]})],
+)
+def test_predict_is_free_and_deterministic(
+    setup: Callable[..., Setup], kind: str, params: dict[str, Any]
+) -> None:
+    s = setup()
+    ds = s.dataset.id
+    release = s.analyst.release(ds, kind, params)
+    parsed = s.analyst.result(release)
+    assert isinstance(parsed, EbmShapeResult if kind == "ebm_cate" else UpliftTable)
+    spent = s.owner.get_budget(ds).epsilon_spent
+    first = s.analyst.predict(release.id, PATIENTS)
+    assert isinstance(first, Prediction)
+    assert (first.release_id, first.kind, first.guarantee) == (release.id, kind, "strict")
+    assert len(first.predictions) == len(PATIENTS)
+    assert s.analyst.predict(release.id, PATIENTS).predictions == first.predictions
+    assert s.owner.get_budget(ds).epsilon_spent == spent
+    if isinstance(parsed, UpliftTable):
+        assert parsed.cells == 8 == len(parsed.rows)
+        assert parsed.partition["bins"] == [2, 2, 2]
+        assert set(first.predictions) <= {row["uplift"] for row in parsed.rows}
+    else:
+        assert isinstance(parsed, EbmShapeResult)
+        assert [f.feature for f in parsed.shape_functions] == ["x0", "x1", "x2"]
+        assert parsed.ate == pytest.approx(parsed.intercept)
+    with pytest.raises(ValidationFailed) as outside:
+        s.analyst.predict(release.id, [[50.0, 1.5, 0.0]])
+    assert any(e["pointer"] == "#/points/0/1" for e in outside.value.errors)
 
 
 def test_unreachable_server_is_a_transport_error() -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +65,23 @@ def test_observational_example(live_url: str, tmp_path: Path) -> None:
     assert "chain valid: True" in out
     for png in ("observational_ate.png", "observational_budget.png"):
         assert (tmp_path / png).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_cate_function_loop_example(live_url: str, tmp_path: Path) -> None:
+    started = time.monotonic()
+    out = run_example("cate_function_loop.py", live_url, tmp_path)
+    elapsed = time.monotonic() - started
+    assert "release a strict cate_function" in out
+    repeats = re.search(r"repeated patients: (\d+), identical answers: (\d+)/(\d+)", out)
+    assert repeats is not None, out
+    assert int(repeats[1]) > 0
+    assert repeats[1] == repeats[2] == repeats[3]
+    assert "re-asking the first batch returns identical values: True" in out
+    assert "(unchanged: True)" in out
+    assert "chain valid: True" in out
+    for png in ("cate_function_slice.png", "cate_function_budget.png"):
+        assert (tmp_path / png).read_bytes()[:8] == PNG_MAGIC
+    assert elapsed < 30, f"--quick took {elapsed:.1f} s"
 
 
 def test_observational_data_is_reproducible(tmp_path: Path) -> None:

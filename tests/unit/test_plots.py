@@ -21,7 +21,9 @@ from service.client.results import (
     EbmShapeResult,
     FunctionEvaluation,
     FunctionHandle,
+    FunctionInfo,
     GenericResult,
+    Prediction,
     UpliftTable,
     parse_result,
     z_value,
@@ -105,86 +107,174 @@ def test_budget_spend_plot(tmp_path: Path) -> None:
         plot_budget_spend([], tmp_path / "empty.png")
 
 
-def test_cate_vector_bands() -> None:
-    parsed = parse_result(
-        release(
-            "cate_vector",
-            {"values": [0.5, 1.5], "points": [[0.1], [0.9]], "noise_sd": 0.1, "guarantee": "x"},
-        )
+def test_cate_vector_result_matches_the_kind() -> None:
+    # The shape of service/mechanisms/cate_vector.run(): estimates; points are the request's.
+    result = {
+        "mode": "strict",
+        "guarantee": "strict",
+        "learner": "r",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "queries": 2,
+        "estimates": [0.5, 1.5],
+    }
+    r = release("cate_vector", result).model_copy(
+        update={"params": {"points": [[1.0, 2.0], [3.0, 4.0]]}}
     )
+    parsed = parse_result(r)
     assert isinstance(parsed, CateVectorResult)
-    bands = parsed.bands(0.95)
-    assert bands is not None
+    assert parsed.estimates == [0.5, 1.5]
+    assert parsed.points == [[1.0, 2.0], [3.0, 4.0]]
+    assert (parsed.learner, parsed.guarantee, parsed.epsilon) == ("r", "strict", 1.0)
+    bands = parsed.bands(0.1, 0.95)  # the quote's noise_sd_upper_bound
     assert bands[0] == pytest.approx((0.5 - 0.195996, 0.5 + 0.195996), abs=1e-5)
     assert z_value(0.95) == pytest.approx(1.959964, abs=1e-6)
-    spelled = release("cate_vector", {"estimates": [0.2, 0.4], "noise_sd_upper_bound": 0.3})
-    spelled = spelled.model_copy(update={"params": {"points": [[1.0, 2.0], [3.0, 4.0]]}})
-    alias = parse_result(spelled)
-    assert isinstance(alias, CateVectorResult)
-    assert alias.points == [[1.0, 2.0], [3.0, 4.0]]
-    assert alias.noise_sd == [0.3, 0.3]
-    no_sd = CateVectorResult.from_result({"values": [1.0]})
-    assert no_sd.bands() is None
     with pytest.raises(ValueError, match="different lengths"):
-        CateVectorResult.from_result({"values": [1.0], "points": [[0.0], [1.0]]})
-    with pytest.raises(ValueError, match="noise_sd"):
-        CateVectorResult.from_result({"values": [1.0, 2.0], "noise_sd": [0.1]})
+        CateVectorResult.from_result({"estimates": [1.0], "points": [[0.0], [1.0]]})
+    with pytest.raises(ValueError, match="estimates"):
+        CateVectorResult.from_result({"values": [1.0]})
+
+
+class FakeEvaluator:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def evaluate_function(self, function_id: str, points: Any) -> FunctionEvaluation:
+        self.calls.append(function_id)
+        body = {
+            "function_id": function_id,
+            "values": [0.25] * len(points),
+            "guarantee": "strict",
+            "pointwise_noise_sd": 0.5,
+        }
+        return FunctionEvaluation.from_response(body, points)
+
+    def function_info(self, function_id: str) -> FunctionInfo:
+        return FunctionInfo.from_response(
+            {
+                "id": function_id,
+                "dataset_id": "d1",
+                "status": "open",
+                "basis": "nystrom",
+                "q": 2,
+                "t_max": None,
+                "batch_max": 1000,
+                "public": {"pointwise_noise_sd": 0.5, "x_lower": [0, 0], "x_upper": [1, 1]},
+            }
+        )
 
 
 def test_function_handle_and_slice_plot(tmp_path: Path) -> None:
-    handle = parse_result(release("cate_function", {"function_id": "f-9", "guarantee": "paper"}))
+    # The release result of cate_function holds public constants only; its id is the release's.
+    handle = parse_result(
+        release("cate_function", {"guarantee": "strict", "pointwise_noise_sd": 0.5}, rid="r7")
+    )
     assert isinstance(handle, FunctionHandle)
-    assert handle.function_id == "f-9"
+    assert handle.function_id == handle.release_id == "r7"
+    assert handle.pointwise_noise_sd == 0.5
     with pytest.raises(RuntimeError, match="not bound"):
         handle.evaluate([[0.0]])
-    default = FunctionHandle.from_release(release("cate_function", {}, rid="r7"))
-    assert default.function_id == "r7"
+    fake = FakeEvaluator()
+    bound = FunctionHandle.from_release(release("cate_function", {}, rid="r8"), fake)
+    assert bound.evaluate([[0.1, 0.2]]).values == [0.25]
+    info = bound.info()
+    assert (info.id, info.basis, info.t_max, info.pointwise_noise_sd) == (
+        "r8",
+        "nystrom",
+        None,
+        0.5,
+    )
+    assert info.box == ([0.0, 0.0], [1.0, 1.0])
+    assert fake.calls == ["r8"]
 
     points = [[x / 10, 0.5] for x in range(10, -1, -1)]  # unsorted on purpose
-    body = {"values": [p[0] * 2 - 0.5 for p in points], "noise_sd": [0.2] * len(points)}
+    body = {  # EvaluateRead: function_id, values, guarantee, pointwise_noise_sd (a scalar)
+        "function_id": "r7",
+        "values": [p[0] * 2 - 0.5 for p in points],
+        "guarantee": "strict",
+        "pointwise_noise_sd": 0.2,
+    }
     evaluation = FunctionEvaluation.from_response(body, points)
+    assert (evaluation.function_id, evaluation.guarantee) == ("r7", "strict")
+    assert evaluation.points == points
     bands = evaluation.bands(0.9)
     assert bands is not None
     assert bands[0][1] - bands[0][0] == pytest.approx(2 * 1.644854 * 0.2, abs=1e-5)
-    served = FunctionEvaluation.from_response({"values": [1.0], "pointwise_noise_sd": 0.5}, [[0]])
-    assert served.noise_sd == [0.5]
+    paper = FunctionEvaluation.from_response({"values": [1.0], "pointwise_noise_sd": None}, [[0]])
+    assert paper.pointwise_noise_sd is None
+    assert paper.bands() is None
+    with pytest.raises(ValueError, match="different lengths"):
+        FunctionEvaluation.from_response({"values": [1.0, 2.0]}, [[0]])
     assert is_png(plot_cate_slice(evaluation, tmp_path / "slice.png", axis=0, feature="severity"))
 
 
+def test_prediction_response() -> None:
+    # PredictRead of POST /v1/releases/{id}/predict (a synthetic body in the server's shape).
+    body = {"release_id": "r1", "kind": "ebm_cate", "guarantee": "strict", "predictions": [1.5, 2]}
+    pr = Prediction.from_response(body, [[50, 0.3, 1], [60, 0.5, 0]])
+    assert pr.predictions == [1.5, 2.0]
+    assert pr.points == [[50.0, 0.3, 1.0], [60.0, 0.5, 0.0]]
+    assert (pr.release_id, pr.kind, pr.guarantee) == ("r1", "ebm_cate", "strict")
+    with pytest.raises(ValueError, match="different lengths"):
+        Prediction.from_response(body, [[50, 0.3, 1]])
+
+
 def test_ebm_shape_functions(tmp_path: Path) -> None:
+    # The shape of service/mechanisms/ebm_cate.run() (DR learner): ate, model, shape_functions.
     result = {
-        "intercept": 0.9,
+        "mode": "strict",
         "guarantee": "strict",
+        "learner": "dr",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "ate": 0.9,
+        "model": {"kind": "effect", "effect": {"intercept": 0.8, "offset": 0.1}},
         "shape_functions": [
-            {"feature": "age", "edges": [18, 40, 65, 90], "scores": [-0.1, 0.0, 0.2]},
-            {"feature": "severity", "edges": [0, 0.5, 1], "scores": [-0.3, 0.3]},
-            {"feature": "sex", "edges": [0, 1], "scores": [0.05, -0.05], "categorical": True},
-            {"feature": "bmi", "edges": [16, 30, 45], "values": [0.0, 0.1]},
+            {"feature": "x0", "edges": [18, 40, 65, 90], "values": [-0.1, 0.0, 0.2]},
+            {"feature": "x1", "edges": [0, 0.5, 1], "values": [-0.3, 0.3]},
+            {"feature": "x2", "edges": [0, 1], "values": [0.05]},
         ],
     }
     parsed = parse_result(release("ebm_cate", result))
     assert isinstance(parsed, EbmShapeResult)
-    assert [s.feature for s in parsed.shape_functions] == ["age", "severity", "sex", "bmi"]
-    assert parsed.intercept == 0.9
+    assert [s.feature for s in parsed.shape_functions] == ["x0", "x1", "x2"]
+    assert parsed.shape_functions[0].scores == [-0.1, 0.0, 0.2]
+    assert parsed.ate == 0.9
+    assert parsed.intercept == pytest.approx(0.9)
+    assert parsed.learner == "dr"
     assert is_png(plot_shape_functions(parsed, tmp_path / "shapes.png"))
     with pytest.raises(ValueError, match="len\\(edges\\)"):
-        EbmShapeResult.from_result({"shape_functions": [{"edges": [0, 1], "scores": [1, 2]}]})
+        EbmShapeResult.from_result({"shape_functions": [{"edges": [0, 1], "values": [1, 2]}]})
 
 
 def test_uplift_table_and_unknown_kinds() -> None:
-    parsed = parse_result(
-        release(
-            "uplift_table",
-            {"rows": [{"cell": "a", "uplift": 0.2}, {"cell": "b", "uplift": 0.4, "n": 10}]},
-        )
-    )
+    # The shape of service/mechanisms/uplift.run(): parallel per-cell lists and the grid.
+    result = {
+        "guarantee": "strict",
+        "epsilon": 1.0,
+        "delta": 0.0,
+        "grid": {"type": "grid", "bins": [2], "lower": [0], "upper": [1]},
+        "cells": 2,
+        "count_noise_scale": 2.0,
+        "counts_control": [10.0, 12.0],
+        "counts_treated": [11.0, 9.0],
+        "mean_control": [0.1, 0.2],
+        "mean_treated": [0.2, 0.5],
+        "uplift": [0.1, 0.3],
+        "uplift_noise_sd": [0.05, 0.06],
+        "low_count": [False, True],
+    }
+    parsed = parse_result(release("uplift_table", result))
     assert isinstance(parsed, UpliftTable)
-    assert parsed.columns == ["cell", "uplift", "n"]
-    columnar = UpliftTable.from_result(
-        {"cells": 2, "uplift": [0.1, 0.3], "uplift_noise_sd": [0.05, 0.06], "bins": [2]}
-    )
-    assert columnar.columns == ["cell", "uplift", "uplift_noise_sd"]
-    assert columnar.rows[1] == {"cell": 1, "uplift": 0.3, "uplift_noise_sd": 0.06}
+    assert parsed.columns[:2] == ["cell", "counts_control"]
+    assert parsed.columns[-3:] == ["uplift", "uplift_noise_sd", "low_count"]
+    assert parsed.rows[1]["uplift"] == 0.3
+    assert parsed.rows[1]["low_count"] is True
+    assert (parsed.cells, parsed.partition["bins"], parsed.epsilon) == (2, [2], 1.0)
+    with pytest.raises(ValueError, match="uplift"):
+        UpliftTable.from_result({"rows": [{"uplift": 0.2}]})
+    with pytest.raises(ValueError, match="different length"):
+        UpliftTable.from_result({"uplift": [0.1, 0.2], "mean_control": [0.1]})
     other = parse_result(release("future_kind", {"x": 1}))
     assert isinstance(other, GenericResult)
     assert other.raw == {"x": 1}
