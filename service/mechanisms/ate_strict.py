@@ -67,10 +67,7 @@ References:
 from __future__ import annotations
 
 import math
-import threading
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -81,8 +78,6 @@ from scipy.special import ndtri
 from service.mechanisms import dp_linear
 from service.mechanisms.calibration import (
     default_delta,
-    gdp_delta,
-    round_down_significant,
     round_up_significant,
     validate_alpha,
     validate_delta,
@@ -90,6 +85,14 @@ from service.mechanisms.calibration import (
     validate_finite_positive,
 )
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.dp_ebm import (
+    DpEbmAccounting,
+    dp_ebm_event,
+    fit_classifier,
+    fit_regressor,
+    solve_dp_ebm_epsilon_p,
+)
+from service.mechanisms.dp_ebm import interpret_guard as _interpret_guard
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
 from service.mechanisms.records import (
@@ -118,25 +121,9 @@ DEFAULT_NUISANCE_SHARE = 0.5  # cross-fitting: share of epsilon and delta for th
 CROSS_FIT_FOLDS = (0.5, 0.5)  # cross-fitting: two halves
 _FOLD_SUM_TOLERANCE = 1e-9
 
-# DP-EBM hyperparameters: interpret 0.7.8 defaults (dp_ebm_learners.md §8). Timed at
-# q = 20 features: about 4 s per fit at 250,000 rows on one core, so n = 10^6 runs in well
-# under a minute; no reduction of max_rounds is needed.
-DP_EBM_MAX_BINS = 32
-DP_EBM_MAX_ROUNDS = 300
-DP_EBM_LEARNING_RATE = 0.01
-DP_EBM_MAX_LEAVES = 3
-DP_EBM_BIN_BUDGET_FRAC = 0.1
-DP_EBM_OUTER_BAGS = 1
-# Relative slack on GDP mu: the epsilon_p solve requires the check to hold at mu * (1 + slack),
-# and the fitted models' noise scales are verified to imply a mu within it.
-_MU_RTOL = 1e-9
 # Float summation slack (module helper ``_float_slack``): fsum and one division add at most
 # about 2.01 * 2^-53 * B of error on each side of a mean of values in [-B, B].
 _FLOAT_SLACK_BITS = 50
-
-# interpret's warnings are promoted to errors inside this lock; ``warnings.catch_warnings`` is
-# process-global, so concurrent fits in other threads must not interleave with it.
-_INTERPRET_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -179,98 +166,6 @@ class AteStrictParams:
 
 
 # ---- DP-EBM accounting (README §1.2, dp_ebm_learners.md §4, §7) -----------------------------
-
-
-@dataclass(frozen=True)
-class DpEbmAccounting:
-    """The privacy of one interpret DP-EBM fit, with the mu values interpret actually uses.
-
-    interpret splits (epsilon_p, delta_p) into binning (beta epsilon_p, delta_p / 2) and
-    boosting ((1 - beta) epsilon_p, delta_p / 2) and calibrates each part to the mu returned by
-    its own bisection (``calc_gdp_noise_multi``). Under add/remove the fit is
-    ``hypot(mu_binning, mu_boosting)``-GDP; under replace-one at most twice that.
-    """
-
-    epsilon_p: float
-    delta_p: float
-    mu_binning: float
-    mu_boosting: float
-
-    @property
-    def mu_add_remove(self) -> float:
-        return math.hypot(self.mu_binning, self.mu_boosting)
-
-    @property
-    def mu_replace_one(self) -> float:
-        return 2.0 * self.mu_add_remove
-
-
-def dp_ebm_accounting(epsilon_p: float, delta_p: float) -> DpEbmAccounting:
-    """The mu values interpret 0.7.8 uses for a DP-EBM fit at (epsilon_p, delta_p).
-
-    Reproduces interpret's split exactly (``bin_eps = epsilon * bin_budget_frac``, ``training
-    eps = epsilon - bin_eps``, ``delta / 2`` each) and calls its own bisection.
-
-    Args:
-        epsilon_p: the epsilon passed to interpret.
-        delta_p: the delta passed to interpret.
-
-    Returns:
-        The accounting.
-    """
-    from interpret.utils._privacy import calc_gdp_noise_multi
-
-    bin_epsilon = epsilon_p * DP_EBM_BIN_BUDGET_FRAC
-    bin_delta = delta_p / 2
-    training_epsilon = epsilon_p - bin_epsilon
-    training_delta = delta_p - bin_delta
-    try:
-        mu_binning = 1.0 / float(calc_gdp_noise_multi(1, bin_epsilon, bin_delta))
-        mu_boosting = 1.0 / float(calc_gdp_noise_multi(1, training_epsilon, training_delta))
-    except (ValueError, ArithmeticError):
-        raise InvalidParameters("(epsilon, delta) outside the DP-EBM accountant's range") from None
-    return DpEbmAccounting(epsilon_p, delta_p, mu_binning, mu_boosting)
-
-
-def solve_dp_ebm_epsilon_p(epsilon: float, delta: float) -> DpEbmAccounting:
-    """Largest epsilon_p (rounded down) whose replace-one DP-EBM fit is (epsilon, delta)-DP.
-
-    README §1.2: pass epsilon_p with ``gdp_delta(epsilon, 2 mu(epsilon_p, delta)) <= delta``,
-    where mu is what interpret actually uses (``dp_ebm_accounting``), checked here with a
-    relative slack of 1e-9 on mu.
-
-    Args:
-        epsilon: the module's target epsilon.
-        delta: the module's delta (also passed to interpret).
-
-    Returns:
-        The accounting at the solved epsilon_p.
-    """
-
-    def is_valid(epsilon_p: float) -> bool:
-        accounting = dp_ebm_accounting(epsilon_p, delta)
-        return gdp_delta(epsilon, accounting.mu_replace_one * (1.0 + _MU_RTOL)) <= delta
-
-    if is_valid(epsilon):
-        return dp_ebm_accounting(epsilon, delta)
-    lower, upper = epsilon / 8.0, epsilon
-    while not is_valid(lower):
-        upper = lower
-        lower /= 2.0
-        if lower < 1e-6:
-            raise InvalidParameters("epsilon is too small for a DP-EBM fit")
-    for _ in range(80):
-        if upper - lower <= 1e-13 * upper:
-            break
-        middle = 0.5 * (lower + upper)
-        if is_valid(middle):
-            lower = middle
-        else:
-            upper = middle
-    # Round down to 10 significant digits; re-check (the bracket's lower end is valid).
-    rounded = round_down_significant(lower, 10)
-    epsilon_p = rounded if is_valid(rounded) else lower
-    return dp_ebm_accounting(epsilon_p, delta)
 
 
 # ---- pure D_2 helpers (tested directly for sensitivity) -------------------------------------
@@ -686,28 +581,14 @@ def _dp_ebm_event(
     target_range: float,
 ) -> NoiseEvent:
     learner = "Classifier" if module == "propensity" else "Regressor"
-    return NoiseEvent(
-        type="gdp_module",
-        module=module,
-        epsilon=epsilon,
-        delta=delta,
-        params={
-            "learner": f"interpret-core 0.7.8 DPExplainableBoosting{learner}",
-            "epsilon_p": accounting.epsilon_p,
-            "delta_p": accounting.delta_p,
-            "mu_binning": accounting.mu_binning,
-            "mu_boosting": accounting.mu_boosting,
-            "mu_add_remove": accounting.mu_add_remove,
-            "mu": accounting.mu_replace_one,
-            "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
-            "max_bins": DP_EBM_MAX_BINS,
-            "max_rounds": DP_EBM_MAX_ROUNDS,
-            "learning_rate": DP_EBM_LEARNING_RATE,
-            "max_leaves": DP_EBM_MAX_LEAVES,
-            "outer_bags": DP_EBM_OUTER_BAGS,
-            "n_features": n_features,
-            "target_range": target_range,
-        },
+    return dp_ebm_event(
+        module,
+        epsilon,
+        delta,
+        accounting,
+        n_features=n_features,
+        target_range=target_range,
+        learner=learner,
     )
 
 
@@ -896,14 +777,6 @@ def epsilon_for_half_width(
 # ---- running (after the charge) -------------------------------------------------------------
 
 
-@contextmanager
-def _interpret_guard() -> Iterator[None]:
-    """Serialise interpret calls and turn every warning inside them into an error."""
-    with _INTERPRET_LOCK, warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
-
-
 def _prepare(
     arrays: Arrays, domain: PublicDomain
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
@@ -924,69 +797,20 @@ def _prepare(
 prepare_arrays = _prepare
 
 
-def _dp_ebm_common(accounting: DpEbmAccounting) -> dict[str, Any]:
-    return {
-        "epsilon": accounting.epsilon_p,
-        "delta": accounting.delta_p,
-        "composition": "gdp",
-        "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
-        "max_bins": DP_EBM_MAX_BINS,
-        "max_rounds": DP_EBM_MAX_ROUNDS,
-        "learning_rate": DP_EBM_LEARNING_RATE,
-        "max_leaves": DP_EBM_MAX_LEAVES,
-        "outer_bags": DP_EBM_OUTER_BAGS,
-        "validation_size": 0,
-        "n_jobs": 1,
-        "random_state": None,  # never a fixed seed (threats.md §2)
-    }
-
-
-def _check_fitted_noise(
-    model: Any, accounting: DpEbmAccounting, n_features: int, target_range: float
-) -> None:
-    """Verify from the fitted noise scales that the fit is within the planned mu."""
-    mu_binning = math.sqrt(n_features) / float(model.noise_scale_binning_)
-    queries = DP_EBM_MAX_ROUNDS * n_features * DP_EBM_OUTER_BAGS
-    mu_boosting = (
-        math.sqrt(queries)
-        * DP_EBM_LEARNING_RATE
-        * target_range
-        / float(model.noise_scale_boosting_)
-    )
-    if 2.0 * math.hypot(mu_binning, mu_boosting) > accounting.mu_replace_one * (1.0 + _MU_RTOL):
-        raise ValueError("DP-EBM noise scale below the planned calibration")
-
-
 def _fit_propensity(
     x: NDArray[np.float64], a: NDArray[np.float64], domain: PublicDomain, state: _Plan
 ) -> Any:
-    """DP-EBM classifier for P(A = 1 | X) on D_pi (ate_ci.md §3.2 step 3)."""
-    from interpret.privacy import DPExplainableBoostingClassifier
+    """DP-EBM classifier for P(A = 1 | X) on D_pi (ate_ci.md §3.2 step 3).
 
-    accounting = state.dp_ebm
-    if accounting is None:
+    proof step 2a: ``fit_classifier`` adds two public anchor rows (A = 0 and A = 1 at the box
+    centre), so interpret's data-derived ``classes_`` is constant; the fit on D_pi + anchors is
+    a DP function of D_pi.
+    """
+    if state.dp_ebm is None:
         raise ValueError("no DP-EBM accounting in this plan")
     lower = np.asarray(domain.x_lower, dtype=np.float64)
     upper = np.asarray(domain.x_upper, dtype=np.float64)
-    q = domain.q
-    # proof step 2a: two public anchor rows (A = 0 and A = 1 at the box centre) make both
-    # classes present in every fit, so interpret's data-derived ``classes_`` is constant and
-    # never reveals that a fold holds a single class. They are public constants: the fit on
-    # D_pi + anchors is a DP function of D_pi.
-    centre = (lower + upper) / 2.0
-    x_fit = np.vstack([x, centre, centre])
-    a_fit = np.concatenate([a, [0.0, 1.0]]).astype(np.int64)
-    model = DPExplainableBoostingClassifier(
-        **_dp_ebm_common(accounting),
-        feature_types=["continuous"] * q,
-        privacy_bounds=[(float(lo), float(hi)) for lo, hi in zip(lower, upper, strict=True)],
-    )
-    with _interpret_guard():
-        model.fit(x_fit, a_fit)
-    if list(np.asarray(model.classes_).tolist()) != [0, 1]:
-        raise ValueError("unexpected classes")
-    _check_fitted_noise(model, accounting, q, 1.0)
-    return model
+    return fit_classifier(x, a, lower, upper, state.dp_ebm)
 
 
 def _fit_outcome(
@@ -996,32 +820,18 @@ def _fit_outcome(
     domain: PublicDomain,
     state: _Plan,
 ) -> tuple[Any, float]:
-    """DP-EBM regressor for E[Y | X, A] on D_mu, A a continuous feature on (0, 1), centred Y."""
-    from interpret.privacy import DPExplainableBoostingRegressor
+    """DP-EBM regressor for E[Y | X, A] on D_mu, A a continuous feature on (0, 1), centred Y.
 
-    accounting = state.dp_ebm
-    if accounting is None:
+    proof step 2b: the target is centred on the public midpoint (dp_ebm_learners.md §3.2,
+    §7.4); predict with ``model.predict(column_stack([a, x])) + midpoint``.
+    """
+    if state.dp_ebm is None:
         raise ValueError("no DP-EBM accounting in this plan")
-    lower = np.asarray(domain.x_lower, dtype=np.float64)
-    upper = np.asarray(domain.x_upper, dtype=np.float64)
-    # proof step 2b: centre the target on the public midpoint (dp_ebm_learners.md §3.2, §7.4).
-    midpoint = (domain.y_lower + domain.y_upper) / 2.0
-    target_min = domain.y_lower - midpoint
-    target_max = domain.y_upper - midpoint
-    model = DPExplainableBoostingRegressor(
-        **_dp_ebm_common(accounting),
-        feature_types=["continuous"] * (domain.q + 1),
-        privacy_bounds=[(0.0, 1.0)]
-        + [(float(lo), float(hi)) for lo, hi in zip(lower, upper, strict=True)],
-        privacy_target_min=target_min,
-        privacy_target_max=target_max,
+    lower = np.concatenate([[0.0], np.asarray(domain.x_lower, dtype=np.float64)])
+    upper = np.concatenate([[1.0], np.asarray(domain.x_upper, dtype=np.float64)])
+    return fit_regressor(
+        np.column_stack([a, x]), y, lower, upper, domain.y_lower, domain.y_upper, state.dp_ebm
     )
-    with _interpret_guard():
-        model.fit(np.column_stack([a, x]), y - midpoint)
-    _check_fitted_noise(
-        model, accounting, domain.q + 1, float(model.max_target_) - float(model.min_target_)
-    )
-    return model, midpoint
 
 
 def _release(values: float, calibration: GaussianCalibration, noise: NoiseSampler) -> float:

@@ -13,7 +13,7 @@ Neighbouring relation:
 
 Claim (strict mode, ``docs/proofs/cate_function.md``):
     * nuisances: DP-EBM propensity on D_pi and outcome on D_mu, each (epsilon, delta)-DP
-      (``ate_strict.solve_dp_ebm_epsilon_p``), predictions clipped to public ranges;
+      (``dp_ebm.solve_dp_ebm_epsilon_p``), predictions clipped to public ranges;
     * second stage on D_2 (n2 rows): the minimiser of ``(1/n2) sum l_i(g(x_i)) + lambda0
       |g|^2_{k0}`` over the RKHS of ``k0`` (or the span of public Nystrom centres, or public
       random features) with ``l_i`` convex and L-Lipschitz on the reachable range (§3.4) has
@@ -55,6 +55,7 @@ import scipy.linalg
 from numpy.typing import NDArray
 
 from service.mechanisms import ate_strict, gp
+from service.mechanisms import dp_ebm as dp_ebm_lib
 from service.mechanisms.calibration import (
     analytic_gaussian_multiplier,
     hall_constant,
@@ -256,7 +257,7 @@ class Plan:
     fold_sizes: tuple[int, ...]
     propensity: float | None  # RCT: p
     propensity_bound: float
-    dp_ebm: ate_strict.DpEbmAccounting | None
+    dp_ebm: dp_ebm_lib.DpEbmAccounting | None
     scale: NoiseScale
     fit: Literal["exact", "nystrom", "rff"]
     output_lattice_exponent: int
@@ -358,7 +359,7 @@ def plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     dp_ebm = None
     events: list[NoiseEvent] = []
     if params.mode == "strict" and nuisance == "dp_ebm":
-        dp_ebm = ate_strict.solve_dp_ebm_epsilon_p(epsilon, delta)
+        dp_ebm = dp_ebm_lib.solve_dp_ebm_epsilon_p(epsilon, delta)
         if "propensity" in modules:
             events.append(ate_strict._dp_ebm_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
         events.append(
@@ -729,7 +730,7 @@ def _dp_nuisances(
     else:
         idx = folds["propensity"]
         model = ate_strict._fit_propensity(x[idx], a[idx], domain, shim)
-        with ate_strict._interpret_guard():
+        with dp_ebm_lib.interpret_guard():
             probabilities = np.asarray(model.predict_proba(x2), dtype=np.float64)
         pi_hat = np.nan_to_num(probabilities[:, 1], nan=0.5)
         progress(0.35, "propensity")
@@ -741,7 +742,7 @@ def _dp_nuisances(
         idx = folds["outcome"]
         model, midpoint = ate_strict._fit_outcome(x[idx], a[idx], y[idx], domain, shim)
         ones = np.ones(x2.shape[0], dtype=np.float64)
-        with ate_strict._interpret_guard():
+        with dp_ebm_lib.interpret_guard():
             raw1 = np.asarray(model.predict(np.column_stack([ones, x2])), np.float64)
             raw0 = np.asarray(model.predict(np.column_stack([0.0 * ones, x2])), np.float64)
         mu1 = np.nan_to_num(raw1 + midpoint, nan=midpoint)

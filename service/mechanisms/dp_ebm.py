@@ -1,9 +1,11 @@
 """Shared DP-EBM helpers for the CATE kinds (dp_ebm_learners.md §3, §4, §7).
 
 What it provides:
-    * re-exports of the replace-one DP-EBM accounting of ``ate_strict`` (``DpEbmAccounting``,
-      ``dp_ebm_accounting``, ``solve_dp_ebm_epsilon_p`` and the interpret hyperparameters), so
-      that every kind charges DP-EBM fits by the same epsilon_p rule (README §1.2);
+    * the replace-one DP-EBM accounting (``DpEbmAccounting``, ``dp_ebm_accounting``,
+      ``solve_dp_ebm_epsilon_p`` and the interpret hyperparameters), so that every kind
+      charges DP-EBM fits by the same epsilon_p rule (README §1.2);
+    * ``interpret_guard``: one process-wide lock with warnings turned into errors, around every
+      interpret call (``warnings.catch_warnings`` is process-global);
     * ``fit_classifier`` / ``fit_regressor``: interpret 0.7.8 DP-EBMs with public bounds for
       every feature and the target, all features ``'continuous'``, ``random_state=None``,
       centred regression targets, and interpret's privacy warnings turned into errors; the
@@ -20,28 +22,18 @@ Proof: docs/proofs/ate_strict.md ("DP-EBM modules"); docs/proofs/ebm_cate.md.
 from __future__ import annotations
 
 import math
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from service.mechanisms.ate_strict import (
-    DP_EBM_BIN_BUDGET_FRAC,
-    DP_EBM_LEARNING_RATE,
-    DP_EBM_MAX_BINS,
-    DP_EBM_MAX_LEAVES,
-    DP_EBM_MAX_ROUNDS,
-    DP_EBM_OUTER_BAGS,
-    DpEbmAccounting,
-    dp_ebm_accounting,
-    solve_dp_ebm_epsilon_p,
-)
-
-# The interpret guard (process-wide lock + warnings-as-errors) is shared with ate_strict on
-# purpose: ``warnings.catch_warnings`` is process-global, so all interpret calls in the process
-# must be serialised by the same lock.
-from service.mechanisms.ate_strict import _interpret_guard as interpret_guard
+from service.mechanisms.calibration import gdp_delta, round_down_significant
+from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.records import NoiseEvent
 
 __all__ = [
@@ -61,7 +53,122 @@ __all__ = [
     "solve_dp_ebm_epsilon_p",
 ]
 
+# DP-EBM hyperparameters: interpret 0.7.8 defaults (dp_ebm_learners.md §8). Timed at
+# q = 20 features: about 4 s per fit at 250,000 rows on one core, so n = 10^6 runs in well
+# under a minute; no reduction of max_rounds is needed.
+DP_EBM_MAX_BINS = 32
+DP_EBM_MAX_ROUNDS = 300
+DP_EBM_LEARNING_RATE = 0.01
+DP_EBM_MAX_LEAVES = 3
+DP_EBM_BIN_BUDGET_FRAC = 0.1
+DP_EBM_OUTER_BAGS = 1
+# Relative slack on GDP mu: the epsilon_p solve requires the check to hold at mu * (1 + slack),
+# and the fitted models' noise scales are verified to imply a mu within it.
 _MU_RTOL = 1e-9
+
+# interpret's warnings are promoted to errors inside this lock; ``warnings.catch_warnings`` is
+# process-global, so concurrent fits in other threads must not interleave with it.
+_INTERPRET_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class DpEbmAccounting:
+    """The privacy of one interpret DP-EBM fit, with the mu values interpret actually uses.
+
+    interpret splits (epsilon_p, delta_p) into binning (beta epsilon_p, delta_p / 2) and
+    boosting ((1 - beta) epsilon_p, delta_p / 2) and calibrates each part to the mu returned by
+    its own bisection (``calc_gdp_noise_multi``). Under add/remove the fit is
+    ``hypot(mu_binning, mu_boosting)``-GDP; under replace-one at most twice that.
+    """
+
+    epsilon_p: float
+    delta_p: float
+    mu_binning: float
+    mu_boosting: float
+
+    @property
+    def mu_add_remove(self) -> float:
+        return math.hypot(self.mu_binning, self.mu_boosting)
+
+    @property
+    def mu_replace_one(self) -> float:
+        return 2.0 * self.mu_add_remove
+
+
+def dp_ebm_accounting(epsilon_p: float, delta_p: float) -> DpEbmAccounting:
+    """The mu values interpret 0.7.8 uses for a DP-EBM fit at (epsilon_p, delta_p).
+
+    Reproduces interpret's split exactly (``bin_eps = epsilon * bin_budget_frac``, ``training
+    eps = epsilon - bin_eps``, ``delta / 2`` each) and calls its own bisection.
+
+    Args:
+        epsilon_p: the epsilon passed to interpret.
+        delta_p: the delta passed to interpret.
+
+    Returns:
+        The accounting.
+    """
+    from interpret.utils._privacy import calc_gdp_noise_multi
+
+    bin_epsilon = epsilon_p * DP_EBM_BIN_BUDGET_FRAC
+    bin_delta = delta_p / 2
+    training_epsilon = epsilon_p - bin_epsilon
+    training_delta = delta_p - bin_delta
+    try:
+        mu_binning = 1.0 / float(calc_gdp_noise_multi(1, bin_epsilon, bin_delta))
+        mu_boosting = 1.0 / float(calc_gdp_noise_multi(1, training_epsilon, training_delta))
+    except (ValueError, ArithmeticError):
+        raise InvalidParameters("(epsilon, delta) outside the DP-EBM accountant's range") from None
+    return DpEbmAccounting(epsilon_p, delta_p, mu_binning, mu_boosting)
+
+
+def solve_dp_ebm_epsilon_p(epsilon: float, delta: float) -> DpEbmAccounting:
+    """Largest epsilon_p (rounded down) whose replace-one DP-EBM fit is (epsilon, delta)-DP.
+
+    README §1.2: pass epsilon_p with ``gdp_delta(epsilon, 2 mu(epsilon_p, delta)) <= delta``,
+    where mu is what interpret actually uses (``dp_ebm_accounting``), checked here with a
+    relative slack of 1e-9 on mu.
+
+    Args:
+        epsilon: the module's target epsilon.
+        delta: the module's delta (also passed to interpret).
+
+    Returns:
+        The accounting at the solved epsilon_p.
+    """
+
+    def is_valid(epsilon_p: float) -> bool:
+        accounting = dp_ebm_accounting(epsilon_p, delta)
+        return gdp_delta(epsilon, accounting.mu_replace_one * (1.0 + _MU_RTOL)) <= delta
+
+    if is_valid(epsilon):
+        return dp_ebm_accounting(epsilon, delta)
+    lower, upper = epsilon / 8.0, epsilon
+    while not is_valid(lower):
+        upper = lower
+        lower /= 2.0
+        if lower < 1e-6:
+            raise InvalidParameters("epsilon is too small for a DP-EBM fit")
+    for _ in range(80):
+        if upper - lower <= 1e-13 * upper:
+            break
+        middle = 0.5 * (lower + upper)
+        if is_valid(middle):
+            lower = middle
+        else:
+            upper = middle
+    # Round down to 10 significant digits; re-check (the bracket's lower end is valid).
+    rounded = round_down_significant(lower, 10)
+    epsilon_p = rounded if is_valid(rounded) else lower
+    return dp_ebm_accounting(epsilon_p, delta)
+
+
+@contextmanager
+def interpret_guard() -> Iterator[None]:
+    """Serialise interpret calls and turn every warning inside them into an error."""
+    with _INTERPRET_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
 
 
 def _common(accounting: DpEbmAccounting) -> dict[str, Any]:

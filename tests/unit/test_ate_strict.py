@@ -18,15 +18,14 @@ from service.mechanisms.ate_strict import (
     AteStrictParams,
     confidence_interval,
     d2_statistics,
-    dp_ebm_accounting,
     plan,
     pseudo_outcomes,
     quote,
     run,
-    solve_dp_ebm_epsilon_p,
 )
 from service.mechanisms.calibration import gdp_delta, gdp_epsilon
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.dp_ebm import dp_ebm_accounting, solve_dp_ebm_epsilon_p
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import SeededSampler
 from service.mechanisms.records import Composition, Guarantee
