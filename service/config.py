@@ -9,6 +9,8 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ADMIN_KEY = "change-me"
+# Development-only key for sealing released functions' secret state (refused in production).
+DEFAULT_STATE_KEY = "ZGV2ZWxvcG1lbnQtb25seS1zdGF0ZS1rZXktMzJieXQ="
 
 
 class Settings(BaseSettings):
@@ -23,6 +25,8 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "CURATOR_DATABASE_URL"),
     )
     admin_key: str = DEFAULT_ADMIN_KEY
+    # base64 of 32 bytes: AES-256-GCM key for the secret state of released functions.
+    state_key: str = DEFAULT_STATE_KEY
     host: str = "127.0.0.1"
     port: int = 8000
     # uvicorn worker processes; each runs its own job worker threads.
@@ -41,6 +45,8 @@ class Settings(BaseSettings):
     def _refuse_default_secrets(self) -> Settings:
         if self.environment == "production" and self.admin_key == DEFAULT_ADMIN_KEY:
             raise ValueError("CURATOR_ADMIN_KEY must be set to a secret value in production")
+        if self.environment == "production" and self.state_key == DEFAULT_STATE_KEY:
+            raise ValueError("CURATOR_STATE_KEY must be set to a secret key in production")
         if len(self.admin_key) < 8:
             raise ValueError("CURATOR_ADMIN_KEY must have at least 8 characters")
         return self

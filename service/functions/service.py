@@ -46,6 +46,7 @@ from service.db.models import (
     Release,
 )
 from service.functions.payload import FunctionSecret
+from service.functions.sealing import seal, unseal
 from service.mechanisms import cate_function as mech
 from service.mechanisms import gp
 from service.mechanisms.noise import secure_rng
@@ -92,7 +93,7 @@ def _digest(data: bytes) -> str:
 
 def store(session: Session, *, release_id: str, dataset_id: str, secret: FunctionSecret) -> None:
     """Create the function's header and secret rows (same transaction as the job's result)."""
-    payload = secret.fitted.to_bytes()
+    payload = seal(secret.fitted.to_bytes(), context=f"{release_id}:fitted")
     session.add(
         CateFunction(
             id=release_id,
@@ -263,8 +264,8 @@ def _load_fitted(session: Session, function_id: str) -> mech.FittedFunction:
     if row is None or _digest(row.payload) != row.digest:
         raise _CorruptState()
     try:
-        return mech.FittedFunction.from_bytes(row.payload)
-    except Exception:
+        return mech.FittedFunction.from_bytes(unseal(row.payload, context=f"{function_id}:fitted"))
+    except Exception:  # SealError, or a malformed payload
         raise _CorruptState() from None
 
 
@@ -282,7 +283,8 @@ def _decode_batch(
     if _digest(row.payload) != row.digest:
         raise _CorruptState()
     try:
-        with np.load(io.BytesIO(row.payload), allow_pickle=False) as z:
+        plain = unseal(row.payload, context=f"{row.function_id}:batch:{row.seq}")
+        with np.load(io.BytesIO(plain), allow_pickle=False) as z:
             codes = np.asarray(z["codes"], dtype=np.int64).reshape(-1, q)
             u = np.asarray(z["u"], dtype=np.float64)
             y = np.asarray(z["y"], dtype=np.float64)
@@ -431,7 +433,10 @@ def _evaluate_exact(
         except gp.GpNumericalError:
             session.rollback()
             raise FunctionBatchRejected() from None
-        payload = _encode_batch(new_codes, draw.values, values, draw.jitters)
+        payload = seal(
+            _encode_batch(new_codes, draw.values, values, draw.jitters),
+            context=f"{function_id}:batch:{locked.version + 1}",
+        )
         session.add(
             CateFunctionBatch(
                 function_id=function_id,

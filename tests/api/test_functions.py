@@ -14,10 +14,17 @@ from sqlalchemy.orm import Session
 
 from service.db.models import CateFunctionBatch
 from service.functions import service as functions
+from service.functions.sealing import MAGIC, unseal
 from tests.api.test_releases import post_release, wait
 from tests.conftest import RCT_SCHEMA, Api
 
 FAST = {"epsilon": 1.0, "nuisance": "none", "t_max": 50, "batch_max": 20}
+
+
+def _plain(row: CateFunctionBatch) -> bytes:
+    """A batch row's payload, decrypted (the state is sealed at rest)."""
+    assert row.payload.startswith(MAGIC)  # never stored in the clear
+    return unseal(row.payload, context=f"{row.function_id}:batch:{row.seq}")
 
 
 @pytest.fixture
@@ -70,7 +77,7 @@ def _stored_noise(db_url: str, fid: str) -> list[float]:
             ).scalars()
             out: list[float] = []
             for row in rows:
-                with np.load(io.BytesIO(row.payload)) as z:
+                with np.load(io.BytesIO(_plain(row))) as z:
                     out.extend(float(v) for v in z["u"])
             return out
     finally:

@@ -28,10 +28,17 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from service.db.models import CateFunction, CateFunctionBatch
+from service.functions.sealing import MAGIC, unseal
 from tests.conftest import ADMIN_KEY, RCT_SCHEMA, synthetic_csv
 from tests.live import ROOT, free_port, live_server
 
 pytestmark = pytest.mark.slow
+
+
+def _plain(row: CateFunctionBatch) -> bytes:
+    """A batch row's payload, decrypted (the state is sealed at rest)."""
+    assert row.payload.startswith(MAGIC)  # never stored in the clear
+    return unseal(row.payload, context=f"{row.function_id}:batch:{row.seq}")
 
 
 @pytest.fixture
@@ -119,7 +126,7 @@ def _stored(db_url: str, fid: str) -> tuple[int, int, int, int]:
             codes = set()
             total = 0
             for row in rows:
-                with np.load(io.BytesIO(row.payload)) as z:
+                with np.load(io.BytesIO(_plain(row))) as z:
                     for c in z["codes"]:
                         codes.add(c.tobytes())
                         total += 1
