@@ -52,7 +52,7 @@ from service.mechanisms.ate_strict import (
     confidence_interval,
     d2_statistics,
     fold_sizes,
-    prepare_arrays,
+    gaussian_event,
     split_share,
 )
 from service.mechanisms.calibration import (
@@ -66,6 +66,7 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.partition import prepare_arrays
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ate_ipw_private_propensity"
@@ -193,8 +194,8 @@ def _make_plan(domain: PublicDomain, params: AteIpwParams, *, paper: bool = Fals
                 "mu": propensity.calibration.mu,
             },
         ),
-        _gaussian_event("mean_ipw_term", 2.0 * bound / n2, mean, bound),
-        _gaussian_event("second_moment_ipw_term", bound * bound / n2, second, bound),
+        gaussian_event("mean_ipw_term", 2.0 * bound / n2, mean, bound),
+        gaussian_event("second_moment_ipw_term", bound * bound / n2, second, bound),
     )
     # proof step 3: Theorem 6 over the two disjoint folds: max of (eps, delta) and (eps, delta).
     record = MechanismRecord(
@@ -209,29 +210,6 @@ def _make_plan(domain: PublicDomain, params: AteIpwParams, *, paper: bool = Fals
         delta=delta,
     )
     return _Plan(params, fit_size, n2, bound, propensity, mean, second, record)
-
-
-def _gaussian_event(
-    statistic: str, nominal: float, calibration: GaussianCalibration, bound: float
-) -> NoiseEvent:
-    return NoiseEvent(
-        type="gaussian",
-        module="estimation",
-        epsilon=calibration.epsilon,
-        delta=calibration.delta,
-        params={
-            "statistic": statistic,
-            "sampler": "opendp discrete gaussian on 2^k lattice",
-            "bound": bound,
-            "sensitivity_l2_nominal": nominal,
-            "sensitivity_l2": calibration.sensitivity_l2,
-            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
-            "lattice_exponent": calibration.lattice_exponent,
-            "noise_multiplier": calibration.noise_multiplier,
-            "sigma": calibration.sigma,
-            "mu": calibration.mu,
-        },
-    )
 
 
 def plan(domain: PublicDomain, params: AteIpwParams) -> MechanismRecord:

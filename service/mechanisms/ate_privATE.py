@@ -49,7 +49,7 @@ from scipy.optimize import minimize
 from scipy.special import expit, ndtri
 
 from service.mechanisms.ate_rct import solve_epsilon
-from service.mechanisms.ate_strict import MAX_EPSILON, MIN_EPSILON, prepare_arrays, split_share
+from service.mechanisms.ate_strict import MAX_EPSILON, MIN_EPSILON, split_share
 from service.mechanisms.calibration import (
     validate_alpha,
     validate_delta,
@@ -59,6 +59,7 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
 from service.mechanisms.noise import NoiseSampler
+from service.mechanisms.partition import prepare_arrays
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ate_privATE"

@@ -46,7 +46,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import ndtri
 
-from service.mechanisms.ate_strict import MAX_EPSILON, MIN_EPSILON, prepare_arrays
+from service.mechanisms.ate_strict import MAX_EPSILON, MIN_EPSILON
 from service.mechanisms.calibration import (
     round_up_significant,
     validate_alpha,
@@ -56,6 +56,7 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import LaplaceCalibration, NoiseSampler, calibrate_laplace
+from service.mechanisms.partition import prepare_arrays
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ate_rct_difference"

@@ -95,6 +95,7 @@ from service.mechanisms.dp_ebm import (
 from service.mechanisms.dp_ebm import interpret_guard as _interpret_guard
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.partition import prepare_arrays, random_folds
 from service.mechanisms.records import (
     Composition,
     Guarantee,
@@ -519,12 +520,26 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         events.append(_dp_ebm_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r))
     nuisance_module = "nuisance" if cross_fit else None
     if dp_logistic is not None:
-        events.append(_dp_logistic_event(nuisance_module or "propensity", dp_logistic, cross_fit))
+        events.append(
+            _dp_linear_event(
+                nuisance_module or "propensity",
+                "dp_logistic_regression_weights",
+                dp_logistic,
+                cross_fit,
+            )
+        )
     if dp_ridge is not None:
-        events.append(_dp_ridge_event(nuisance_module or "outcome", dp_ridge, cross_fit))
-    events.append(_gaussian_event("mean_pseudo_outcome", 2.0 * bound / n2, mean, bound))
+        events.append(
+            _dp_linear_event(
+                nuisance_module or "outcome",
+                "per_arm_ridge_sufficient_statistics",
+                dp_ridge,
+                cross_fit,
+            )
+        )
+    events.append(gaussian_event("mean_pseudo_outcome", 2.0 * bound / n2, mean, bound))
     events.append(
-        _gaussian_event("second_moment_pseudo_outcome", bound * bound / n2, second_moment, bound)
+        gaussian_event("second_moment_pseudo_outcome", bound * bound / n2, second_moment, bound)
     )
     # proof step 6: within a module, sequential composition; across modules, the max.
     # Cross-fitting (proof §12): every event composes sequentially; each nuisance event is one
@@ -592,7 +607,13 @@ def _dp_ebm_event(
     )
 
 
-def _dp_logistic_event(module: str, model: dp_linear.DpLogistic, cross_fit: bool) -> NoiseEvent:
+def _dp_linear_event(
+    module: str,
+    statistic: str,
+    model: dp_linear.DpLogistic | dp_linear.DpRidge,
+    cross_fit: bool,
+) -> NoiseEvent:
+    """The Gaussian event of a DP logistic (weights) or ridge (sufficient statistics) fit."""
     calibration = model.calibration
     return NoiseEvent(
         type="gaussian",
@@ -600,7 +621,7 @@ def _dp_logistic_event(module: str, model: dp_linear.DpLogistic, cross_fit: bool
         epsilon=calibration.epsilon,
         delta=calibration.delta,
         params={
-            "statistic": "dp_logistic_regression_weights",
+            "statistic": statistic,
             "sampler": "opendp discrete gaussian on 2^k lattice",
             "parallel_folds": 2 if cross_fit else 1,
             "fit_size": model.m,
@@ -617,32 +638,7 @@ def _dp_logistic_event(module: str, model: dp_linear.DpLogistic, cross_fit: bool
     )
 
 
-def _dp_ridge_event(module: str, model: dp_linear.DpRidge, cross_fit: bool) -> NoiseEvent:
-    calibration = model.calibration
-    return NoiseEvent(
-        type="gaussian",
-        module=module,
-        epsilon=calibration.epsilon,
-        delta=calibration.delta,
-        params={
-            "statistic": "per_arm_ridge_sufficient_statistics",
-            "sampler": "opendp discrete gaussian on 2^k lattice",
-            "parallel_folds": 2 if cross_fit else 1,
-            "fit_size": model.m,
-            "regularization": model.regularization,
-            "intercept": dp_linear.INTERCEPT,
-            "dim": calibration.dim,
-            "sensitivity_l2": calibration.sensitivity_l2,
-            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
-            "lattice_exponent": calibration.lattice_exponent,
-            "noise_multiplier": calibration.noise_multiplier,
-            "sigma": calibration.sigma,
-            "mu": calibration.mu,
-        },
-    )
-
-
-def _gaussian_event(
+def gaussian_event(
     statistic: str, nominal_sensitivity: float, calibration: GaussianCalibration, bound: float
 ) -> NoiseEvent:
     return NoiseEvent(
@@ -777,26 +773,6 @@ def epsilon_for_half_width(
 # ---- running (after the charge) -------------------------------------------------------------
 
 
-def _prepare(
-    arrays: Arrays, domain: PublicDomain
-) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    """Row-wise public clean-up: impute non-finite values, clip to the public box, binarise A."""
-    lower = np.asarray(domain.x_lower, dtype=np.float64)
-    upper = np.asarray(domain.x_upper, dtype=np.float64)
-    x = np.asarray(arrays.x, dtype=np.float64)
-    a = np.asarray(arrays.a, dtype=np.float64)
-    y = np.asarray(arrays.y, dtype=np.float64)
-    if x.shape != (domain.n, domain.q) or a.shape != (domain.n,) or y.shape != (domain.n,):
-        raise ValueError("arrays do not match the public domain")
-    x = np.clip(np.where(np.isnan(x), lower, x), lower, upper)
-    a = np.where(a >= 0.5, 1.0, 0.0)
-    y = np.clip(np.where(np.isnan(y), domain.y_lower, y), domain.y_lower, domain.y_upper)
-    return x, a, y
-
-
-prepare_arrays = _prepare
-
-
 def _fit_propensity(
     x: NDArray[np.float64], a: NDArray[np.float64], domain: PublicDomain, state: _Plan
 ) -> Any:
@@ -892,16 +868,10 @@ def _run(
     progress: Progress,
 ) -> dict[str, Any]:
     params = state.params
-    x, a, y = _prepare(arrays, domain)
+    x, a, y = prepare_arrays(arrays, domain)
 
     # proof step 4: a uniformly random permutation (CSPRNG-seeded) cut at public sizes.
-    permutation = rng.permutation(domain.n)
-    folds: dict[str, NDArray[np.intp]] = {}
-    start = 0
-    for name, size in zip(state.modules, state.fold_sizes, strict=True):
-        folds[name] = permutation[start : start + size]
-        start += size
-    del permutation
+    folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)
     progress(0.05, "partition")
 
     if state.cross_fit:

@@ -66,6 +66,7 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
 from service.mechanisms.noise import lattice_exponent
+from service.mechanisms.partition import prepare_arrays, random_folds
 from service.mechanisms.records import (
     Composition,
     Guarantee,
@@ -812,14 +813,9 @@ def _run(
     rng: np.random.Generator,
     progress: Progress,
 ) -> tuple[dict[str, Any], FittedFunction]:
-    x, a, y = ate_strict._prepare(arrays, domain)
+    x, a, y = prepare_arrays(arrays, domain)
     # proof step 1: uniformly random partition at public sizes.
-    permutation = rng.permutation(domain.n)
-    folds: dict[str, NDArray[np.intp]] = {}
-    start = 0
-    for name, size in zip(state.modules, state.fold_sizes, strict=True):
-        folds[name] = permutation[start : start + size]
-        start += size
+    folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)
     progress(0.05, "partition")
     est = folds["estimation"]
     x2, a2, y2 = x[est], a[est], y[est]

@@ -71,6 +71,7 @@ from service.mechanisms.dp_ebm import (
 )
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.partition import prepare_arrays, random_folds
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "cate_vector"
@@ -551,22 +552,6 @@ def run(
         raise ReleaseFailed() from None
 
 
-def _prepare(
-    arrays: Arrays, domain: PublicDomain
-) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    lower = np.asarray(domain.x_lower, dtype=np.float64)
-    upper = np.asarray(domain.x_upper, dtype=np.float64)
-    x = np.asarray(arrays.x, dtype=np.float64)
-    a = np.asarray(arrays.a, dtype=np.float64)
-    y = np.asarray(arrays.y, dtype=np.float64)
-    if x.shape != (domain.n, domain.q) or a.shape != (domain.n,) or y.shape != (domain.n,):
-        raise ValueError("arrays do not match the public domain")
-    x = np.clip(np.where(np.isfinite(x), x, lower), lower, upper)
-    a = np.where(a >= 0.5, 1.0, 0.0)
-    y = np.clip(np.where(np.isfinite(y), y, domain.y_lower), domain.y_lower, domain.y_upper)
-    return x, a, y
-
-
 def _run(
     arrays: Arrays,
     domain: PublicDomain,
@@ -577,15 +562,9 @@ def _run(
     progress: Progress,
 ) -> dict[str, Any]:
     params = state.params
-    x, a, y = _prepare(arrays, domain)
+    x, a, y = prepare_arrays(arrays, domain)
     # proof step 6: uniformly random permutation cut at public sizes (never stored).
-    permutation = rng.permutation(domain.n)
-    folds: dict[str, NDArray[np.intp]] = {}
-    start = 0
-    for name, size in zip(state.modules, state.fold_sizes, strict=True):
-        folds[name] = permutation[start : start + size]
-        start += size
-    del permutation
+    folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)
     feature_map = FeatureMap.draw(domain, params.n_features, params.lengthscale, rng)
     progress(0.05, "partition")
 

@@ -61,6 +61,7 @@ from service.mechanisms.dp_ebm import (
     solve_dp_ebm_epsilon_p,
 )
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
+from service.mechanisms.partition import prepare_arrays, random_folds
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ebm_cate"
@@ -310,23 +311,6 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
 # ---- running ---------------------------------------------------------------------------------
 
 
-def prepare(
-    arrays: Arrays, domain: PublicDomain
-) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    """Row-wise public clean-up: impute non-finite values, clip to the box, binarise A."""
-    lower = np.asarray(domain.x_lower, dtype=np.float64)
-    upper = np.asarray(domain.x_upper, dtype=np.float64)
-    x = np.asarray(arrays.x, dtype=np.float64)
-    a = np.asarray(arrays.a, dtype=np.float64)
-    y = np.asarray(arrays.y, dtype=np.float64)
-    if x.shape != (domain.n, domain.q) or a.shape != (domain.n,) or y.shape != (domain.n,):
-        raise ValueError("arrays do not match the public domain")
-    x = np.clip(np.where(np.isfinite(x), x, lower), lower, upper)
-    a = np.where(a >= 0.5, 1.0, 0.0)
-    y = np.clip(np.where(np.isfinite(y), y, domain.y_lower), domain.y_lower, domain.y_upper)
-    return x, a, y
-
-
 def run(
     arrays: Arrays,
     domain: PublicDomain,
@@ -358,17 +342,11 @@ def _run(
     upper = np.asarray(domain.x_upper, dtype=np.float64)
     q = domain.q
     feature_names = list(names) if names is not None else [f"x{j}" for j in range(q)]
-    x, a, y = prepare(arrays, domain)
+    x, a, y = prepare_arrays(arrays, domain)
     low, high = domain.y_lower, domain.y_upper
 
     # proof step 4: uniformly random permutation cut at public sizes; never stored.
-    permutation = rng.permutation(domain.n)
-    folds: dict[str, NDArray[np.intp]] = {}
-    start = 0
-    for name, size in zip(state.modules, state.fold_sizes, strict=True):
-        folds[name] = permutation[start : start + size]
-        start += size
-    del permutation
+    folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)
     progress(0.05, "partition")
     a_lower = np.concatenate([[0.0], lower])
     a_upper = np.concatenate([[1.0], upper])

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import opendp.prelude as dp
@@ -256,6 +256,20 @@ def _check_sensitivity(value: float, name: str) -> None:
         raise ValueError(f"{name} must be finite and non-negative")
 
 
+def _input_space(dim: int, norm: str) -> tuple[Any, Any]:
+    """OpenDP input domain and metric: a scalar, or a length-``dim`` vector under ``norm``."""
+    if dim == 1:
+        return dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float)
+    metric = dp.l2_distance(T=float) if norm == "l2" else dp.l1_distance(T=float)
+    return dp.vector_domain(dp.atom_domain(T=float, nan=False), size=dim), metric
+
+
+def _apply(measurement: Any, array: NDArray[np.float64]) -> NDArray[np.float64]:
+    if array.size == 1:
+        return np.array([measurement(float(array[0]))], dtype=np.float64)
+    return np.asarray(measurement(array.tolist()), dtype=np.float64)
+
+
 class OpenDPSampler:
     """Production sampler: exact discrete noise on the public lattice ``2^k Z`` via OpenDP.
 
@@ -277,22 +291,13 @@ class OpenDPSampler:
         _check_sensitivity(sensitivity_l2, "sensitivity_l2")
         k = lattice_exponent(sigma)
         dim = int(array.size)
-        if dim == 1:
-            space = (dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float))
-        else:
-            space = (
-                dp.vector_domain(dp.atom_domain(T=float, nan=False), size=dim),
-                dp.l2_distance(T=float),
-            )
-        measurement = dp.m.make_gaussian(*space, scale=sigma, k=k)
+        measurement = dp.m.make_gaussian(*_input_space(dim, "l2"), scale=sigma, k=k)
         rho = float(measurement.map(sensitivity_l2))  # type: ignore[no-untyped-call]  # zCDP: rho = (Delta_eff / sigma)^2 / 2
         charged_mu = math.sqrt(2.0 * rho)
         accounted_mu = lattice_sensitivity(sensitivity_l2, k, dim, norm="l2") / sigma
         if charged_mu > accounted_mu * (1.0 + _MAP_RTOL):
             raise ValueError("OpenDP charges more than the lattice calibration accounted for")
-        if dim == 1:
-            return np.array([measurement(float(array[0]))], dtype=np.float64)
-        return np.asarray(measurement(array.tolist()), dtype=np.float64)
+        return _apply(measurement, array)
 
     def laplace(
         self, values: NDArray[np.float64], *, scale: float, sensitivity_l1: float
@@ -307,21 +312,12 @@ class OpenDPSampler:
         _check_sensitivity(sensitivity_l1, "sensitivity_l1")
         k = lattice_exponent(scale)
         dim = int(array.size)
-        if dim == 1:
-            space = (dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float))
-        else:
-            space = (
-                dp.vector_domain(dp.atom_domain(T=float, nan=False), size=dim),
-                dp.l1_distance(T=float),
-            )
-        measurement = dp.m.make_laplace(*space, scale=scale, k=k)
+        measurement = dp.m.make_laplace(*_input_space(dim, "l1"), scale=scale, k=k)
         charged_epsilon = float(measurement.map(sensitivity_l1))  # type: ignore[no-untyped-call]
         accounted_epsilon = lattice_sensitivity(sensitivity_l1, k, dim, norm="l1") / scale
         if charged_epsilon > accounted_epsilon * (1.0 + _MAP_RTOL):
             raise ValueError("OpenDP charges more than the lattice calibration accounted for")
-        if dim == 1:
-            return np.array([measurement(float(array[0]))], dtype=np.float64)
-        return np.asarray(measurement(array.tolist()), dtype=np.float64)
+        return _apply(measurement, array)
 
 
 class SeededSampler:
