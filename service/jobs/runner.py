@@ -185,28 +185,51 @@ class JobRunner:
             outcome = {"status": "failed", "result_json": None}
         finally:
             elapsed = time.time() - started
+            visible_at = started + padded(elapsed, self.buckets)
             try:
-                with self.factory() as session:
-                    if secret is not None and outcome.get("status") == "done":
-                        functions.store(
-                            session, release_id=release_id, dataset_id=dataset_id, secret=secret
-                        )
-                    session.execute(
-                        update(Release)
-                        .where(Release.id == release_id, Release.status == "running")
-                        .values(
-                            **outcome,
-                            progress=1.0,
-                            stage=outcome.get("status", "failed"),
-                            finished_at=now_iso(),
-                            visible_at=started + padded(elapsed, self.buckets),
-                        )
-                    )
-                    session.commit()
-            except Exception:
-                logger.exception("storing the outcome of release %s failed", release_id)
+                self._finish(release_id, dataset_id, outcome, secret, visible_at)
+            except Exception as exc:
+                # The result (or a released function's state) could not be stored. Nothing of
+                # it may be served, so the release fails now, in a fresh transaction; its charge
+                # stays (the noise was drawn). If even that fails, the stale sweep fails it.
+                logger.warning(
+                    "storing the outcome of release %s failed (%s)", release_id, type(exc).__name__
+                )
+                try:
+                    self._finish(release_id, dataset_id, {"status": "failed"}, None, visible_at)
+                except Exception:
+                    logger.exception("marking release %s failed did not work", release_id)
             with self._lock:
                 self._running.discard(release_id)
+
+    def _finish(
+        self,
+        release_id: str,
+        dataset_id: str,
+        outcome: dict[str, Any],
+        secret: FunctionSecret | None,
+        visible_at: float,
+    ) -> None:
+        """One transaction: the function's state (if any) and the release's final status."""
+        status = outcome.get("status", "failed")
+        with self.factory() as session:
+            if secret is not None and status == "done":
+                functions.store(
+                    session, release_id=release_id, dataset_id=dataset_id, secret=secret
+                )
+            session.execute(
+                update(Release)
+                .where(Release.id == release_id, Release.status == "running")
+                .values(
+                    status=status,
+                    result_json=outcome.get("result_json") if status == "done" else None,
+                    progress=1.0,
+                    stage=status,
+                    finished_at=now_iso(),
+                    visible_at=visible_at,
+                )
+            )
+            session.commit()
 
     def _progress_writer(self, release_id: str) -> Callable[[float, str], None]:
         """Progress updates: every change of stage is written; within a stage at most 2 per s."""

@@ -6,6 +6,9 @@
 * A restart (new processes, cold caches) returns the identical values.
 * A server killed (SIGKILL) in the middle of a stream of requests: every answer a client received
   was durable, so a fresh server returns exactly that value again.
+
+Both backends: on PostgreSQL the header row is locked with ``SELECT ... FOR UPDATE``; on SQLite
+every transaction is ``BEGIN IMMEDIATE``, which takes the database's write lock across processes.
 """
 
 from __future__ import annotations
@@ -39,15 +42,6 @@ def _plain(row: CateFunctionBatch) -> bytes:
     """A batch row's payload, decrypted (the state is sealed at rest)."""
     assert row.payload.startswith(MAGIC)  # never stored in the clear
     return unseal(row.payload, context=f"{row.function_id}:batch:{row.seq}")
-
-
-@pytest.fixture
-def pg_url(db_url: str) -> str:
-    """PostgreSQL only: the row lock under test is ``SELECT ... FOR UPDATE`` (the API tests
-    already run every evaluation path on SQLite, whose transactions are ``BEGIN IMMEDIATE``)."""
-    if db_url.startswith("sqlite"):
-        pytest.skip("multi-process function state is tested on PostgreSQL")
-    return db_url
 
 
 PARAMS = {"epsilon": 1.0, "nuisance": "none", "t_max": 5000, "batch_max": 50}
@@ -140,8 +134,7 @@ def _point(i: int) -> list[float]:
     return [18.0 + (i % 72), (i * 0.137) % 1.0, float(i % 2)]
 
 
-def test_concurrent_processes_share_one_state_and_restart_keeps_it(pg_url: str) -> None:
-    db_url = pg_url
+def test_concurrent_processes_share_one_state_and_restart_keeps_it(db_url: str) -> None:
     env = {"CURATOR_JOB_POLL_SECONDS": "0.05", "CURATOR_LATENCY_BUCKETS": "[0.1, 1, 5, 30]"}
     seen: dict[str, set[float]] = defaultdict(set)
     with (
@@ -187,8 +180,7 @@ def test_concurrent_processes_share_one_state_and_restart_keeps_it(pg_url: str) 
     assert _stored(db_url, fid)[1] == len(seen)  # nothing new was drawn
 
 
-def test_killed_process_never_returned_an_unpersisted_answer(pg_url: str) -> None:
-    db_url = pg_url
+def test_killed_process_never_returned_an_unpersisted_answer(db_url: str) -> None:
     port = free_port()
     env = {
         **os.environ,

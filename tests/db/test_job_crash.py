@@ -83,3 +83,42 @@ def test_killed_job_fails_keeps_charge_and_never_reruns(
     assert again.status_code == 200
     assert again.json()["id"] == release_id
     assert client.get(f"/v1/datasets/{ds['id']}/budget", headers=h).json()["epsilon_spent"] == 1.0
+
+
+def test_function_state_that_cannot_be_stored_fails_the_release_at_once(
+    api: Api, client: TestClient, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the released function's state cannot be written, the release fails in the same job
+    (not 60 s later by the stale sweep), serves nothing, and keeps its charge."""
+    client.app.state.runner.stop()  # type: ignore[attr-defined]
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], n=500, schema=RCT_SCHEMA, epsilon_total=2.0)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/releases",
+        json={"kind": "cate_function", "params": {"epsilon": 1.0, "nuisance": "none"}},
+        headers=api.auth(analyst["api_key"]) | {"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert r.status_code == 202, r.text
+    release_id = r.json()["id"]
+
+    from service.db.engine import get_sessionmaker
+    from service.functions import service as functions
+    from service.jobs.runner import JobRunner
+
+    def broken_store(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(functions, "store", broken_store)
+    runner = JobRunner(get_sessionmaker(), workers=1, latency_buckets=(0.01,))
+    assert runner.claim_next() == release_id
+    runner.execute(release_id)
+    assert _status(db_url, release_id) == "failed"
+    time.sleep(0.05)  # past the padded completion time
+    body = client.get(f"/v1/releases/{release_id}", headers=api.auth(analyst["api_key"])).json()
+    assert body["status"] == "failed"
+    assert body["result"] is None
+    fn = client.get(f"/v1/functions/{release_id}", headers=api.auth(analyst["api_key"]))
+    assert fn.status_code == 404
+    h = api.auth(owner["api_key"])
+    assert client.get(f"/v1/datasets/{ds['id']}/budget", headers=h).json()["epsilon_spent"] == 1.0
