@@ -1,34 +1,61 @@
-"""DP-CATE finite-query vectors: PEHE vs epsilon on the DP-CATE synthetic DGPs (benchmarks.md §5).
+"""DP-CATE finite-query vectors beside the functional (GP) release: PEHE vs epsilon.
 
-DS1 (p = 2, theta = exp(2 x0) + 3 sin(4 x0)) and DS2 (p = 30, theta = exp(2 x0) + 3 sin(4 x1)):
-X ~ U[0, 1]^p, A = 1{X'beta >= eta}, Y = theta(X) A + X'gamma + eps, eta, eps ~ U[-1, 1],
-beta / gamma sparse (support 3, entries U[0, 0.3] / U[0, 1]). 3000 samples: 90% train, the
-10% test X are the d = 300 query points (quick: d = 50). Public bounds: X in [0, 1]^p,
-Y in [-1, 5.45 + 3 + 1]. PEHE = sqrt(mean_j (g(x_j) - theta(x_j))^2) (the root is taken).
+DGPs of benchmarks.md §5.1. DS1 (p = 2, theta = exp(2 x0) + 3 sin(4 x0)) and DS2 (p = 30,
+theta = exp(2 x0) + 3 sin(4 x1)): X ~ U[0, 1]^p, A = 1{X'beta >= eta}, Y = theta(X) A + X'gamma
++ eps, eta, eps ~ U[-1, 1], beta / gamma sparse (support 3, entries U[0, 0.3] / U[0, 1]). 3000
+samples: 2700 train, the 300 test X are the d = 300 query points (quick: d = 50). Public
+bounds: X in [0, 1]^p, Y in [-1, 5.45 + 3 + 1]. PEHE = sqrt(mean_j (g(x_j) - theta(x_j))^2)
+(the root is taken). delta = 1e-5, propensity clip 0.05 everywhere.
 
-R and DR learners, ``paper`` (Theorem 1, heuristic) and ``strict`` (DP-EBM nuisances + ridge
-output perturbation, proven) side by side, through the mechanism code directly.
+Each repetition draws one dataset and runs, on that same dataset and query points, through
+the mechanism functions directly (no server):
 
-    python -m bench.cate_vector            # reduced grid (see README for the sizes)
-    python -m bench.cate_vector --quick    # DS1, R, strict eps {1, 10}, paper eps 10, d = 50
+* ``cate_vector`` R and DR, ``paper`` and ``strict`` (the kind's defaults: ridge 0.1 strict,
+  1e-3 paper, 50 random Fourier features, lengthscale 0.3). Paper mode's fit (MLP nuisances,
+  second stage, the sup search for gamma_hat) does not depend on epsilon, so it is fitted once
+  per repetition and released with fresh noise at every epsilon (same marginal law per cell;
+  the cells of one repetition share the fit). Strict mode refits per epsilon (its DP-EBM
+  nuisances depend on epsilon). The paper rows also record gamma_hat / R_Y against the quote's
+  public bracket [1, Gamma_max / R_Y].
+* ``cate_function`` (R-learner; h = sqrt(q / 6), lambda0 = 0.1 unnormalised, the setting of
+  bench/functions.py, not tuned here): strict exact basis (the GP path drawn at the 300 points as
+  the service's first evaluation batch does), strict Nystrom (256 public Sobol centres), paper
+  exact basis. Refitted per epsilon, as a release would be. Values are reported raw (as the
+  service releases them) and clipped to the public CATE range [-R_Y, R_Y] as cate_vector does.
+* ``ebm_cate`` DR (the DP-EBM learner of C7), per epsilon.
+* non-private references: the paper-mode vector's second stage g* and the paper-mode
+  function's g* (KRR with non-private nuisances) at the query points.
+
+    nice -n 10 python -m bench.cate_vector --dataset DS1 --reps 5
+    python -m bench.cate_vector --quick    # DS1, one rep, eps {1, 10}, d = 50
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from bench.common import write_result
+from bench.common import RESULTS, machine
+from service.mechanisms import cate_function as cf
 from service.mechanisms import cate_vector as cv
+from service.mechanisms import ebm_cate, gp
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import OpenDPSampler
 
 Y_LOWER, Y_UPPER = -1.0, 5.45 + 3.0 + 1.0
+R_Y = Y_UPPER - Y_LOWER
+DELTA = 1e-5
+CLIP = 0.05
+EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0, 50.0)
+TOTAL, TEST = 3000, 300
 
 
 def theta(name: str, x: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -37,7 +64,7 @@ def theta(name: str, x: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.asarray(np.exp(2 * x[:, 0]) + 3 * np.sin(4 * x[:, 1]))
 
 
-def sample(name: str, n: int, rng: np.random.Generator) -> tuple[Arrays, NDArray[np.float64]]:
+def sample(name: str, n: int, rng: np.random.Generator) -> Arrays:
     p = 2 if name == "DS1" else 30
     coef = np.random.default_rng(2025 + p)
     beta, gamma = np.zeros(p), np.zeros(p)
@@ -47,101 +74,277 @@ def sample(name: str, n: int, rng: np.random.Generator) -> tuple[Arrays, NDArray
     x = rng.uniform(0, 1, (n, p))
     a = (x @ beta >= rng.uniform(-1, 1, n)).astype(np.float64)
     y = np.clip(theta(name, x) * a + x @ gamma + rng.uniform(-1, 1, n), Y_LOWER, Y_UPPER)
-    return Arrays(x, a, y), x
+    return Arrays(x, a, y)
 
 
-def one(
-    name: str, mode: str, learner: str, epsilon: float, d: int, seed: int, total: int = 3000
-) -> float:
-    rng = np.random.default_rng(seed)
-    data, _ = sample(name, total, rng)
-    train = total - 300
-    arrays = Arrays(data.x[:train], data.a[:train], data.y[:train])
-    points = data.x[train : train + d]
-    p = data.x.shape[1]
-    domain = PublicDomain(
+def pehe(values: NDArray[np.float64], truth: NDArray[np.float64]) -> float:
+    return float(math.sqrt(np.mean((np.asarray(values) - truth) ** 2)))
+
+
+def _quiet(fraction: float, stage: str) -> None:
+    return None
+
+
+class Rep:
+    """One repetition: one dataset, its query points, and every mechanism on it."""
+
+    def __init__(self, name: str, seed: int, d: int) -> None:
+        self.name = name
+        self.seed = seed
+        rng = np.random.default_rng(seed)
+        data = sample(name, TOTAL, rng)
+        train = TOTAL - TEST
+        self.arrays = Arrays(data.x[:train], data.a[:train], data.y[:train])
+        self.points = data.x[train : train + d]
+        self.truth = theta(name, self.points)
+        p = data.x.shape[1]
+        self.domain = PublicDomain(
+            x_lower=np.zeros(p),
+            x_upper=np.ones(p),
+            y_lower=Y_LOWER,
+            y_upper=Y_UPPER,
+            n=train,
+            allow_paper_mode=True,
+        )
+        self.rng = np.random.default_rng(10_000 + seed)
+        self.noise = OpenDPSampler()
+
+    # -- cate_vector -------------------------------------------------------------------------
+    def vector_params(self, mode: str, learner: str, epsilon: float) -> cv.CateVectorParams:
+        return cv.CateVectorParams(
+            points=tuple(tuple(float(v) for v in row) for row in self.points),
+            epsilon=epsilon,
+            delta=DELTA,
+            learner=learner,  # type: ignore[arg-type]
+            mode=mode,  # type: ignore[arg-type]
+            propensity_clip=CLIP,
+            ridge=0.1 if mode == "strict" else 1e-3,
+        )
+
+    def vector_strict(self, learner: str, epsilon: float) -> float:
+        params = self.vector_params("strict", learner, epsilon)
+        out = cv.run(
+            self.arrays, self.domain, params, rng=self.rng, noise=self.noise, progress=_quiet
+        )
+        return pehe(np.asarray(out["estimates"]), self.truth)
+
+    def vector_paper(
+        self, learner: str, epsilons: tuple[float, ...]
+    ) -> tuple[dict[float, float], float, float, float]:
+        """PEHE per epsilon from one fit; the non-private PEHE; gamma_hat / R_Y; seconds."""
+        started = time.perf_counter()
+        state = cv.make_plan(self.domain, self.vector_params("paper", learner, epsilons[0]))
+        fitted = cv.fit(self.arrays, self.domain, state, rng=self.rng, progress=_quiet)
+        out: dict[float, float] = {}
+        for epsilon in epsilons:
+            plan = cv.make_plan(self.domain, self.vector_params("paper", learner, epsilon))
+            released = cv.release(fitted, plan, noise=self.noise)
+            out[epsilon] = pehe(np.asarray(released["estimates"]), self.truth)
+        assert fitted.gamma_hat is not None
+        return (
+            out,
+            pehe(fitted.estimates, self.truth),
+            fitted.gamma_hat / R_Y,
+            time.perf_counter() - started,
+        )
+
+    # -- cate_function -----------------------------------------------------------------------
+    def function(
+        self, mode: str, basis: str, epsilon: float, learner: str = "r"
+    ) -> tuple[float, float, float]:
+        """(PEHE raw, PEHE clipped to [-R_Y, R_Y], non-private PEHE of g* or nan)."""
+        params = cf.CateFunctionParams(
+            epsilon=epsilon,
+            delta=DELTA,
+            mode=mode,  # type: ignore[arg-type]
+            learner=learner,  # type: ignore[arg-type]
+            regularization=0.1,
+            lambda_convention="unnormalised",
+            propensity_clip=CLIP,
+            basis=basis,  # type: ignore[arg-type]
+        )
+        _, fitted = cf.run(self.arrays, self.domain, params, rng=self.rng, progress=_quiet)
+        lower = np.asarray(self.domain.x_lower, np.float64)
+        upper = np.asarray(self.domain.x_upper, np.float64)
+        _, canonical = cf.canonicalise(cf.scale_to_unit(self.points, lower, upper))
+        # the service dedupes canonical points; the test X are distinct
+        mean = fitted.mean(canonical)
+        nonprivate = float("nan")
+        if fitted.kind == "gp":
+            path = gp.GpPath(canonical.shape[1], fitted.bandwidth)
+            draw = path.draw(canonical, rng=self.rng)
+            values = fitted.round_output(mean + fitted.r0 * draw.values)
+            nonprivate = pehe(mean, self.truth)
+        else:
+            values = fitted.round_output(mean)
+        return (
+            pehe(values, self.truth),
+            pehe(np.clip(values, -R_Y, R_Y), self.truth),
+            nonprivate,
+        )
+
+    # -- ebm_cate ----------------------------------------------------------------------------
+    def ebm_dr(self, epsilon: float) -> float:
+        params = ebm_cate.EbmCateParams(
+            epsilon=epsilon, delta=DELTA, learner="dr", propensity_clip=CLIP
+        )
+        result = ebm_cate.run(self.arrays, self.domain, params, rng=self.rng, progress=_quiet)
+        return pehe(ebm_cate.predict(result, self.points), self.truth)
+
+
+def public_noise_sd(name: str, d: int, epsilons: tuple[float, ...]) -> dict[str, Any]:
+    """The quotes' public noise figures per epsilon (no data): what an analyst is told."""
+    rep = Rep.__new__(Rep)
+    p = 2 if name == "DS1" else 30
+    rep.points = np.full((d, p), 0.5)
+    rep.domain = PublicDomain(
         x_lower=np.zeros(p),
         x_upper=np.ones(p),
         y_lower=Y_LOWER,
         y_upper=Y_UPPER,
-        n=train,
+        n=TOTAL - TEST,
         allow_paper_mode=True,
     )
-    params = cv.CateVectorParams(
-        points=tuple(tuple(float(v) for v in row) for row in points),
-        epsilon=epsilon,
-        delta=1e-5,
-        learner=learner,  # type: ignore[arg-type]
-        mode=mode,  # type: ignore[arg-type]
-        ridge=0.1 if mode == "strict" else 1e-3,
-    )
-    result = cv.run(
-        arrays, domain, params, rng=rng, noise=OpenDPSampler(), progress=lambda f, s: None
-    )
-    estimates = np.asarray(result["estimates"])
-    return float(math.sqrt(np.mean((estimates - theta(name, points)) ** 2)))
+    out: dict[str, Any] = {}
+    for epsilon in epsilons:
+        row: dict[str, Any] = {}
+        for mode in ("strict", "paper"):
+            for learner in ("r", "dr"):
+                quote = cv.quote(rep.domain, rep.vector_params(mode, learner, epsilon))
+                key = f"vector {mode} {learner.upper()}"
+                row[key] = [quote.get("noise_sd_lower_bound"), quote["noise_sd_upper_bound"]]
+            fparams = cf.CateFunctionParams(
+                epsilon=epsilon,
+                delta=DELTA,
+                mode=mode,
+                regularization=0.1,
+                lambda_convention="unnormalised",
+                propensity_clip=CLIP,
+            )
+            row[f"function {mode} R pointwise sd"] = cf.quote(rep.domain, fparams)[
+                "pointwise_noise_sd"
+            ]
+        out[str(epsilon)] = row
+    return out
+
+
+def summarise(values: list[float]) -> dict[str, Any]:
+    finite = [v for v in values if math.isfinite(v)]
+    k = len(finite)
+    mean = float(np.mean(finite)) if k else float("nan")
+    se = float(np.std(finite, ddof=1) / math.sqrt(k)) if k > 1 else float("nan")
+    return {"reps": k, "pehe_mean": mean, "pehe_se": se, "pehe_runs": values}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dataset", choices=("DS1", "DS2"), default="DS1")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--paper-reps", type=int, default=None, help="fewer paper-mode fits")
+    parser.add_argument("--epsilons", type=float, nargs="*", default=list(EPSILONS))
+    parser.add_argument("--budget", type=float, default=1320.0, help="seconds; stop after a rep")
     args = parser.parse_args()
-    if args.quick:
-        datasets, epsilons, reps, d = ["DS1"], [1.0, 10.0], 1, 50
-        learners: tuple[str, ...] = ("r",)
-        totals: tuple[int, ...] = (3000,)
-    else:
-        datasets, epsilons, reps, d = ["DS1", "DS2"], [1.0, 5.0, 10.0, 50.0], 1, 300
-        learners, totals = ("r", "dr"), (3000, 30000)
-    rows: list[dict[str, Any]] = []
+    name: str = "DS1" if args.quick else args.dataset
+    epsilons = (1.0, 10.0) if args.quick else tuple(args.epsilons)
+    reps = 1 if args.quick else args.reps
+    paper_reps = reps if args.paper_reps is None else args.paper_reps
+    d = 50 if args.quick else TEST
+    out_path = RESULTS / f"cate_vector{'-quick' if args.quick else '_' + name}.json"
+    runs: dict[str, dict[float, list[float]]] = {}
+    extra: dict[str, list[float]] = {"gamma_over_ry_r": [], "gamma_over_ry_dr": []}
+    seconds: dict[str, float] = {}
     started = time.time()
-    plan: list[tuple[int, str, str, list[float]]] = []
-    for total in totals:
-        for name in datasets if total == 3000 else ["DS1"]:
-            for mode in ("strict", "paper") if total == 3000 else ("strict",):
-                grid = epsilons if total == 3000 else [1.0, 10.0]
-                if name == "DS2" and mode == "paper" and not args.quick:
-                    grid = [1.0, 10.0]  # the sup search in 30 dimensions is slow (README)
-                if args.quick and mode == "paper":
-                    grid = [10.0]
-                plan.append((total, name, mode, grid))
-    for total, name, mode, grid in plan:
-        for learner in learners:
-            for epsilon in grid:
-                values = [one(name, mode, learner, epsilon, d, 100 + r, total) for r in range(reps)]
-                row = {
-                    "dataset": name,
-                    "n": total,
-                    "mode": mode,
-                    "learner": learner,
-                    "epsilon": epsilon,
-                    "pehe_mean": float(np.mean(values)),
-                    "pehe_runs": values,
-                }
-                rows.append(row)
-                print(row, flush=True)
-                # written after every row, so an interrupted run keeps what it measured
-                out = write_result(
-                    "cate_vector",
-                    {
-                        "setting": {
-                            "n": list(totals),
-                            "test_queries": d,
-                            "delta": 1e-5,
-                            "reps": reps,
-                            "ridge_strict": 0.1,
-                            "ridge_paper": 1e-3,
-                            "n_features": 50,
-                            "lengthscale": 0.3,
-                            "pehe": "root mean squared error at the queries",
-                        },
-                        "rows": rows,
-                        "seconds": round(time.time() - started, 1),
-                        "complete": len(rows) == sum(len(g) * len(learners) for *_, g in plan),
-                    },
-                    quick=args.quick,
+
+    def add(label: str, epsilon: float, value: float, spent: float) -> None:
+        runs.setdefault(label, {}).setdefault(epsilon, []).append(value)
+        seconds[label] = seconds.get(label, 0.0) + spent
+
+    def timed(label: str, epsilon: float, fn: Any, *fargs: Any) -> Any:
+        t0 = time.perf_counter()
+        value = fn(*fargs)
+        add(label, epsilon, value if isinstance(value, float) else value[0], 0.0)
+        seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - t0
+        return value
+
+    def write(done_reps: int, complete: bool) -> None:
+        rows = [
+            {"mechanism": label, "epsilon": eps, **summarise(vals)}
+            for label, cells in runs.items()
+            for eps, vals in sorted(cells.items(), key=lambda kv: kv[0])
+        ]
+        lo, hi = cv.paper_gamma_bounds("r", R_Y, CLIP), cv.paper_gamma_bounds("dr", R_Y, CLIP)
+        doc = {
+            "benchmark": "cate_vector",
+            "command": "python -m bench.cate_vector " + " ".join(sys.argv[1:]),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "setting": {
+                "dataset": name,
+                "n": TOTAL - TEST,
+                "queries": d,
+                "delta": DELTA,
+                "propensity_clip": CLIP,
+                "epsilons": list(epsilons),
+                "reps_requested": reps,
+                "paper_reps_requested": paper_reps,
+                "reps_done": done_reps,
+                "vector": "ridge 0.1 strict / 1e-3 paper, 50 RFF, lengthscale 0.3",
+                "function": "R-learner, h = sqrt(q/6), lambda0 = 0.1 unnormalised, 256 centres",
+                "pehe": "root mean squared error at the queries; mean and SE over reps",
+            },
+            "paper_quote_bracket": {
+                "r": {"gamma_over_ry": [lo[0] / R_Y, lo[1] / R_Y]},
+                "dr": {"gamma_over_ry": [hi[0] / R_Y, hi[1] / R_Y]},
+                "realised_gamma_over_ry_r": extra["gamma_over_ry_r"],
+                "realised_gamma_over_ry_dr": extra["gamma_over_ry_dr"],
+            },
+            "public_noise_sd": public_noise_sd(name, d, epsilons),
+            "rows": rows,
+            "seconds_by_mechanism": {k: round(v, 1) for k, v in seconds.items()},
+            "seconds": round(time.time() - started, 1),
+            "complete": complete,
+        }
+        out_path.write_text(json.dumps(doc, indent=2) + "\n")
+
+    done = 0
+    for r in range(reps):
+        rep = Rep(name, 100 + r, d)
+        for epsilon in epsilons:
+            for learner in ("r", "dr"):
+                timed(
+                    f"vector strict {learner.upper()}", epsilon, rep.vector_strict, learner, epsilon
                 )
-    print(out)
+            raw = timed(
+                "function strict exact R", epsilon, rep.function, "strict", "exact", epsilon
+            )
+            add("function strict exact R (clipped)", epsilon, raw[1], 0.0)
+            raw = timed(
+                "function strict nystrom R", epsilon, rep.function, "strict", "nystrom", epsilon
+            )
+            add("function strict nystrom R (clipped)", epsilon, raw[1], 0.0)
+            raw = timed("function paper exact R", epsilon, rep.function, "paper", "exact", epsilon)
+            add("function paper exact R (clipped)", epsilon, raw[1], 0.0)
+            if math.isfinite(raw[2]) and epsilon == epsilons[0]:
+                add("function paper exact R g* (non-private)", 0.0, raw[2], 0.0)
+            timed("ebm_cate DR", epsilon, rep.ebm_dr, epsilon)
+        if r < paper_reps:
+            for learner in ("r", "dr"):
+                per_eps, nonprivate, ratio, spent = rep.vector_paper(learner, epsilons)
+                label = f"vector paper {learner.upper()}"
+                for epsilon, value in per_eps.items():
+                    add(label, epsilon, value, 0.0)
+                seconds[label] = seconds.get(label, 0.0) + spent
+                add(f"vector paper {learner.upper()} g* (non-private)", 0.0, nonprivate, 0.0)
+                extra[f"gamma_over_ry_{learner}"].append(ratio)
+        done = r + 1
+        write(done, complete=False)
+        print(f"rep {done} done at {time.time() - started:.0f} s", flush=True)
+        if time.time() - started > args.budget and done < reps:
+            print("time budget reached; stopping after this rep", flush=True)
+            break
+    write(done, complete=done == reps)
+    print(out_path)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,7 @@ FEATURE_NORM = 2.0  # C: ||phi(x)||^2 <= 1 + 1 + 2 (module docstring)
 _SOLVE_SLACK = 2.0**-20
 MIN_RIDGE = 1e-3
 _FOLD_SUM_TOLERANCE = 1e-9
+_FD_STEP = 1e-8  # finite-difference step of the sup search (scipy's L-BFGS-B default)
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,7 @@ class Plan:
     accounting: DpEbmAccounting | None
     theta: GaussianCalibration | None  # strict only
     record: MechanismRecord
+    cate_bound: float  # R_Y: tau = mu_1 - mu_0 lies in [-R_Y, R_Y]
 
     @property
     def n2(self) -> int:
@@ -347,7 +349,17 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         delta=max(e.delta for e in events),
     )
     return Plan(
-        params, guarantee, names, sizes, clip, propensity, bound_r, accounting, theta, record
+        params,
+        guarantee,
+        names,
+        sizes,
+        clip,
+        propensity,
+        bound_r,
+        accounting,
+        theta,
+        record,
+        cate_bound=big_r,
     )
 
 
@@ -374,12 +386,34 @@ def _public(state: Plan) -> dict[str, Any]:
     }
 
 
+def paper_gamma_bounds(learner: Learner, outcome_range: float, clip: float) -> tuple[float, float]:
+    """Public bounds ``(lower, upper)`` on paper mode's ``gamma_hat`` (proof, "Paper-mode quote").
+
+    Holds for every dataset, every fitted nuisance and second stage, given the public clip
+    ``c`` (pi_hat in [c, 1 - c]; RCT: c = min(p, 1 - p)), mu_hat, m_hat, y in the outcome box
+    (range R_Y) and the second stage clipped to the public CATE range [-R_Y, R_Y]:
+
+    * lower (R and DR): ``R_Y``. At any x, one arm has |a - pi| >= 1/2 (DR: weight
+      1/pi or 1/(1 - pi) >= 2), y runs over an interval of length R_Y, so the IF takes two
+      values R_Y |a - pi| apart and ``sup |IF| >= R_Y |a - pi| / (2 Lambda_hat) >= R_Y``
+      (Lambda_hat <= 1/4); DR: ``>= R_Y / (2 pi) >= R_Y``.
+    * upper, R: ``|a - pi| <= 1 - c``, ``|y - m| <= R_Y``, ``|(a - pi) g| <= (1 - c) R_Y``,
+      ``Lambda_hat >= c (1 - c)``, so ``sup |IF^R| <= (2 - c) R_Y / c``.
+    * upper, DR: ``|psi_AIPW| <= R_Y / c`` (tight, ate_ci.md §3.3) and ``|g| <= R_Y``, so
+      ``sup |IF^DR| <= R_Y (1 / c + 1)``.
+    """
+    if learner == "r":
+        return outcome_range, (2.0 - clip) * outcome_range / clip
+    return outcome_range, outcome_range * (1.0 / clip + 1.0)
+
+
 def quote(domain: PublicDomain, params: CateVectorParams) -> dict[str, Any]:
-    """Public accuracy preview. Strict: an upper bound on every coordinate's noise sd.
+    """Public accuracy preview, from public quantities only (no data access).
 
     Strict: coordinate j's noise is ``phi(x_j)' N(0, sigma^2 I)`` with ``||phi|| <= C = 2``,
-    so its sd is at most ``2 sigma``. Paper: the noise sd is data-dependent
-    (``gamma_hat c``) and never released; the quote gives ``c`` only.
+    so its sd is at most ``2 sigma``. Paper: the realised noise sd ``r = gamma_hat c`` is
+    data-dependent and never released; ``paper_gamma_bounds`` brackets it for every dataset:
+    ``c R_Y <= r <= c Gamma_max``.
     """
     state = make_plan(domain, params)
     out = _public(state)
@@ -387,8 +421,16 @@ def quote(domain: PublicDomain, params: CateVectorParams) -> dict[str, Any]:
         out["noise_sd_upper_bound"] = FEATURE_NORM * state.theta.sigma
         out["theta_sigma"] = state.theta.sigma
     else:
-        out["c"] = c_constant(state.record.epsilon, state.record.delta, state.n2)
-        out["noise_sd_upper_bound"] = None
+        c = c_constant(state.record.epsilon, state.record.delta, state.n2)
+        lower, upper = paper_gamma_bounds(params.learner, state.cate_bound, state.clip)
+        out["c"] = c
+        out["noise_sd_lower_bound"] = c * lower
+        out["noise_sd_upper_bound"] = c * upper
+        out["noise_sd_note"] = (
+            "paper mode: the noise sd per coordinate is gamma_hat * c with a data-dependent "
+            "gamma_hat (never released); for every dataset it lies between the two public "
+            "bounds (worst case over the public bounds and propensity clip)"
+        )
     return out
 
 
@@ -524,10 +566,15 @@ def influence_sup(
 
                     def objective(
                         x: NDArray[np.float64], a: float = a, y: float = y, sign: float = sign
-                    ) -> float:
-                        return -sign * float(influence(x[None, :], a, y)[0])
+                    ) -> tuple[float, NDArray[np.float64]]:
+                        # forward differences (scipy's default step) in one batched call
+                        steps = np.where(x + _FD_STEP <= upper, _FD_STEP, -_FD_STEP)
+                        batch = np.repeat(x[None, :], q + 1, axis=0)
+                        batch[np.arange(1, q + 1), np.arange(q)] += steps
+                        values = -sign * influence(batch, a, y)
+                        return float(values[0]), np.asarray((values[1:] - values[0]) / steps)
 
-                    found = minimize(objective, start, method="L-BFGS-B", bounds=bounds)
+                    found = minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds)
                     best = max(best, -float(found.fun))
     return best
 
@@ -547,20 +594,42 @@ def run(
     """Release the vector after the charge; ``ReleaseFailed`` on any data-time failure."""
     state = make_plan(domain, params)
     try:
-        return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
+        fitted = fit(arrays, domain, state, rng=rng, progress=progress)
+        out = release(fitted, state, noise=noise)
+        progress(1.0, "done")
+        return out
     except Exception:
         raise ReleaseFailed() from None
 
 
-def _run(
+@dataclass(frozen=True)
+class VectorFit:
+    """The non-private intermediate of one release: never returned, logged or stored.
+
+    ``estimates`` is the second stage at the query points, clipped to [-R_Y, R_Y] (paper
+    mode's g*); ``theta`` and ``phi_points`` are the ridge coefficients and the query features
+    (strict mode adds the noise to theta); ``gamma_hat`` is paper mode's sup |IF|.
+    """
+
+    estimates: NDArray[np.float64]
+    theta: NDArray[np.float64]
+    phi_points: NDArray[np.float64]
+    gamma_hat: float | None
+
+
+def fit(
     arrays: Arrays,
     domain: PublicDomain,
     state: Plan,
     *,
     rng: np.random.Generator,
-    noise: NoiseSampler,
     progress: Progress,
-) -> dict[str, Any]:
+) -> VectorFit:
+    """Partition, nuisances, second stage and (paper) gamma_hat; no noise yet.
+
+    Nothing here depends on epsilon in paper mode, so the benchmark harness reuses one fit for
+    several epsilons (``release`` with each plan); the service always calls ``run``.
+    """
     params = state.params
     x, a, y = prepare_arrays(arrays, domain)
     # proof step 6: uniformly random permutation cut at public sizes (never stored).
@@ -582,28 +651,48 @@ def _run(
         params.learner, phi2, a2, y2, pi2, mu02, mu12, state.bound_r
     )
     theta = ridge_fit(features, targets, params.ridge, state.bound_r)
+    del x2, a2, y2, features, targets
     points = np.asarray(params.points, dtype=np.float64)
     phi_points = feature_map(points)
-    if state.theta is not None:
-        # proof step 5: theta through the lattice Gaussian; the vector is post-processing.
-        theta_dp = noise.gaussian(
-            theta, sigma=state.theta.sigma, sensitivity_l2=state.theta.sensitivity_l2
-        )
-        values = phi_points @ theta_dp
-    else:
-
+    bound = state.cate_bound
+    estimates = np.clip(phi_points @ theta, -bound, bound)
+    gamma_hat: float | None = None
+    if params.mode == "paper":
+        # the second stage is projected on the public CATE range [-R_Y, R_Y] (the truth lies
+        # there); the IF is taken at that g, which keeps gamma_hat within paper_gamma_bounds.
         def g(z: NDArray[np.float64]) -> NDArray[np.float64]:
-            return np.asarray(feature_map(z) @ theta)
+            return np.clip(feature_map(z) @ theta, -bound, bound)
 
         overlap = float(np.mean(pi2 * (1.0 - pi2))) if params.learner == "r" else 1.0
         gamma_hat = influence_sup(params.learner, nuisance, g, domain, overlap=overlap, rng=rng)
-        r = gamma_hat * c_constant(state.record.epsilon, state.record.delta, state.n2)
+    progress(0.9, "second stage")
+    return VectorFit(estimates, theta, phi_points, gamma_hat)
+
+
+def paper_noise_sd(fitted: VectorFit, state: Plan) -> float:
+    """Paper mode's data-dependent ``r = gamma_hat c(epsilon, delta, n_2)``: never released."""
+    if fitted.gamma_hat is None:
+        raise ValueError("not a paper-mode fit")
+    return fitted.gamma_hat * c_constant(state.record.epsilon, state.record.delta, state.n2)
+
+
+def release(fitted: VectorFit, state: Plan, *, noise: NoiseSampler) -> dict[str, Any]:
+    """Add the noise and return the public result (values clipped to [-R_Y, R_Y])."""
+    bound = state.cate_bound
+    if state.theta is not None:
+        # proof step 5: theta through the lattice Gaussian; the vector is post-processing.
+        theta_dp = noise.gaussian(
+            fitted.theta, sigma=state.theta.sigma, sensitivity_l2=state.theta.sensitivity_l2
+        )
+        values = fitted.phi_points @ theta_dp
+    else:
+        r = paper_noise_sd(fitted, state)
         # r is data-dependent and never released; the sampler's check uses r as its own scale.
-        values = noise.gaussian(phi_points @ theta, sigma=max(r, 1e-300), sensitivity_l2=r)
-    del x2, a2, y2, features, targets
+        values = noise.gaussian(fitted.estimates, sigma=max(r, 1e-300), sensitivity_l2=r)
     if not np.all(np.isfinite(values)):
         raise ValueError("non-finite release")
-    progress(1.0, "done")
+    # post-processing: the CATE lies in [-R_Y, R_Y], so the projection never adds error.
+    values = np.clip(values, -bound, bound)
     return {**_public(state), "estimates": [float(v) for v in values]}
 
 

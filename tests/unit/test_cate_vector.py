@@ -121,7 +121,8 @@ def test_paper_mode_needs_the_owner_flag() -> None:
     record = cv.plan(domain(paper=True), params)
     assert record.guarantee == Guarantee.PAPER
     assert record.events[0].type == "smooth_sensitivity_gaussian"
-    assert cv.quote(domain(paper=True), params)["noise_sd_upper_bound"] is None
+    quote = cv.quote(domain(paper=True), params)
+    assert 0 < quote["noise_sd_lower_bound"] < quote["noise_sd_upper_bound"]
 
 
 @pytest.mark.parametrize(
@@ -200,3 +201,126 @@ def test_seeded_run_is_near_the_truth(learner: cv.Learner, mode: cv.Mode) -> Non
     assert result["guarantee"] == ("strict" if mode == "strict" else "paper")
     for forbidden in ("sigma", "gamma", "noise_scale", "theta"):
         assert not any(forbidden in key for key in result if key != "target_bound")
+
+
+# ---- paper-mode quote: public bracket on the data-dependent noise sd ------------------------
+
+
+@pytest.mark.parametrize(("learner", "rct"), [("r", False), ("dr", False), ("r", True)])
+def test_paper_quote_is_public_and_matches_the_formula(
+    learner: cv.Learner, rct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter's quote touches no data path and equals c * [R_Y, Gamma_max]."""
+    from service.releases.kinds.cate_vector import CateVectorKind
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the quote must not touch data")
+
+    for name in ("prepare_arrays", "random_folds", "fit", "_paper_nuisance", "influence_sup"):
+        monkeypatch.setattr(cv, name, forbidden)
+    dom = domain(3000, rct=rct, paper=True)
+    body = {
+        "points": [[0.1, 0.2], [0.9, 0.4]],
+        "epsilon": 2.0,
+        "delta": 1e-6,
+        "learner": learner,
+        "mode": "paper",
+        "propensity_clip": 0.1,
+    }
+    quote = CateVectorKind().quote(body, dom)
+    n2 = 1500  # paper folds (1/2, 1/2)
+    c = 5 * math.sqrt(2 * math.log(n2) * math.log(2 / 1e-6)) / (2.0 * n2)
+    r_y = 7.0
+    clip = 0.5 if rct else 0.1  # RCT: min(p, 1 - p) with p = 0.5
+    upper = (2 - clip) * r_y / clip if learner == "r" else r_y * (1 / clip + 1)
+    assert quote["c"] == pytest.approx(c, rel=1e-12)
+    assert quote["noise_sd_lower_bound"] == pytest.approx(c * r_y, rel=1e-12)
+    assert quote["noise_sd_upper_bound"] == pytest.approx(c * upper, rel=1e-12)
+    assert quote["guarantee"] == "paper"
+
+
+@pytest.mark.parametrize("learner", ["r", "dr"])
+def test_paper_upper_bound_is_attained_by_worst_case_nuisances(learner: cv.Learner) -> None:
+    """pi_hat at the clip, mu_hat at y_lo, g at -R_Y, Lambda_hat = c (1 - c): sup = Gamma_max."""
+    dom = domain(q=1)
+    clip, r_y = 0.05, 7.0
+
+    def nuisance(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        k = x.shape[0]
+        return np.full(k, clip), np.full(k, -2.0), np.full(k, -2.0)
+
+    def g(x: np.ndarray) -> np.ndarray:
+        return np.full(x.shape[0], -r_y)
+
+    overlap = clip * (1 - clip) if learner == "r" else 1.0
+    found = cv.influence_sup(
+        learner, nuisance, g, dom, overlap=overlap, rng=np.random.default_rng(0)
+    )
+    lower, upper = cv.paper_gamma_bounds(learner, r_y, clip)
+    assert found == pytest.approx(upper, rel=1e-12)
+    assert lower == r_y
+
+
+def _paper_data(n: int, seed: int, kind: str) -> Arrays:
+    """Small observational datasets: good overlap, poor overlap, extreme outcomes."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, (n, 2))
+    if kind == "poor":
+        pi = 0.02 + 0.96 * (x[:, 0] > 0.5)
+    else:
+        pi = 0.3 + 0.4 * x[:, 1]
+    a = (rng.uniform(size=n) < pi).astype(float)
+    if kind == "extreme":
+        y = np.where(rng.uniform(size=n) < 0.5, -2.0, 5.0) * np.where(a == 1, 1.0, -1.0)
+        y = np.clip(y, -2, 5)
+    else:
+        y = np.clip(x[:, 1] + a * (1 + 2 * x[:, 0]) + rng.normal(0, 0.3, n), -2, 5)
+    return Arrays(x, a, y)
+
+
+@pytest.mark.parametrize("learner", ["r", "dr"])
+@pytest.mark.parametrize("kind", ["good", "poor", "extreme"])
+def test_paper_realised_noise_lies_in_the_quoted_bracket(learner: cv.Learner, kind: str) -> None:
+    """Small-n simulation: r = gamma_hat c and the realised noise sd lie in the quote's bracket."""
+    n, epsilon = 400, 20.0
+    dom = domain(n, paper=True)
+    params = cv.CateVectorParams(
+        points=POINTS, epsilon=epsilon, delta=1e-5, learner=learner, mode="paper", ridge=1e-3
+    )
+    quote = cv.quote(dom, params)
+    low, high = quote["noise_sd_lower_bound"], quote["noise_sd_upper_bound"]
+    state = cv.make_plan(dom, params)
+    for seed in range(3):
+        fitted = cv.fit(
+            _paper_data(n, seed, kind),
+            dom,
+            state,
+            rng=np.random.default_rng(seed),
+            progress=lambda f, s: None,
+        )
+        r = cv.paper_noise_sd(fitted, state)
+        assert low <= r <= high
+        sampler = SeededSampler(np.random.default_rng(100 + seed))
+        draws = np.array(
+            [cv.release(fitted, state, noise=sampler)["estimates"] for _ in range(400)]
+        )
+        realised = float(np.std(draws - fitted.estimates))
+        # clipping to [-R_Y, R_Y] can only shrink the realised spread
+        assert realised <= 1.05 * r
+        assert low <= realised <= high
+
+
+def test_released_values_are_clipped_to_the_public_cate_range() -> None:
+    """Post-processing: every released coordinate lies in [-R_Y, R_Y] (R_Y = 7 here)."""
+    params = cv.CateVectorParams(points=POINTS, epsilon=0.02, delta=1e-5, ridge=1e-3)
+    state = cv.make_plan(domain(), params)
+    k = 1 + 2 + params.n_features
+    fitted = cv.VectorFit(
+        estimates=np.zeros(len(POINTS)),
+        theta=np.zeros(k),
+        phi_points=np.ones((len(POINTS), k)) / math.sqrt(k),
+        gamma_hat=None,
+    )
+    values = cv.release(fitted, state, noise=SeededSampler(np.random.default_rng(0)))["estimates"]
+    assert max(abs(v) for v in values) <= 7.0
+    assert max(abs(v) for v in values) == 7.0  # the noise is far larger than R_Y here
