@@ -20,9 +20,10 @@ Neighbouring relation: replace-one on (X, A, Y), n public; fold sizes public.
 Claim, strict mode (docs/proofs/cate_vector.md):
     (epsilon, delta)-DP. Nuisances are DP-EBMs at the replace-one epsilon_p rule, each
     (epsilon, delta)-DP on its own fold. Given them, the second stage on the last fold has
-    |r| <= B_r (R: the outcome range R_Y; DR: K) and ||v|| <= C, so ``||theta|| <= B_r /
-    sqrt(lambda)`` and the replace-one L2 sensitivity of theta is
-    ``Delta_theta = 2 C B_r (1 + C / sqrt(lambda)) / (lambda n_2)`` (strong convexity).
+    |r| <= B_r (R: the outcome range R_Y; DR: K) and ||v|| <= C_v (R: (1 - c) C, since
+    |a - pi_hat| <= 1 - c; DR: C), so ``||theta|| <= B_r / sqrt(lambda)`` and the replace-one
+    L2 sensitivity of theta is ``Delta_theta = 2 C_v B_r (1 + C_v / sqrt(lambda)) /
+    (lambda n_2)`` (strong convexity).
     theta is released through the lattice Gaussian at (epsilon, delta) with that sensitivity
     (plus a float margin), and the vector ``Phi(x) theta_DP`` is post-processing. Folds are a
     uniformly random partition of public sizes and the second-stage inputs are row-wise in the
@@ -189,9 +190,10 @@ def c_constant(epsilon: float, delta: float, n: int) -> float:
 def theta_sensitivity(bound_r: float, ridge: float, n2: int, feature_norm: float) -> float:
     """Replace-one L2 sensitivity of the ridge solution (proof steps 2-4).
 
+    ``feature_norm`` is C_v, a bound on the norm of the second-stage inputs v.
     ``||theta|| <= B_r / sqrt(lambda)``; each loss gradient on that ball is at most
-    ``2 C (B_r + C B_r / sqrt(lambda))``; strong convexity 2 lambda gives
-    ``Delta = 2 C B_r (1 + C / sqrt(lambda)) / (lambda n_2)``.
+    ``2 C_v (B_r + C_v B_r / sqrt(lambda))``; strong convexity 2 lambda gives
+    ``Delta = 2 C_v B_r (1 + C_v / sqrt(lambda)) / (lambda n_2)``.
     """
     return 2.0 * feature_norm * bound_r * (1.0 + feature_norm / math.sqrt(ridge)) / (ridge * n2)
 
@@ -291,7 +293,10 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
             )
         )
         # proof steps 2-5: sensitivity of theta, plus the float margin.
-        nominal = theta_sensitivity(bound_r, ridge, sizes[-1], FEATURE_NORM)
+        # proof step 3: ||v|| <= C_v; R: v = (a - pi_hat) phi with |a - pi_hat| <= 1 - c
+        # (pi_hat clipped to [c, 1 - c]; RCT: pi_hat = p, 1 - c = max(p, 1 - p)); DR: v = phi.
+        input_norm = FEATURE_NORM * (1.0 - clip) if params.learner == "r" else FEATURE_NORM
+        nominal = theta_sensitivity(bound_r, ridge, sizes[-1], input_norm)
         radius = bound_r / math.sqrt(ridge)
         sensitivity = math.nextafter(nominal + 2.0 * _SOLVE_SLACK * radius, math.inf)
         theta = calibrate_gaussian(
@@ -316,6 +321,7 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
                     "ridge": ridge,
                     "target_bound": bound_r,
                     "feature_norm": FEATURE_NORM,
+                    "input_norm": input_norm,
                     "queries": d,
                 },
             )

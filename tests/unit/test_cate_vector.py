@@ -70,7 +70,9 @@ def test_ridge_replace_one_never_exceeds_the_bound(learner: cv.Learner) -> None:
     dom = domain(n, q=q)
     fmap = cv.FeatureMap.draw(dom, 10, 0.3, rng)
     bound_r = 7.0 if learner == "r" else 7.0 / 0.05
-    limit = cv.theta_sensitivity(bound_r, ridge, n, cv.FEATURE_NORM)
+    # C_v: R's inputs (a - pi) phi have norm <= (1 - c) C with pi in [c, 1 - c], c = 0.05
+    input_norm = (1 - 0.05) * cv.FEATURE_NORM if learner == "r" else cv.FEATURE_NORM
+    limit = cv.theta_sensitivity(bound_r, ridge, n, input_norm)
     worst = 0.0
     for _ in range(20):
         x = rng.uniform(0, 1, (n, q))
@@ -112,6 +114,23 @@ def test_plan_strict_record() -> None:
     assert theta_event.params["dim"] == params.n_features + 1 + 2
     quote = cv.quote(domain(), params)
     assert quote["noise_sd_upper_bound"] == pytest.approx(2.0 * float(theta_event.params["sigma"]))
+
+
+@pytest.mark.parametrize(
+    ("learner", "rct", "input_norm"),
+    [("r", False, 0.95 * 2.0), ("r", True, 1.0), ("dr", False, 2.0), ("dr", True, 2.0)],
+)
+def test_plan_uses_the_input_norm_of_the_learner(
+    learner: cv.Learner, rct: bool, input_norm: float
+) -> None:
+    """R: ||(a - pi) phi|| <= (1 - c) C (RCT p = 1/2: C / 2); DR: C."""
+    params = cv.CateVectorParams(points=POINTS, epsilon=1.0, delta=1e-5, learner=learner)
+    state = cv.make_plan(domain(rct=rct), params)
+    event = state.record.events[-1]
+    assert event.params["input_norm"] == pytest.approx(input_norm)
+    assert event.params["sensitivity_l2_nominal"] == pytest.approx(
+        cv.theta_sensitivity(state.bound_r, params.ridge, state.n2, input_norm)
+    )
 
 
 def test_paper_mode_needs_the_owner_flag() -> None:

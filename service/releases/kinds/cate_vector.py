@@ -85,7 +85,8 @@ class CateVectorKind:
         return cate_vector.plan(domain, to_mechanism_params(_as_params(params), domain))
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
-        """Public accuracy preview."""
+        """Public accuracy preview (no data access): strict, an upper bound on every
+        coordinate's noise sd; paper, public lower and upper bounds on its data-dependent sd."""
         return cate_vector.quote(domain, to_mechanism_params(_as_params(params), domain))
 
     def run(
