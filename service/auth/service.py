@@ -63,14 +63,23 @@ def create_principal(
     return principal, key
 
 
+def bearer_key(authorization: str | None) -> str:
+    """The API key of an ``Authorization: Bearer <key>`` header."""
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise Unauthenticated("send 'Authorization: Bearer <api key>'")
+    return authorization[7:].strip()
+
+
+def is_admin_key(key: str) -> bool:
+    return hmac.compare_digest(key.encode(), get_settings().admin_key.encode())
+
+
 def authenticate(
     session: SessionDep, authorization: Annotated[str | None, Header()] = None
 ) -> Caller:
     """Resolve ``Authorization: Bearer <key>`` to a caller."""
-    if not authorization or not authorization.lower().startswith("bearer "):
-        raise Unauthenticated("send 'Authorization: Bearer <api key>'")
-    key = authorization[7:].strip()
-    if hmac.compare_digest(key.encode(), get_settings().admin_key.encode()):
+    key = bearer_key(authorization)
+    if is_admin_key(key):
         return ADMIN
     principal = session.execute(
         select(Principal).where(Principal.key_hash == hash_key(key))

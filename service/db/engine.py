@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import get_settings
@@ -49,6 +50,52 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
+def make_read_engine(url: str) -> Engine:
+    """An autocommit engine for single-statement reads on latency-critical paths.
+
+    One round trip per read: no ``BEGIN``/``COMMIT`` (a single statement is consistent on its
+    own), no pre-ping (``read`` retries once on a connection the database dropped), and on
+    SQLite no write lock (WAL readers run beside the writer). Never used to write.
+    """
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 60},
+            isolation_level="AUTOCOMMIT",
+        )
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA busy_timeout=60000")
+            cur.execute("PRAGMA query_only=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
+
+
+T = TypeVar("T")
+
+
+def read(query: Callable[[Connection], T]) -> T:
+    """Run ``query`` on a pooled read connection; once more if the connection was dropped."""
+    for attempt in (1, 2):
+        try:
+            with get_read_engine().connect() as conn:
+                return query(conn)
+        except DBAPIError as exc:
+            if attempt == 1 and exc.connection_invalidated:
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+@lru_cache
+def get_read_engine() -> Engine:
+    return make_read_engine(get_settings().database_url)
+
+
 @lru_cache
 def get_engine() -> Engine:
     return make_engine(get_settings().database_url)
@@ -82,3 +129,6 @@ def reset_caches() -> None:
         get_engine().dispose()
     get_engine.cache_clear()
     get_sessionmaker.cache_clear()
+    if get_read_engine.cache_info().currsize:
+        get_read_engine().dispose()
+    get_read_engine.cache_clear()

@@ -33,16 +33,18 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import and_, select
+from sqlalchemy import Connection, and_, bindparam, select
 from sqlalchemy.orm import Session
 
-from service.auth.service import Caller, Role
+from service.auth.service import ADMIN, Caller, Role, bearer_key, hash_key, is_admin_key
+from service.db.engine import get_sessionmaker, read
 from service.db.models import (
     CateFunction,
     CateFunctionBatch,
     CateFunctionSecret,
     Dataset,
     Grant,
+    Principal,
     Release,
 )
 from service.functions.payload import FunctionSecret
@@ -55,6 +57,7 @@ from service.problems import (
     FunctionCapacityReached,
     FunctionClosed,
     NotFound,
+    Unauthenticated,
     ValidationFailed,
 )
 
@@ -169,41 +172,80 @@ def public_view(header: CateFunction) -> dict[str, Any]:
 # ---- points ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Public:
+    """A function's immutable public facts, parsed once per process (never secret)."""
+
+    q: int
+    basis: str
+    batch_max: int
+    lower: NDArray[np.float64]
+    upper: NDArray[np.float64]
+    public: dict[str, Any]
+
+
+_publics: OrderedDict[str, _Public] = OrderedDict()
+MAX_CACHED_PUBLICS = 1024
+
+
+def _public_facts(
+    function_id: str, q: int, basis: str, batch_max: int, public_json: str
+) -> _Public:
+    with _cache_guard:
+        facts = _publics.get(function_id)
+        if facts is not None:
+            _publics.move_to_end(function_id)
+            return facts
+    public: dict[str, Any] = json.loads(public_json)
+    facts = _Public(
+        q=q,
+        basis=basis,
+        batch_max=batch_max,
+        lower=np.asarray(public["x_lower"], dtype=np.float64),
+        upper=np.asarray(public["x_upper"], dtype=np.float64),
+        public=public,
+    )
+    with _cache_guard:
+        _publics[function_id] = facts
+        while len(_publics) > MAX_CACHED_PUBLICS:
+            _publics.popitem(last=False)
+    return facts
+
+
 def validate_points(
-    header: CateFunction, points: list[list[float]]
+    facts: _Public, points: list[list[float]]
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """Check shape, finiteness and the public box; return canonical codes and points."""
-    public = json.loads(header.public_json)
-    lower = np.asarray(public["x_lower"], dtype=np.float64)
-    upper = np.asarray(public["x_upper"], dtype=np.float64)
     if not points:
         raise ValidationFailed(errors=[{"pointer": "#/points", "detail": "at least one point"}])
-    if len(points) > header.batch_max:
+    if len(points) > facts.batch_max:
         raise ValidationFailed(
-            f"at most {header.batch_max} points per request",
-            errors=[{"pointer": "#/points", "detail": f"at most {header.batch_max} points"}],
+            f"at most {facts.batch_max} points per request",
+            errors=[{"pointer": "#/points", "detail": f"at most {facts.batch_max} points"}],
         )
+    if all(len(point) == facts.q for point in points):
+        array = np.asarray(points, dtype=np.float64).reshape(-1, facts.q)
+        if np.all(np.isfinite(array)) and np.all((array >= facts.lower) & (array <= facts.upper)):
+            return mech.canonicalise(mech.scale_to_unit(array, facts.lower, facts.upper))
     errors: list[dict[str, str]] = []
     for i, point in enumerate(points):
-        if len(point) != header.q:
-            errors.append({"pointer": f"#/points/{i}", "detail": f"expected {header.q} values"})
+        if len(point) != facts.q:
+            errors.append({"pointer": f"#/points/{i}", "detail": f"expected {facts.q} values"})
             continue
         for j, value in enumerate(point):
             if not np.isfinite(value):
                 errors.append({"pointer": f"#/points/{i}/{j}", "detail": "must be finite"})
-            elif not lower[j] <= value <= upper[j]:
+            elif not facts.lower[j] <= value <= facts.upper[j]:
                 errors.append(
                     {
                         "pointer": f"#/points/{i}/{j}",
-                        "detail": f"outside the public bounds [{lower[j]:g}, {upper[j]:g}]",
+                        "detail": f"outside the public bounds "
+                        f"[{facts.lower[j]:g}, {facts.upper[j]:g}]",
                     }
                 )
         if len(errors) >= 20:
             break
-    if errors:
-        raise ValidationFailed("points outside the public domain", errors=errors)
-    array = np.asarray(points, dtype=np.float64).reshape(-1, header.q)
-    return mech.canonicalise(mech.scale_to_unit(array, lower, upper))
+    raise ValidationFailed("points outside the public domain", errors=errors)
 
 
 # ---- per-process caches ---------------------------------------------------------------------
@@ -261,10 +303,16 @@ class _CorruptState(Exception):
 
 def _load_fitted(session: Session, function_id: str) -> mech.FittedFunction:
     row = session.get(CateFunctionSecret, function_id)
-    if row is None or _digest(row.payload) != row.digest:
+    if row is None:
+        raise _CorruptState()
+    return _unseal_fitted(function_id, row.payload, row.digest)
+
+
+def _unseal_fitted(function_id: str, payload: bytes, digest: str) -> mech.FittedFunction:
+    if _digest(payload) != digest:
         raise _CorruptState()
     try:
-        return mech.FittedFunction.from_bytes(unseal(row.payload, context=f"{function_id}:fitted"))
+        return mech.FittedFunction.from_bytes(unseal(payload, context=f"{function_id}:fitted"))
     except Exception:  # SealError, or a malformed payload
         raise _CorruptState() from None
 
@@ -350,38 +398,138 @@ def _close(session: Session, header: CateFunction) -> None:
 # ---- evaluation -----------------------------------------------------------------------------
 
 
-def _finite_basis_values(
-    session: Session, header: CateFunction, points: NDArray[np.float64]
-) -> list[float]:
-    entry = _cached(header.id)
+def _finite_basis_values(function_id: str, points: NDArray[np.float64]) -> list[float]:
+    """Post-processing of the released coefficients: no lock, no write, no state."""
+    entry = _cached(function_id)
     if entry is None:
         try:
-            fitted = _load_fitted(session, header.id)
+            row = read(
+                lambda conn: conn.execute(
+                    select(CateFunctionSecret.payload, CateFunctionSecret.digest).where(
+                        CateFunctionSecret.function_id == function_id
+                    )
+                ).first()
+            )
+            if row is None:
+                raise _CorruptState()
+            fitted = _unseal_fitted(function_id, row.payload, row.digest)
         except _CorruptState:
-            _close(session, header)
+            with get_sessionmaker()() as session:
+                header = session.get(CateFunction, function_id)
+                if header is not None:
+                    _close(session, header)
             raise FunctionClosed("the function's state is unavailable") from None
         entry = _Entry(version=0, fitted=fitted, path=None)
-        _remember(header.id, entry)
-    with _single_threaded_blas():
+        _remember(function_id, entry)
+    if points.shape[0] * entry.fitted.support.shape[0] <= SMALL_EVALUATION:
         values = entry.fitted.round_output(entry.fitted.mean(points))
+    else:
+        with _single_threaded_blas():
+            values = entry.fitted.round_output(entry.fitted.mean(points))
     return [float(v) for v in values]
 
 
-def evaluate(
-    session: Session, *, caller: Caller, function_id: str, points: list[list[float]]
+# Below this many kernel entries (points x centres) an evaluation is too small for BLAS threads
+# to matter, and limiting them (threadpoolctl) would cost more than the evaluation itself.
+SMALL_EVALUATION = 65536
+
+
+_HEADER_COLUMNS = (
+    CateFunction.id.label("function_id"),
+    CateFunction.status,
+    CateFunction.basis,
+    CateFunction.q,
+    CateFunction.batch_max,
+    CateFunction.public_json,
+    Release.status.label("release_status"),
+    Release.visible_at,
+    Dataset.owner_id,
+)
+# Built once (statement construction costs more than the query on this path).
+_ADMIN_ACCESS = (
+    select(*_HEADER_COLUMNS)
+    .join(Release, Release.id == CateFunction.id)
+    .join(Dataset, Dataset.id == CateFunction.dataset_id)
+    .where(CateFunction.id == bindparam("function_id"))
+)
+_PRINCIPAL_ACCESS = (
+    select(
+        Principal.id.label("principal_id"),
+        Principal.role,
+        Principal.name,
+        Principal.disabled,
+        *_HEADER_COLUMNS,
+        Grant.id.label("grant_id"),
+    )
+    .select_from(Principal)
+    .outerjoin(CateFunction, CateFunction.id == bindparam("function_id"))
+    .outerjoin(Release, Release.id == CateFunction.id)
+    .outerjoin(Dataset, Dataset.id == CateFunction.dataset_id)
+    .outerjoin(
+        Grant,
+        and_(
+            Grant.dataset_id == CateFunction.dataset_id,
+            Grant.principal_id == Principal.id,
+            Grant.revoked.is_(False),
+        ),
+    )
+    .where(Principal.key_hash == bindparam("key_hash"))
+)
+
+
+def _access(conn: Connection, key: str, function_id: str) -> tuple[Caller, Any]:
+    """Authenticate the key and read the function's header, release and grant: one query.
+
+    Raises ``Unauthenticated`` for an unknown or disabled key (before anything about the
+    function is looked at) and ``NotFound`` for a function the caller may not evaluate.
+    """
+    row: Any
+    if is_admin_key(key):
+        row = conn.execute(_ADMIN_ACCESS, {"function_id": function_id}).first()
+        caller = ADMIN
+        granted = True
+    else:
+        found = conn.execute(
+            _PRINCIPAL_ACCESS, {"function_id": function_id, "key_hash": hash_key(key)}
+        ).first()
+        if found is None or found.disabled:
+            raise Unauthenticated("the API key is not valid")
+        caller = Caller(id=found.principal_id, role=Role(found.role), name=found.name)
+        row = found if found.function_id is not None else None
+        granted = found.owner_id == caller.id or (
+            caller.role in (Role.ANALYST, Role.CLIENT) and found.grant_id is not None
+        )
+    if row is None or not granted or row.release_status != "done":
+        raise NotFound("function not found")
+    if row.visible_at is not None and time.time() < row.visible_at:
+        raise NotFound("function not found")  # not visible before its padded completion time
+    return caller, row
+
+
+def evaluate_with_key(
+    *, authorization: str | None, function_id: str, points: list[list[float]]
 ) -> tuple[list[float], dict[str, Any]]:
     """Answer a batch (in request order) and return the public metadata with it.
 
-    Exact mode commits its own transaction before returning (no answer before it is durable).
+    Authentication, access and the header are one autocommit read. Finite-basis functions are
+    then evaluated from the per-process copy of their released coefficients (no lock, no
+    write); exact mode commits its own transaction before returning (no answer before it is
+    durable).
     """
-    header = readable(session, caller=caller, function_id=function_id)
-    if header.status != "open":
+    key = bearer_key(authorization)
+    _caller, row = read(lambda conn: _access(conn, key, function_id))
+    if row.status != "open":
         raise FunctionClosed("the function's state is closed")
-    public: dict[str, Any] = json.loads(header.public_json)
-    codes, canonical = validate_points(header, points)
-    if header.basis != "exact":
-        return _finite_basis_values(session, header, canonical), public
-    return _evaluate_exact(session, function_id, codes, canonical), public
+    facts = _public_facts(row.function_id, row.q, row.basis, row.batch_max, row.public_json)
+    codes, canonical = validate_points(facts, points)
+    if facts.basis != "exact":
+        return _finite_basis_values(function_id, canonical), facts.public
+    with get_sessionmaker()() as session:
+        try:
+            return _evaluate_exact(session, function_id, codes, canonical), facts.public
+        except BaseException:
+            session.rollback()
+            raise
 
 
 def _evaluate_exact(

@@ -4,12 +4,11 @@ data sizes or memory, which could be side channels on private data (threats.md Â
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class Metrics:
@@ -28,16 +27,37 @@ class Metrics:
             registry=self.registry,
         )
 
-    async def middleware(
-        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        template = getattr(route, "path", "unmatched")
-        self.requests.labels(request.method, template, str(response.status_code)).inc()
-        self.latency.labels(request.method, template).observe(time.perf_counter() - start)
-        return response
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route).observe(seconds)
 
     def render(self) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware: count and time every HTTP request by its route template."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            # The router stores the matched route in the scope; ids never become labels.
+            template = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.observe(scope["method"], template, status, time.perf_counter() - start)

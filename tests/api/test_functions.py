@@ -12,11 +12,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from service.db.models import CateFunctionBatch
+from service.db.models import CateFunctionBatch, Principal
 from service.functions import service as functions
 from service.functions.sealing import MAGIC, unseal
 from tests.api.test_releases import post_release, wait
-from tests.conftest import RCT_SCHEMA, Api
+from tests.conftest import ADMIN_KEY, RCT_SCHEMA, Api
 
 FAST = {"epsilon": 1.0, "nuisance": "none", "t_max": 50, "batch_max": 20}
 
@@ -183,3 +183,49 @@ def test_corrupt_state_closes_the_function(client: TestClient, setup: Any, confi
     meta = client.get(f"/v1/functions/{fid}", headers=Api.auth(key))
     assert meta.json()["status"] == "closed"
     assert evaluate(client, key, fid, [[30.0, 0.2, 0.0]]).status_code == 409
+
+
+@pytest.mark.parametrize("basis", ["nystrom", "exact"])
+def test_revocation_and_disabled_keys_take_effect_at_once(
+    client: TestClient, setup: Any, configured: str, basis: str
+) -> None:
+    """The fast evaluation path caches public facts and the released function, never access:
+    a revoked grant or a disabled key is refused on the very next request."""
+    params = {**FAST, "basis": basis, "n_centres": 32}
+    fid = release(client, setup, params)["id"]
+    point = [[30.0, 0.2, 0.0]]
+    client_key, analyst_key = setup["client"]["api_key"], setup["analyst"]["api_key"]
+    first = evaluate(client, client_key, fid, point)
+    assert first.status_code == 200
+    assert evaluate(client, analyst_key, fid, point).json()["values"] == first.json()["values"]
+    owner = Api.auth(setup["owner"]["api_key"])
+    revoked = client.delete(
+        f"/v1/datasets/{setup['ds']['id']}/grants/{setup['client']['id']}", headers=owner
+    )
+    assert revoked.status_code == 204
+    assert evaluate(client, client_key, fid, point).status_code == 404
+    engine = create_engine(configured)
+    try:
+        with Session(engine) as session:
+            principal = session.get(Principal, setup["analyst"]["id"])
+            assert principal is not None
+            principal.disabled = True
+            session.commit()
+    finally:
+        engine.dispose()
+    assert evaluate(client, analyst_key, fid, point).status_code == 401
+    # The owner and the admin still read the same value; nothing was charged.
+    again = evaluate(client, setup["owner"]["api_key"], fid, point)
+    assert again.json()["values"] == first.json()["values"]
+    assert evaluate(client, ADMIN_KEY, fid, point).json()["values"] == first.json()["values"]
+    assert spent(client, setup) == 1.0
+
+
+def test_evaluation_responses_are_not_cacheable(client: TestClient, setup: Any) -> None:
+    fid = release(client, setup, {**FAST, "basis": "nystrom", "n_centres": 32})["id"]
+    r = evaluate(client, setup["client"]["api_key"], fid, [[30.0, 0.2, 0.0]])
+    assert r.headers["cache-control"] == "no-store"
+    bad = evaluate(client, setup["client"]["api_key"], fid, [[300.0, 0.2, 0.0]])
+    assert bad.status_code == 422
+    assert bad.headers["cache-control"] == "no-store"
+    assert bad.headers["content-type"].startswith("application/problem+json")
