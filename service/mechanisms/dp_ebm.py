@@ -171,14 +171,18 @@ def interpret_guard() -> Iterator[None]:
         yield
 
 
-def _common(accounting: DpEbmAccounting) -> dict[str, Any]:
+def _common(
+    accounting: DpEbmAccounting,
+    max_bins: int = DP_EBM_MAX_BINS,
+    max_rounds: int = DP_EBM_MAX_ROUNDS,
+) -> dict[str, Any]:
     return {
         "epsilon": accounting.epsilon_p,
         "delta": accounting.delta_p,
         "composition": "gdp",
         "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
-        "max_bins": DP_EBM_MAX_BINS,
-        "max_rounds": DP_EBM_MAX_ROUNDS,
+        "max_bins": max_bins,
+        "max_rounds": max_rounds,
         "learning_rate": DP_EBM_LEARNING_RATE,
         "max_leaves": DP_EBM_MAX_LEAVES,
         "outer_bags": DP_EBM_OUTER_BAGS,
@@ -193,11 +197,16 @@ def _bounds(lower: NDArray[np.float64], upper: NDArray[np.float64]) -> list[tupl
 
 
 def check_fitted_noise(
-    model: Any, accounting: DpEbmAccounting, n_features: int, target_range: float
+    model: Any,
+    accounting: DpEbmAccounting,
+    n_features: int,
+    target_range: float,
+    *,
+    max_rounds: int = DP_EBM_MAX_ROUNDS,
 ) -> None:
     """Verify from the fitted noise scales that the (unweighted) fit is within the planned mu."""
     mu_binning = math.sqrt(n_features) / float(model.noise_scale_binning_)
-    queries = DP_EBM_MAX_ROUNDS * n_features * DP_EBM_OUTER_BAGS
+    queries = max_rounds * n_features * DP_EBM_OUTER_BAGS
     mu_boosting = (
         math.sqrt(queries)
         * DP_EBM_LEARNING_RATE
@@ -214,11 +223,16 @@ def fit_classifier(
     lower: NDArray[np.float64],
     upper: NDArray[np.float64],
     accounting: DpEbmAccounting,
+    *,
+    max_bins: int = DP_EBM_MAX_BINS,
+    max_rounds: int = DP_EBM_MAX_ROUNDS,
 ) -> Any:
     """DP-EBM classifier for P(A = 1 | X) with public bounds (dp_ebm_learners.md §7.4).
 
     Two public anchor rows (A = 0 and A = 1 at the box centre) make both classes present in
     every fit, so interpret's data-derived ``classes_`` is constant (as in ``ate_strict``).
+    ``max_bins`` and ``max_rounds`` are public hyperparameters: interpret spreads the same
+    mu over ``max_rounds`` boosting rounds (so mu, the privacy, does not depend on them).
     """
     from interpret.privacy import DPExplainableBoostingClassifier
 
@@ -227,7 +241,7 @@ def fit_classifier(
     x_fit = np.vstack([np.clip(x, lower, upper), centre, centre])
     a_fit = np.concatenate([np.where(a >= 0.5, 1, 0), [0, 1]]).astype(np.int64)
     model = DPExplainableBoostingClassifier(
-        **_common(accounting),
+        **_common(accounting, max_bins, max_rounds),
         feature_types=["continuous"] * q,
         privacy_bounds=_bounds(lower, upper),
     )
@@ -235,7 +249,7 @@ def fit_classifier(
         model.fit(x_fit, a_fit)
     if list(np.asarray(model.classes_).tolist()) != [0, 1]:
         raise ValueError("unexpected classes")
-    check_fitted_noise(model, accounting, q, 1.0)
+    check_fitted_noise(model, accounting, q, 1.0, max_rounds=max_rounds)
     return model
 
 
@@ -249,6 +263,8 @@ def fit_regressor(
     accounting: DpEbmAccounting,
     *,
     sample_weight: NDArray[np.float64] | None = None,
+    max_bins: int = DP_EBM_MAX_BINS,
+    max_rounds: int = DP_EBM_MAX_ROUNDS,
 ) -> tuple[Any, float]:
     """DP-EBM regressor with public feature and target bounds; the target is centred.
 
@@ -266,7 +282,7 @@ def fit_regressor(
     midpoint = (target_lower + target_upper) / 2.0
     half = (target_upper - target_lower) / 2.0
     model = DPExplainableBoostingRegressor(
-        **_common(accounting),
+        **_common(accounting, max_bins, max_rounds),
         feature_types=["continuous"] * q,
         privacy_bounds=_bounds(lower, upper),
         privacy_target_min=-half,
@@ -279,7 +295,7 @@ def fit_regressor(
         else:
             model.fit(np.clip(x, lower, upper), centred, sample_weight=sample_weight)
     if sample_weight is None:
-        check_fitted_noise(model, accounting, q, 2.0 * half)
+        check_fitted_noise(model, accounting, q, 2.0 * half, max_rounds=max_rounds)
     return model, midpoint
 
 
@@ -292,6 +308,8 @@ def dp_ebm_event(
     n_features: int,
     target_range: float,
     learner: str,
+    max_bins: int = DP_EBM_MAX_BINS,
+    max_rounds: int = DP_EBM_MAX_ROUNDS,
 ) -> NoiseEvent:
     """The ledger event of one DP-EBM module (public parameters only)."""
     return NoiseEvent(
@@ -308,8 +326,8 @@ def dp_ebm_event(
             "mu_add_remove": accounting.mu_add_remove,
             "mu": accounting.mu_replace_one,
             "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
-            "max_bins": DP_EBM_MAX_BINS,
-            "max_rounds": DP_EBM_MAX_ROUNDS,
+            "max_bins": max_bins,
+            "max_rounds": max_rounds,
             "learning_rate": DP_EBM_LEARNING_RATE,
             "max_leaves": DP_EBM_MAX_LEAVES,
             "outer_bags": DP_EBM_OUTER_BAGS,

@@ -51,6 +51,7 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.dp_ebm import (
     DP_EBM_LEARNING_RATE,
+    DP_EBM_MAX_BINS,
     DP_EBM_MAX_ROUNDS,
     DpEbmAccounting,
     SafeEbm,
@@ -74,6 +75,8 @@ MIN_EPSILON = 0.05
 MAX_EPSILON = 100.0
 MIN_FOLD_SIZE = 100
 MAX_PREDICT_POINTS = 10_000
+MIN_MAX_BINS, MAX_MAX_BINS = 4, 256
+MIN_MAX_ROUNDS, MAX_MAX_ROUNDS = 10, 1000
 _FOLD_SUM_TOLERANCE = 1e-9
 # Spec guidance (dp_ebm_learners.md §6 item 11, benchmarks.md §3.4): below these effect-fold
 # sizes at epsilon = 1 the DR/R learner is usually worse than the ATE; the quote warns.
@@ -91,6 +94,15 @@ class EbmCateParams:
         propensity_clip: c; e_hat is clipped to [c, 1 - c] (observational designs).
         pseudo_outcome_clip: public K; pseudo-outcomes are clipped to [-K, K]. None: R_Y.
         fold_fractions: fractions per module (see ``modules``); None: Niu et al.'s defaults.
+        max_bins: interpret's ``max_bins`` for every module (public; privacy-neutral: the
+            binning and boosting noise scales do not depend on it). Default 32 (interpret's
+            and Niu et al.'s). Fewer bins give every bin more records, so the noisy per-bin
+            updates of the shape functions are smaller (bench/README.md, DP-EBM section).
+        max_rounds: interpret's ``max_rounds`` for every module (public; privacy-neutral:
+            interpret spreads the same mu over the rounds, sigma_boost ~ sqrt(rounds)). The
+            noise accumulated in a shape function grows like rounds x learning rate, the
+            fitted signal saturates: fewer rounds trade a little shrinkage for less noise.
+            Default 300 (interpret's and Niu et al.'s).
     """
 
     epsilon: float
@@ -99,6 +111,8 @@ class EbmCateParams:
     propensity_clip: float = 0.05
     pseudo_outcome_clip: float | None = None
     fold_fractions: tuple[float, ...] | None = None
+    max_bins: int = DP_EBM_MAX_BINS
+    max_rounds: int = DP_EBM_MAX_ROUNDS
 
 
 def modules(domain: PublicDomain, learner: Learner) -> tuple[str, ...]:
@@ -173,6 +187,22 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if not domain.y_lower < domain.y_upper:
         raise InvalidParameters("outcome bounds must satisfy y_lower < y_upper")
     epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    max_bins = params.max_bins
+    if (
+        isinstance(max_bins, bool)
+        or not isinstance(max_bins, int)
+        or not MIN_MAX_BINS <= max_bins <= MAX_MAX_BINS
+    ):
+        raise InvalidParameters(f"max_bins must be an integer in [{MIN_MAX_BINS}, {MAX_MAX_BINS}]")
+    max_rounds = params.max_rounds
+    if (
+        isinstance(max_rounds, bool)
+        or not isinstance(max_rounds, int)
+        or not MIN_MAX_ROUNDS <= max_rounds <= MAX_MAX_ROUNDS
+    ):
+        raise InvalidParameters(
+            f"max_rounds must be an integer in [{MIN_MAX_ROUNDS}, {MAX_MAX_ROUNDS}]"
+        )
     fractions = _fractions(domain, learner, params.fold_fractions)
     names = modules(domain, learner)
     sizes = fold_sizes(domain.n, fractions)
@@ -213,6 +243,8 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                     n_features=q,
                     target_range=1.0,
                     learner="Classifier",
+                    max_bins=max_bins,
+                    max_rounds=max_rounds,
                 )
             )
         elif name == "outcome":
@@ -226,6 +258,8 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                     n_features=width,
                     target_range=big_r,
                     learner="Regressor",
+                    max_bins=max_bins,
+                    max_rounds=max_rounds,
                 )
             )
         else:
@@ -238,6 +272,8 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                     n_features=q,
                     target_range=2.0 * clip_k,
                     learner="Regressor",
+                    max_bins=max_bins,
+                    max_rounds=max_rounds,
                 )
             )
     # proof step 3: Theorem 6 - the max over modules.
@@ -272,6 +308,8 @@ def _public(state: Plan, domain: PublicDomain) -> dict[str, Any]:
         "treatment_probability": state.propensity,
         "pseudo_outcome_clip": state.clip_k if state.params.learner != "s" else None,
         "fold_sizes": dict(state.record.fold_sizes),
+        "max_bins": state.params.max_bins,
+        "max_rounds": state.params.max_rounds,
         "design": str(domain.design),
     }
 
@@ -288,12 +326,13 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
     q = domain.q
     width = q + 1 if params.learner == "s" else q
     target_range = domain.outcome_range if params.learner == "s" else 2.0 * state.clip_k
-    sigma_boost = math.sqrt(DP_EBM_MAX_ROUNDS * width) * DP_EBM_LEARNING_RATE * target_range
+    rounds = params.max_rounds
+    sigma_boost = math.sqrt(rounds * width) * DP_EBM_LEARNING_RATE * target_range
     sigma_boost /= mu_boost
     last = state.fold_sizes[-1]
     # A rough public scale for the per-bin noise of one shape function (32 bins, 3 leaves per
     # step, 300 rounds): sigma_boost * sqrt(rounds) / (leaf size ~ n_last / 3).
-    shape_noise = sigma_boost * math.sqrt(DP_EBM_MAX_ROUNDS) / max(last / 3.0, 1.0)
+    shape_noise = sigma_boost * math.sqrt(rounds) / max(last / 3.0, 1.0)
     warnings: list[str] = []
     if params.learner != "s" and last * min(state.record.epsilon, 1.0) < _SMALL_N_WARNING:
         warnings.append(
@@ -361,6 +400,8 @@ def _run(
             low,
             high,
             state.accounting,
+            max_bins=params.max_bins,
+            max_rounds=params.max_rounds,
         )
         safe = SafeEbm.from_model(model, offset=midpoint, names=["treatment", *feature_names])
         centre = ((lower + upper) / 2.0)[None, :]
@@ -384,7 +425,15 @@ def _run(
         e_hat = np.full(x2.shape[0], state.propensity)
     else:
         rows = folds["propensity"]
-        classifier = fit_classifier(x[rows], a[rows], lower, upper, state.accounting)
+        classifier = fit_classifier(
+            x[rows],
+            a[rows],
+            lower,
+            upper,
+            state.accounting,
+            max_bins=params.max_bins,
+            max_rounds=params.max_rounds,
+        )
         with interpret_guard():
             proba = np.asarray(classifier.predict_proba(x2), dtype=np.float64)[:, 1]
         c = params.propensity_clip
@@ -402,6 +451,8 @@ def _run(
             low,
             high,
             state.accounting,
+            max_bins=params.max_bins,
+            max_rounds=params.max_rounds,
         )
         with interpret_guard():
             mu1 = np.asarray(outcome.predict(np.column_stack([np.ones(len(x2)), x2])))
@@ -414,9 +465,29 @@ def _run(
         with np.errstate(all="ignore"):
             psi = mu1 - mu0 + a2 * (y2 - mu1) / e_hat - (1.0 - a2) * (y2 - mu0) / (1.0 - e_hat)
         psi = np.clip(np.where(np.isfinite(psi), psi, 0.0), -k, k)
-        effect_model, offset = fit_regressor(x2, psi, lower, upper, -k, k, state.accounting)
+        effect_model, offset = fit_regressor(
+            x2,
+            psi,
+            lower,
+            upper,
+            -k,
+            k,
+            state.accounting,
+            max_bins=params.max_bins,
+            max_rounds=params.max_rounds,
+        )
     else:
-        eta_model, mid = fit_regressor(x[rows], y[rows], lower, upper, low, high, state.accounting)
+        eta_model, mid = fit_regressor(
+            x[rows],
+            y[rows],
+            lower,
+            upper,
+            low,
+            high,
+            state.accounting,
+            max_bins=params.max_bins,
+            max_rounds=params.max_rounds,
+        )
         with interpret_guard():
             eta = np.asarray(eta_model.predict(x2)) + mid
         eta = np.clip(np.nan_to_num(eta, nan=mid), low, high)
@@ -426,7 +497,16 @@ def _run(
         psi = np.clip((y2 - eta) / residual_a, -k, k)
         weight = residual_a**2
         effect_model, offset = fit_regressor(
-            x2, psi, lower, upper, -k, k, state.accounting, sample_weight=weight
+            x2,
+            psi,
+            lower,
+            upper,
+            -k,
+            k,
+            state.accounting,
+            sample_weight=weight,
+            max_bins=params.max_bins,
+            max_rounds=params.max_rounds,
         )
     safe = SafeEbm.from_model(effect_model, offset=offset, names=feature_names)
     del effect_model, psi, x2, a2, y2

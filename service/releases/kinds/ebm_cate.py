@@ -27,6 +27,8 @@ class EbmCateRequest(KindParams):
     propensity_clip: float = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
     pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
+    max_bins: int = Field(default=32, ge=ebm_cate.MIN_MAX_BINS, le=ebm_cate.MAX_MAX_BINS)
+    max_rounds: int = Field(default=300, ge=ebm_cate.MIN_MAX_ROUNDS, le=ebm_cate.MAX_MAX_ROUNDS)
 
 
 def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cate.EbmCateParams:
@@ -40,6 +42,8 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
         propensity_clip=params.propensity_clip,
         pseudo_outcome_clip=params.pseudo_outcome_clip,
         fold_fractions=params.fold_fractions,
+        max_bins=params.max_bins,
+        max_rounds=params.max_rounds,
     )
 
 
