@@ -8,8 +8,6 @@ from typing import Annotated
 from fastapi import APIRouter, Header
 from starlette.concurrency import run_in_threadpool
 
-from service.auth.service import CurrentCaller
-from service.db.engine import SessionDep
 from service.functions import service
 from service.functions.schemas import EvaluateRead, EvaluateRequest, FunctionRead
 from service.problems import (
@@ -31,9 +29,13 @@ router = APIRouter(tags=["functions"])
     responses=responses(Unauthenticated, NotFound),
     summary="Public metadata of a released function (its id is the release id)",
 )
-def read_function(session: SessionDep, caller: CurrentCaller, function_id: str) -> FunctionRead:
-    header = service.readable(session, caller=caller, function_id=function_id)
-    return FunctionRead(**service.public_view(header))
+async def read_function(
+    function_id: str, authorization: Annotated[str | None, Header()] = None
+) -> FunctionRead:
+    view = await run_in_threadpool(
+        partial(service.view_with_key, authorization=authorization, function_id=function_id)
+    )
+    return FunctionRead(**view)
 
 
 @router.post(

@@ -123,48 +123,19 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
 # ---- access ---------------------------------------------------------------------------------
 
 
-def readable(session: Session, *, caller: Caller, function_id: str) -> CateFunction:
-    """The function if the caller may evaluate it (owner, granted analyst/client, admin).
-
-    One query: the header, its release's visibility, the dataset's owner and the caller's grant.
-    """
-    row = session.execute(
-        select(CateFunction, Release.status, Release.visible_at, Dataset.owner_id, Grant.id)
-        .join(Release, Release.id == CateFunction.id)
-        .join(Dataset, Dataset.id == CateFunction.dataset_id)
-        .outerjoin(
-            Grant,
-            and_(
-                Grant.dataset_id == CateFunction.dataset_id,
-                Grant.principal_id == caller.id,
-                Grant.revoked.is_(False),
-            ),
-        )
-        .where(CateFunction.id == function_id)
-    ).first()
-    if row is None:
-        raise NotFound("function not found")
-    header, status, visible_at, owner_id, grant_id = row
-    if status != "done" or (visible_at is not None and time.time() < visible_at):
-        raise NotFound("function not found")  # not visible before its padded completion time
-    if caller.role == Role.ADMIN or owner_id == caller.id:
-        return header
-    if caller.role in (Role.ANALYST, Role.CLIENT) and grant_id is not None:
-        return header
-    raise NotFound("function not found")
-
-
-def public_view(header: CateFunction) -> dict[str, Any]:
+def view_with_key(*, authorization: str | None, function_id: str) -> dict[str, Any]:
     """Public metadata of a function (no state, no counts of other clients' points)."""
-    public: dict[str, Any] = json.loads(header.public_json)
+    key = bearer_key(authorization)
+    _caller, row = read(lambda conn: _access(conn, key, function_id))
+    public: dict[str, Any] = json.loads(row.public_json)
     return {
-        "id": header.id,
-        "dataset_id": header.dataset_id,
-        "status": header.status,
-        "basis": header.basis,
-        "q": header.q,
-        "t_max": header.t_max if header.basis == "exact" else None,
-        "batch_max": header.batch_max,
+        "id": row.function_id,
+        "dataset_id": row.dataset_id,
+        "status": row.status,
+        "basis": row.basis,
+        "q": row.q,
+        "t_max": row.t_max if row.basis == "exact" else None,
+        "batch_max": row.batch_max,
         "public": public,
     }
 
@@ -436,6 +407,8 @@ SMALL_EVALUATION = 65536
 
 _HEADER_COLUMNS = (
     CateFunction.id.label("function_id"),
+    CateFunction.dataset_id,
+    CateFunction.t_max,
     CateFunction.status,
     CateFunction.basis,
     CateFunction.q,

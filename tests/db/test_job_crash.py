@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -38,18 +39,27 @@ def _status(db_url: str, release_id: str) -> str:
     return str(status)
 
 
-def test_killed_job_fails_keeps_charge_and_never_reruns(
-    api: Api, client: TestClient, db_url: str
-) -> None:
+def _queued_release(
+    api: Api, client: TestClient, kind: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], Any]:
+    """Owner, analyst, dataset and the response of one queued release (no runner running)."""
     client.app.state.runner.stop()  # type: ignore[attr-defined]
     owner, analyst = api.principal("owner"), api.principal("analyst")
     ds = api.dataset(owner["api_key"], n=500, schema=RCT_SCHEMA, epsilon_total=2.0)
     api.grant(owner["api_key"], ds["id"], analyst["id"])
     r = client.post(
         f"/v1/datasets/{ds['id']}/releases",
-        json={"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}},
+        json={"kind": kind, "params": {"epsilon": 1.0, "nuisance": "none"}},
         headers=api.auth(analyst["api_key"]) | {"Idempotency-Key": uuid.uuid4().hex},
     )
+    assert r.status_code == 202, r.text
+    return owner, analyst, ds, r
+
+
+def test_killed_job_fails_keeps_charge_and_never_reruns(
+    api: Api, client: TestClient, db_url: str
+) -> None:
+    owner, analyst, ds, r = _queued_release(api, client, "ate")
     release_id = r.json()["id"]
     env = {**os.environ, "DATABASE_URL": db_url}
     proc = subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE)
@@ -90,16 +100,7 @@ def test_function_state_that_cannot_be_stored_fails_the_release_at_once(
 ) -> None:
     """If the released function's state cannot be written, the release fails in the same job
     (not 60 s later by the stale sweep), serves nothing, and keeps its charge."""
-    client.app.state.runner.stop()  # type: ignore[attr-defined]
-    owner, analyst = api.principal("owner"), api.principal("analyst")
-    ds = api.dataset(owner["api_key"], n=500, schema=RCT_SCHEMA, epsilon_total=2.0)
-    api.grant(owner["api_key"], ds["id"], analyst["id"])
-    r = client.post(
-        f"/v1/datasets/{ds['id']}/releases",
-        json={"kind": "cate_function", "params": {"epsilon": 1.0, "nuisance": "none"}},
-        headers=api.auth(analyst["api_key"]) | {"Idempotency-Key": uuid.uuid4().hex},
-    )
-    assert r.status_code == 202, r.text
+    owner, analyst, ds, r = _queued_release(api, client, "cate_function")
     release_id = r.json()["id"]
 
     from service.db.engine import get_sessionmaker
