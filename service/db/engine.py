@@ -72,7 +72,13 @@ def make_read_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
+    return create_engine(
+        url,
+        isolation_level="AUTOCOMMIT",
+        pool_size=5,
+        max_overflow=10,
+        connect_args={"options": "-c default_transaction_read_only=on"},
+    )
 
 
 T = TypeVar("T")
