@@ -9,6 +9,12 @@ What it releases:
     part) and the public noise scales. Never ``w_hat``, ``w_tilde`` (not needed by this kind),
     the h_i, the fraction trimmed, fold membership or the non-private mean (threats.md §9).
 
+    With ``normalization="hajek"`` (or ``"auto"`` when the public weight-sum noise is small)
+    the estimation stage instead releases DP per-arm weighted sums and weight sums (a 4-vector)
+    and per-arm second moments (a 6-vector), and returns the Hajek ratio difference with a
+    delta-method CI (proof §7): it removes the Horvitz-Thompson level bias of a shrunk or
+    misspecified DP propensity.
+
     paper (``run_paper``, benchmark harness only): the paper's release, DP for D_m only; the
     IPTW on D_n is computed in the clear. It is NOT a service release (private_propensity.md
     table "Service modes"): the ``ate`` kind refuses it.
@@ -37,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -70,11 +76,26 @@ from service.mechanisms.partition import prepare_arrays
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ate_ipw_private_propensity"
-VERSION = "1"
+VERSION = "2"  # 2: Hajek normalisation with DP arm weights ("auto" default), issue 3
 Progress = Callable[[float, str], None]
 DEFAULT_FOLDS = (0.5, 0.5)  # fit (D_m), estimation (D_n)
 DEFAULT_TRIM = 0.05
+DEFAULT_MEAN_SHARE = 0.8  # share f of the estimation budget for the mean
 PAPER_REGULARIZATION = 0.1  # Lee et al. lambda
+Normalization = Literal["auto", "horvitz_thompson", "hajek"]
+NORMALIZATIONS: tuple[str, ...] = ("auto", "horvitz_thompson", "hajek")
+# Hajek: the DP arm weight sums are floored at this public value before dividing (they estimate
+# E[pi / pi_tilde] ~ 1); "auto" uses Hajek only when the noise sd on each weight sum (a public
+# function of n, epsilon, delta, xi) is at most HAJEK_AUTO_MAX_WEIGHT_NOISE, where the ratio's
+# delta-method CI is accurate, and Horvitz-Thompson (linear, exact Gaussian noise) otherwise.
+HAJEK_WEIGHT_FLOOR = 0.25
+HAJEK_AUTO_MAX_WEIGHT_NOISE = 0.05
+# L2 sensitivities (times n2, in units of C_y = R / 2 for outcomes) of the Hajek statistics:
+# per row (a y~/pi, a/pi, (1-a) y~/(1-pi), (1-a)/(1-pi)) with y~ in [-1, 1], each weight in
+# [0, 1/xi]: replace-one moves at most sqrt((2/xi)^2 + (1/xi)^2) = sqrt(5)/xi (same arm) or
+# 2/xi (other arm); second moments (y~^2, y~, 1)/pi^2 per arm: sqrt(6)/xi^2 either way.
+HAJEK_SUMS_SENSITIVITY_XI = math.sqrt(5.0)
+HAJEK_SECOND_SENSITIVITY_XI2 = math.sqrt(6.0)
 _FLOAT_SLACK_BITS = 50
 
 
@@ -91,6 +112,9 @@ class AteIpwParams:
         mean_share: share f of the estimation budget for the mean.
         regularization: logistic ridge lambda; None means ``m^(-1/2)`` (strict; IPW is not
             doubly robust, so less shrinkage than the AIPW preset) or Lee et al.'s 0.1 (paper).
+        normalization: strict only: ``"horvitz_thompson"`` (one DP mean of the HT terms),
+            ``"hajek"`` (DP per-arm weighted sums and weight sums, ratio per arm) or
+            ``"auto"`` (Hajek when its public weight-sum noise is small; proof §7).
     """
 
     epsilon: float
@@ -98,8 +122,9 @@ class AteIpwParams:
     alpha: float = 0.05
     trim: float = DEFAULT_TRIM
     fold_fractions: tuple[float, float] | None = None
-    mean_share: float = 0.8
+    mean_share: float = DEFAULT_MEAN_SHARE
     regularization: float | None = None
+    normalization: Normalization = "auto"
 
 
 @dataclass(frozen=True)
@@ -112,6 +137,7 @@ class _Plan:
     mean: GaussianCalibration
     second_moment: GaussianCalibration
     record: MechanismRecord
+    normalization: str  # resolved: "horvitz_thompson" or "hajek"
 
 
 def _slack(nominal: float, n: int) -> float:
@@ -173,8 +199,44 @@ def _make_plan(domain: PublicDomain, params: AteIpwParams, *, paper: bool = Fals
     bound = (domain.outcome_range / 2.0) / trim
     epsilon_theta, epsilon_v = split_share(epsilon, mean_share)
     delta_theta, delta_v = split_share(delta, mean_share)
-    mean = calibrate_gaussian(epsilon_theta, delta_theta, _slack(2.0 * bound / n2, n2))
-    second = calibrate_gaussian(epsilon_v, delta_v, _slack(bound * bound / n2, n2))
+    normalization = params.normalization
+    if normalization not in NORMALIZATIONS:
+        raise InvalidParameters(f"normalization must be one of {list(NORMALIZATIONS)}")
+    if paper:
+        normalization = "horvitz_thompson"
+    # proof §7: Hajek statistics, 4-vector and 6-vector lattice Gaussians (units of C_y).
+    hajek_sums = calibrate_gaussian(
+        epsilon_theta, delta_theta, _slack(HAJEK_SUMS_SENSITIVITY_XI / (trim * n2), n2), dim=4
+    )
+    if normalization == "auto":
+        small = hajek_sums.sigma <= HAJEK_AUTO_MAX_WEIGHT_NOISE
+        normalization = "hajek" if small else "horvitz_thompson"
+    if normalization == "hajek":
+        mean = hajek_sums
+        second = calibrate_gaussian(
+            epsilon_v,
+            delta_v,
+            _slack(HAJEK_SECOND_SENSITIVITY_XI2 / (trim * trim * n2), n2),
+            dim=6,
+        )
+        estimation_events = (
+            gaussian_event(
+                "hajek_arm_sums", HAJEK_SUMS_SENSITIVITY_XI / (trim * n2), mean, 1.0 / trim
+            ),
+            gaussian_event(
+                "hajek_arm_second_moments",
+                HAJEK_SECOND_SENSITIVITY_XI2 / (trim * trim * n2),
+                second,
+                1.0 / (trim * trim),
+            ),
+        )
+    else:
+        mean = calibrate_gaussian(epsilon_theta, delta_theta, _slack(2.0 * bound / n2, n2))
+        second = calibrate_gaussian(epsilon_v, delta_v, _slack(bound * bound / n2, n2))
+        estimation_events = (
+            gaussian_event("mean_ipw_term", 2.0 * bound / n2, mean, bound),
+            gaussian_event("second_moment_ipw_term", bound * bound / n2, second, bound),
+        )
     events = (
         NoiseEvent(
             type="gaussian",
@@ -194,8 +256,7 @@ def _make_plan(domain: PublicDomain, params: AteIpwParams, *, paper: bool = Fals
                 "mu": propensity.calibration.mu,
             },
         ),
-        gaussian_event("mean_ipw_term", 2.0 * bound / n2, mean, bound),
-        gaussian_event("second_moment_ipw_term", bound * bound / n2, second, bound),
+        *estimation_events,
     )
     # proof step 3: Theorem 6 over the two disjoint folds: max of (eps, delta) and (eps, delta).
     record = MechanismRecord(
@@ -209,7 +270,7 @@ def _make_plan(domain: PublicDomain, params: AteIpwParams, *, paper: bool = Fals
         epsilon=epsilon,
         delta=delta,
     )
-    return _Plan(params, fit_size, n2, bound, propensity, mean, second, record)
+    return _Plan(params, fit_size, n2, bound, propensity, mean, second, record, normalization)
 
 
 def plan(domain: PublicDomain, params: AteIpwParams) -> MechanismRecord:
@@ -249,8 +310,135 @@ def _public_parameters(state: _Plan, *, paper: bool = False) -> dict[str, Any]:
         "fold_sizes": dict(state.record.fold_sizes),
         "mean_share": params.mean_share,
         "regularization": state.propensity.regularization,
+        "normalization": state.normalization,
         "estimand": "IPW functional at the DP propensity (biased if it is misspecified)",
     }
+
+
+def _noise_sd(state: _Plan) -> float:
+    """Public sd of the privacy noise in the estimate (Hajek: at unit weight sums, arm means 0)."""
+    if state.normalization == "hajek":
+        return state.bound * state.params.trim * state.mean.sigma * math.sqrt(2.0)
+    return state.mean.sigma
+
+
+def _second_scale(state: _Plan, domain: PublicDomain) -> float:
+    """Public noise sd of the second moment(s), in outcome units squared."""
+    if state.normalization == "hajek":
+        half_range = domain.outcome_range / 2.0
+        return half_range * half_range * state.second_moment.sigma
+    return state.second_moment.sigma
+
+
+def hajek_statistics(
+    a: NDArray[np.float64], y_scaled: NDArray[np.float64], pi: NDArray[np.float64], *, trim: float
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Per-arm Hajek sums / n2 (4-vector) and second moments / n2 (6-vector), exact-then-rounded.
+
+    Rows: ``(a y/pi, a/pi, (1-a) y/(1-pi), (1-a)/(1-pi))`` and
+    ``(a y^2/pi^2, a y/pi^2, a/pi^2, (1-a) y^2/(1-pi)^2, (1-a) y/(1-pi)^2, (1-a)/(1-pi)^2)``
+    with ``y`` the outcome scaled to [-1, 1] by the public midpoint and half-range; every
+    coordinate is clipped to its public box ([-1/xi, 1/xi] or [0, 1/xi]; squares with xi^2), so
+    one row moves the 4-vector by at most sqrt(5)/(xi n2) and the 6-vector by sqrt(6)/(xi^2 n2)
+    in L2 (proof §7). NEVER release without noise.
+    """
+    n2 = a.size
+    y = np.clip(np.nan_to_num(y_scaled, nan=0.0), -1.0, 1.0)
+    treated = a == 1.0
+    arm_weight = np.where(treated, 1.0 / pi, 1.0 / (1.0 - pi))
+    arm_weight = np.clip(np.nan_to_num(arm_weight, nan=0.0, posinf=0.0), 0.0, 1.0 / trim)
+    top, top2 = 1.0 / trim, 1.0 / (trim * trim)
+    rows = []
+    for mask in (treated, ~treated):
+        w = np.where(mask, arm_weight, 0.0)
+        rows.append(np.clip(w * y, -top, top))
+        rows.append(w)
+    second = []
+    for mask in (treated, ~treated):
+        w2 = np.clip(np.where(mask, arm_weight * arm_weight, 0.0), 0.0, top2)
+        second.append(np.clip(w2 * y * y, 0.0, top2))
+        second.append(np.clip(w2 * y, -top2, top2))
+        second.append(w2)
+    sums = np.array([math.fsum(r) / n2 for r in rows], dtype=np.float64)
+    moments = np.array([math.fsum(r) / n2 for r in second], dtype=np.float64)
+    return sums, moments
+
+
+def hajek_interval(
+    sums_dp: NDArray[np.float64],
+    moments_dp: NDArray[np.float64],
+    *,
+    sigma_sums: float,
+    half_range: float,
+    n2: int,
+    alpha: float,
+) -> dict[str, float]:
+    """Post-processing of the DP Hajek statistics (proof §7): estimate, delta-method CI.
+
+    Per arm ``m_a = clip(s_a / max(w_a, floor), -1, 1)``; estimate ``C_y (m_1 - m_0)``; the
+    sandwich variance ``sum_a (q2_a - 2 m_a q1_a + m_a^2 q0_a)^+ / w_a^2`` and the privacy
+    variance ``sigma^2 sum_a (1 + m_a^2) / w_a^2`` (gradient of s/w), both times C_y^2.
+    """
+    z = float(ndtri(1.0 - alpha / 2.0))
+    means, weights, sandwich, privacy = [], [], 0.0, 0.0
+    for arm in (0, 1):
+        s_a, w_a = float(sums_dp[2 * arm]), max(float(sums_dp[2 * arm + 1]), HAJEK_WEIGHT_FLOOR)
+        m_a = min(1.0, max(-1.0, s_a / w_a))
+        q2, q1, q0 = (float(v) for v in moments_dp[3 * arm : 3 * arm + 3])
+        sandwich += max(0.0, q2 - 2.0 * m_a * q1 + m_a * m_a * q0) / (w_a * w_a)
+        privacy += sigma_sums * sigma_sums * (1.0 + m_a * m_a) / (w_a * w_a)
+        means.append(m_a)
+        weights.append(w_a)
+    estimate = half_range * (means[0] - means[1])
+    variance = half_range * half_range * sandwich
+    noise_sd = half_range * math.sqrt(privacy)
+    half_width = z * math.sqrt(variance / n2 + noise_sd * noise_sd)
+    return {
+        "estimate": estimate,
+        "ci_lower": estimate - half_width,
+        "ci_upper": estimate + half_width,
+        "half_width": half_width,
+        "variance_estimate": variance,
+        "noise_sd": noise_sd,
+    }
+
+
+def _epsilon_for_target(
+    domain: PublicDomain, params: AteIpwParams, z: float, target: float
+) -> float | None:
+    """Smallest epsilon whose noise-only half-width is <= target.
+
+    With a pinned normalization the half-width is non-increasing in epsilon (bisection). With
+    ``"auto"`` it jumps up once, at the smallest epsilon ``e_s`` where Hajek is chosen, so the
+    answer is the Horvitz-Thompson solution if it lies below ``e_s``, else the larger of the
+    Hajek solution and ``e_s``.
+    """
+
+    def half_width(normalization: Normalization) -> Callable[[float], float]:
+        def at(eps: float) -> float:
+            pinned = replace(params, epsilon=eps, normalization=normalization)
+            return z * _noise_sd(_make_plan(domain, pinned))
+
+        return at
+
+    if params.normalization != "auto":
+        return solve_epsilon(half_width(params.normalization), target)
+
+    def weight_noise(eps: float) -> float:
+        pinned = replace(params, epsilon=eps, normalization="hajek")
+        return _make_plan(domain, pinned).mean.sigma
+
+    switch = solve_epsilon(weight_noise, HAJEK_AUTO_MAX_WEIGHT_NOISE)
+    horvitz = solve_epsilon(half_width("horvitz_thompson"), target)
+    if horvitz is not None and (switch is None or horvitz < switch):
+        return horvitz
+    if switch is None:
+        return None
+    hajek = solve_epsilon(half_width("hajek"), target)
+    if hajek is None:
+        return None
+    candidate = max(hajek, switch)
+    return candidate if half_width("auto")(candidate) <= target else None
 
 
 def quote(
@@ -262,18 +450,16 @@ def quote(
     out: dict[str, Any] = {
         **_public_parameters(state),
         "ci_level": 1.0 - params.alpha,
-        "expected_half_width": z * state.mean.sigma,
+        "expected_half_width": z * _noise_sd(state),
         "half_width_basis": "noise_only",
-        "s_theta": state.mean.sigma,
-        "s_2": state.second_moment.sigma,
+        "s_theta": _noise_sd(state),
+        "s_2": _second_scale(state, domain),
         "n2": state.n2,
     }
     if target_half_width is not None:
         target = validate_finite_positive(target_half_width, "target_half_width")
         out["target_half_width"] = target
-        out["epsilon_for_target_half_width"] = solve_epsilon(
-            lambda eps: z * _make_plan(domain, replace(params, epsilon=eps)).mean.sigma, target
-        )
+        out["epsilon_for_target_half_width"] = _epsilon_for_target(domain, params, z, target)
     return out
 
 
@@ -346,6 +532,8 @@ def _run(
     a2, y2, pi = _propensity_on_estimation_fold(arrays, domain, state, rng, noise, paper=False)
     progress(0.5, "propensity")
     midpoint = (domain.y_lower + domain.y_upper) / 2.0
+    if state.normalization == "hajek":
+        return _run_hajek(a2, y2, pi, domain, state, noise, progress)
     h = ipw_terms(a2, y2 - midpoint, pi, bound=state.bound)
     del a2, y2, pi
     theta_hat, m2_hat = d2_statistics(h, bound=state.bound)
@@ -380,6 +568,55 @@ def _run(
         "variance_estimate": interval["variance_estimate"],
         "s_theta": state.mean.sigma,
         "s_2": state.second_moment.sigma,
+        "n2": state.n2,
+        **_public_parameters(state),
+    }
+
+
+def _release_vector(
+    values: NDArray[np.float64], calibration: GaussianCalibration, noise: NoiseSampler
+) -> NDArray[np.float64]:
+    out = noise.gaussian(values, sigma=calibration.sigma, sensitivity_l2=calibration.sensitivity_l2)
+    if not np.all(np.isfinite(out)):
+        raise ValueError("non-finite release")
+    return np.asarray(out, dtype=np.float64)
+
+
+def _run_hajek(
+    a2: NDArray[np.float64],
+    y2: NDArray[np.float64],
+    pi: NDArray[np.float64],
+    domain: PublicDomain,
+    state: _Plan,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    """proof §7: DP per-arm sums and second moments, then the Hajek ratio and its CI."""
+    midpoint = (domain.y_lower + domain.y_upper) / 2.0
+    half_range = domain.outcome_range / 2.0
+    sums, moments = hajek_statistics(a2, (y2 - midpoint) / half_range, pi, trim=state.params.trim)
+    del a2, y2, pi
+    sums_dp = _release_vector(sums, state.mean, noise)
+    moments_dp = _release_vector(moments, state.second_moment, noise)
+    del sums, moments
+    interval = hajek_interval(
+        sums_dp,
+        moments_dp,
+        sigma_sums=state.mean.sigma,
+        half_range=half_range,
+        n2=state.n2,
+        alpha=state.params.alpha,
+    )
+    progress(1.0, "done")
+    return {
+        "estimate": interval["estimate"],
+        "ci_lower": interval["ci_lower"],
+        "ci_upper": interval["ci_upper"],
+        "ci_level": 1.0 - state.params.alpha,
+        "half_width": interval["half_width"],
+        "variance_estimate": interval["variance_estimate"],
+        "s_theta": interval["noise_sd"],
+        "s_2": _second_scale(state, domain),
         "n2": state.n2,
         **_public_parameters(state),
     }

@@ -77,6 +77,7 @@ from scipy.special import ndtri
 
 from service.mechanisms import dp_linear
 from service.mechanisms.calibration import (
+    analytic_gaussian_multiplier,
     default_delta,
     round_up_significant,
     validate_alpha,
@@ -104,7 +105,7 @@ from service.mechanisms.records import (
 )
 
 MECHANISM = "ate_strict"
-VERSION = "1"
+VERSION = "2"  # 2: public default rules (ridge floor, cross-fitting shares), issue 3
 
 Nuisance = Literal["dp_ebm", "dp_linear", "none"]
 NUISANCES: tuple[str, ...] = ("dp_ebm", "dp_linear", "none")
@@ -118,7 +119,21 @@ MIN_FOLD_SIZE = 100
 DEFAULT_FOLDS_OBSERVATIONAL = (0.25, 0.25, 0.5)  # propensity, outcome, estimation
 DEFAULT_FOLDS_RCT = (0.5, 0.5)  # outcome, estimation
 DEFAULT_FOLDS_RCT_NO_NUISANCE = (1.0,)  # estimation
-DEFAULT_NUISANCE_SHARE = 0.5  # cross-fitting: share of epsilon and delta for the nuisances
+DEFAULT_NUISANCE_SHARE = (
+    0.5  # cross-fitting: largest default share of (epsilon, delta) for nuisances
+)
+# Cross-fitting default nuisance share (public rule, proof §12): clip(K / (n epsilon), MIN, MAX):
+# the nuisance fits get at least about K "record-epsilons" n * epsilon_nuis while that costs
+# at most half the budget; at large n epsilon almost all of it goes to the DP mean.
+CROSS_FIT_SHARE_RECORD_EPSILONS = 50_000.0
+MIN_NUISANCE_SHARE = 0.05
+DEFAULT_MEAN_SHARE = 0.8  # sample splitting: share f of the D_2 budget for the mean
+# Cross-fitting default mean share (public rule, proof §12): HIGH when the second moment's noise
+# sd at the HIGH share, s_2 = B^2 sigma_G((1 - HIGH) eps_stat, (1 - HIGH) delta_stat) / n, is at
+# most SECOND_MOMENT_NOISE_LIMIT (R/2)^2 (the variance of an outcome spread over its public
+# range), else DEFAULT_MEAN_SHARE: a noisy V_hat under-covers when sampling variance dominates.
+CROSS_FIT_MEAN_SHARE_HIGH = 0.9
+SECOND_MOMENT_NOISE_LIMIT = 0.05
 CROSS_FIT_FOLDS = (0.5, 0.5)  # cross-fitting: two halves
 _FOLD_SUM_TOLERANCE = 1e-9
 
@@ -139,16 +154,20 @@ class AteStrictParams:
         pseudo_outcome_clip: optional public K < B; pseudo-outcomes are clipped to [-K, K].
         fold_fractions: fractions of n per fold; None means the design's default
             ((0.25, 0.25, 0.5) observational, (0.5, 0.5) RCT, (1.0,) RCT without nuisance).
-        mean_share: f, the share of the estimation budget spent on the mean.
+        mean_share: f, the share of the estimation budget spent on the mean; None means the
+            public default (``DEFAULT_MEAN_SHARE``; with cross-fitting the rule of
+            ``cross_fit_mean_share``).
         variance_inflation: use V_hat + z_{1 - alpha_v} s_2 in the CI (§3.2 step 9).
         alpha_v: level of the variance inflation.
         nuisance: ``"dp_ebm"``, ``"dp_linear"`` or ``"none"`` (RCT only: mu_hat = midpoint
             of the bounds).
         cross_fit: 2-fold cross-fitting (``dp_linear`` only; fold_fractions must be None).
         nuisance_share: cross-fitting only: the share of (epsilon, delta) spent on the
-            nuisance fits; the rest goes to the DP mean and second moment over all n.
+            nuisance fits; the rest goes to the DP mean and second moment over all n. None
+            means the public rule ``default_nuisance_share(n, epsilon)``.
         regularization: ``dp_linear`` ridge lambda (logistic and outcome); None means the
-            public rules ``m^(-1/3)`` (logistic) and ``m^(-1/2)`` (outcome) for m fit records.
+            public rules ``m^(-1/3)`` (logistic) and ``sqrt(d) sigma / m`` (ridge floor; sigma the
+            public noise sd of the ridge statistics) for m fit records.
     """
 
     epsilon: float
@@ -157,13 +176,69 @@ class AteStrictParams:
     propensity_clip: float = 0.1
     pseudo_outcome_clip: float | None = None
     fold_fractions: tuple[float, ...] | None = None
-    mean_share: float = 0.8
+    mean_share: float | None = None
     variance_inflation: bool = False
     alpha_v: float = 0.05
     nuisance: Nuisance = "dp_ebm"
     cross_fit: bool = False
-    nuisance_share: float = DEFAULT_NUISANCE_SHARE
+    nuisance_share: float | None = None
     regularization: float | None = None
+
+
+def default_nuisance_share(n: int, epsilon: float) -> float:
+    """Cross-fitting's public default nuisance share: ``clip(K / (n epsilon), 0.05, 0.5)``.
+
+    K = ``CROSS_FIT_SHARE_RECORD_EPSILONS`` (50,000). A function of the public n and the
+    requested epsilon only (never of the data), so the budget split is public (proof §12). At
+    n = 10^6, epsilon = 1 it is 0.05; for n epsilon <= 100,000 it is 0.5 (the former default).
+    """
+    share = CROSS_FIT_SHARE_RECORD_EPSILONS / (float(n) * float(epsilon))
+    return min(DEFAULT_NUISANCE_SHARE, max(MIN_NUISANCE_SHARE, share))
+
+
+def cross_fit_mean_share(
+    n: int, bound: float, outcome_range: float, epsilon_stat: float, delta_stat: float
+) -> float:
+    """Cross-fitting's public default mean share f (constants above; proof §12).
+
+    ``CROSS_FIT_MEAN_SHARE_HIGH`` if ``B^2 sigma_G((1 - f) eps, (1 - f) delta) / n <=
+    SECOND_MOMENT_NOISE_LIMIT (R / 2)^2`` at that f, else ``DEFAULT_MEAN_SHARE``. Inputs are
+    public (n, B, R and the estimation budget).
+    """
+    high = CROSS_FIT_MEAN_SHARE_HIGH
+    _, epsilon_v = split_share(epsilon_stat, high)
+    _, delta_v = split_share(delta_stat, high)
+    s_2 = bound * bound * analytic_gaussian_multiplier(epsilon_v, delta_v) / n
+    half_range = outcome_range / 2.0
+    return (
+        high if s_2 <= SECOND_MOMENT_NOISE_LIMIT * half_range * half_range else DEFAULT_MEAN_SHARE
+    )
+
+
+def resolved_shares(
+    domain: PublicDomain, epsilon: float, delta: float, bound: float, params: AteStrictParams
+) -> tuple[float | None, float]:
+    """The (nuisance_share, mean_share) a request uses: explicit values, else the public rules.
+
+    nuisance_share is None without cross-fitting. Pure function of public inputs.
+    """
+    if not params.cross_fit:
+        mean_share = DEFAULT_MEAN_SHARE if params.mean_share is None else params.mean_share
+        return None, mean_share
+    nuisance_share = (
+        default_nuisance_share(domain.n, epsilon)
+        if params.nuisance_share is None
+        else params.nuisance_share
+    )
+    if params.mean_share is not None:
+        return nuisance_share, params.mean_share
+    share = validate_alpha(nuisance_share, name="nuisance_share")
+    _, epsilon_stat = split_share(epsilon, share)
+    _, delta_stat = split_share(delta, share)
+    mean_share = cross_fit_mean_share(
+        domain.n, bound, domain.outcome_range, epsilon_stat, delta_stat
+    )
+    return nuisance_share, mean_share
 
 
 # ---- DP-EBM accounting (README §1.2, dp_ebm_learners.md §4, §7) -----------------------------
@@ -288,6 +363,8 @@ class _Plan:
     dp_logistic: dp_linear.DpLogistic | None
     dp_ridge: dp_linear.DpRidge | None
     cross_fit: bool
+    mean_share: float  # resolved f (explicit or the public default)
+    nuisance_share: float | None  # resolved cross-fitting share (None without cross-fitting)
     mean: GaussianCalibration
     second_moment: GaussianCalibration
     record: MechanismRecord
@@ -437,7 +514,6 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
             raise InvalidParameters("regularization is only used with nuisance='dp_linear'")
     validate_alpha(params.alpha)
     validate_alpha(params.alpha_v, name="alpha_v")
-    mean_share = validate_alpha(params.mean_share, name="mean_share")  # in (0, 1)
     if not isinstance(params.variance_inflation, bool):
         raise InvalidParameters("variance_inflation must be a boolean")
     n2 = domain.n if cross_fit else sizes[-1]
@@ -470,6 +546,8 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
             )
         bound = clip_k
     validate_finite_positive(bound, "pseudo-outcome bound")
+    nuisance_share_value, mean_share_value = resolved_shares(domain, epsilon, delta, bound, params)
+    mean_share = validate_alpha(mean_share_value, name="mean_share")  # in (0, 1)
 
     # proof step 2: nuisance modules (DP-EBM) at (epsilon, delta) each under replace-one.
     dp_ebm = solve_dp_ebm_epsilon_p(epsilon, delta) if nuisance == "dp_ebm" else None
@@ -478,8 +556,9 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
     epsilon_stat, delta_stat = epsilon, delta
     epsilon_pi = epsilon_mu = epsilon
     delta_pi = delta_mu = delta
+    share: float | None = None
     if cross_fit:
-        share = validate_alpha(params.nuisance_share, name="nuisance_share")  # in (0, 1)
+        share = validate_alpha(nuisance_share_value, name="nuisance_share")  # in (0, 1)
         epsilon_nuis, epsilon_stat = split_share(epsilon, share)
         delta_nuis, delta_stat = split_share(delta, share)
         epsilon_pi = epsilon_mu = epsilon_nuis
@@ -501,8 +580,8 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         if observational:
             lam_pi = params.regularization or dp_linear.default_regularization(m_pi)
             dp_logistic = dp_linear.DpLogistic.plan(m_pi, d, epsilon_pi, delta_pi, lam_pi)
-        lam_mu = params.regularization or dp_linear.default_ridge_regularization(m_mu)
-        dp_ridge = dp_linear.DpRidge.plan(m_mu, d, epsilon_mu, delta_mu, lam_mu)
+        # the ridge floor defaults to the public noise sd of Gram / m (dp_linear).
+        dp_ridge = dp_linear.DpRidge.plan(m_mu, d, epsilon_mu, delta_mu, params.regularization)
 
     # proof step 3: estimation budget split, sensitivities and lattice Gaussian calibration.
     epsilon_theta, epsilon_v = split_share(epsilon_stat, mean_share)
@@ -581,6 +660,8 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         dp_logistic=dp_logistic,
         dp_ridge=dp_ridge,
         cross_fit=cross_fit,
+        mean_share=mean_share,
+        nuisance_share=share,
         mean=mean,
         second_moment=second_moment,
         record=record,
@@ -679,7 +760,7 @@ def _public_parameters(state: _Plan) -> dict[str, Any]:
         "design": str(state.design),
         "nuisance": state.nuisance,
         "cross_fit": state.cross_fit,
-        "nuisance_share": params.nuisance_share if state.cross_fit else None,
+        "nuisance_share": state.nuisance_share,
         "epsilon": state.record.epsilon,
         "delta": state.record.delta,
         "alpha": params.alpha,
@@ -688,7 +769,7 @@ def _public_parameters(state: _Plan) -> dict[str, Any]:
         "pseudo_outcome_clip": params.pseudo_outcome_clip,
         "bound": state.bound,
         "fold_sizes": dict(state.record.fold_sizes),
-        "mean_share": params.mean_share,
+        "mean_share": state.mean_share,
         "variance_inflation": params.variance_inflation,
         "alpha_v": params.alpha_v,
     }
@@ -743,13 +824,18 @@ def epsilon_for_half_width(
     base = _make_plan(domain, params)
     z = float(ndtri(1.0 - base.params.alpha / 2.0))
     sensitivity = base.mean.sensitivity_l2
-    delta_theta = base.mean.delta
-    share = base.params.mean_share
+    delta = base.record.delta
 
     def reaches(epsilon: float) -> bool:
-        if base.cross_fit:
-            _, epsilon = split_share(epsilon, base.params.nuisance_share)
+        # the shares may depend on epsilon (public cross-fitting rule): re-resolve them and
+        # split epsilon and delta exactly as _make_plan does.
+        nuisance_share, share = resolved_shares(domain, epsilon, delta, base.bound, base.params)
+        delta_stat = delta
+        if nuisance_share is not None:
+            _, epsilon = split_share(epsilon, nuisance_share)
+            _, delta_stat = split_share(delta, nuisance_share)
         epsilon_theta, _ = split_share(epsilon, share)
+        delta_theta, _ = split_share(delta_stat, share)
         sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity).sigma
         return z * sigma <= target
 

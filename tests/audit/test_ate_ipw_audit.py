@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from service.mechanisms import dp_linear
-from service.mechanisms.ate_ipw import AteIpwParams, ipw_terms, plan
+from service.mechanisms.ate_ipw import AteIpwParams, hajek_statistics, ipw_terms, plan
 from service.mechanisms.ate_strict import d2_statistics
 from service.mechanisms.domain import PublicDomain
 from service.mechanisms.noise import SeededSampler, calibrate_gaussian
@@ -103,3 +103,35 @@ def test_propensity_weights_channel_audit() -> None:
         float(direction @ w), float(direction @ w2), float(event.params["sigma"]), DELTA, seed=5
     )
     assert bound <= event.epsilon
+
+
+def test_hajek_sums_channel_audit_and_power() -> None:
+    """Hajek arm sums (proof §7): one estimation row moves the 4-vector; project on the change.
+
+    Neighbours: the row is treated at pi = xi with scaled outcome -1 in D and +1 in D' (the
+    largest same-arm move, 2 / (xi n2) of the sqrt(5) / (xi n2) bound). The projection of the
+    released vector on the unit change direction is a 1-D Gaussian (post-processing).
+    """
+    params = AteIpwParams(epsilon=EPSILON, delta=DELTA, trim=TRIM, normalization="hajek")
+    record = plan(_domain(), params)
+    _, sums_event, _ = record.events
+    assert sums_event.params["statistic"] == "hajek_arm_sums"
+    n2 = record.fold_sizes["estimation"]
+    rng = np.random.default_rng(6)
+    a = (rng.uniform(size=n2) < 0.5).astype(np.float64)
+    y = rng.uniform(-1.0, 1.0, n2)
+    pi = rng.uniform(0.2, 0.8, n2)
+    vectors = []
+    for scaled in (-1.0, 1.0):
+        a[0], y[0], pi[0] = 1.0, scaled, TRIM
+        vectors.append(hajek_statistics(a, y, pi, trim=TRIM)[0])
+    change = vectors[1] - vectors[0]
+    assert np.linalg.norm(change) == pytest.approx(2 / (TRIM * n2), rel=1e-12)
+    assert np.linalg.norm(change) <= float(sums_event.params["sensitivity_l2"])
+    direction = change / np.linalg.norm(change)
+    value, neighbour = float(direction @ vectors[0]), float(direction @ vectors[1])
+    sigma = float(sums_event.params["sigma"])
+    assert _gaussian_audit(value, neighbour, sigma, sums_event.delta, seed=7) <= sums_event.epsilon
+    # power: noise calibrated for half the actual change is caught above the total epsilon
+    half = calibrate_gaussian(sums_event.epsilon, sums_event.delta, (neighbour - value) / 2).sigma
+    assert _gaussian_audit(value, neighbour, half, sums_event.delta, seed=8) > EPSILON

@@ -17,7 +17,10 @@ import pytest
 
 from service.mechanisms import ate_strict, dp_linear
 from service.mechanisms.ate_strict import AteStrictParams, plan
-from service.mechanisms.calibration import classic_gaussian_multiplier
+from service.mechanisms.calibration import (
+    analytic_gaussian_multiplier,
+    classic_gaussian_multiplier,
+)
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import SeededSampler, calibrate_gaussian
@@ -221,6 +224,7 @@ def test_cross_fit_record_composes_sequentially_to_epsilon(design: StudyDesign) 
     mean = next(e for e in record.events if e.params.get("statistic") == "mean_pseudo_outcome")
     bound = float(mean.params["bound"])
     assert mean.params["sensitivity_l2_nominal"] == pytest.approx(2 * bound / n, rel=1e-15)
+    # cross-fitting's default mean share at n = 10^4, eps_stat = 0.8 is 0.8 (s_2 is large)
     assert mean.epsilon == pytest.approx(0.8 * 0.8, rel=1e-12)
     # the quote's inverse uses the same split
     preview = ate_strict.quote(domain, params, target_half_width=0.3)
@@ -319,3 +323,95 @@ def test_logistic_calibration_uses_the_smallest_half() -> None:
         dim=3,
     )
     assert logistic.params["sigma"] == expected.sigma
+
+
+# ---- public default rules (issue 3: ridge floor, cross-fitting shares) ------------------------
+
+
+def test_default_ridge_floor_is_sqrt_d_sigma_over_m_and_recorded() -> None:
+    domain = make_domain(4000)
+    record = plan(domain, AteStrictParams(epsilon=2.0, delta=1e-6, nuisance="dp_linear"))
+    ridge = next(e for e in record.events if e.module == "outcome")
+    m, d = 1000, 3
+    sigma = calibrate_gaussian(2.0, 1e-6, math.sqrt(6.0), dim=dp_linear.ridge_dim(d)).sigma
+    assert ridge.params["sigma"] == sigma
+    assert ridge.params["regularization"] == math.sqrt(d) * sigma / m
+    # an explicit public regularization still wins
+    explicit = plan(
+        domain,
+        AteStrictParams(epsilon=2.0, delta=1e-6, nuisance="dp_linear", regularization=0.25),
+    )
+    assert next(e for e in explicit.events if e.module == "outcome").params[
+        "regularization"
+    ] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="positive"):
+        dp_linear.default_ridge_regularization(0, 3, 1.0)
+
+
+def test_default_ridge_floor_shrinks_less_than_the_former_m_half_rule() -> None:
+    """At large m epsilon the default floor leaves the slope nearly unshrunk (the AIPW bias fix)."""
+    rng = np.random.default_rng(5)
+    m, d = 5000, 3
+    x = rng.uniform(-1.0, 1.0, size=(m, 2))
+    z = dp_linear.unit_ball_features(x, -np.ones(2), np.ones(2))
+    a = (rng.uniform(size=m) < 0.5).astype(np.float64)
+    t = np.clip(0.8 * x[:, 0] - 0.2 + 0.1 * rng.normal(size=m), -1.0, 1.0)
+    stats = dp_linear.ridge_statistics(z, a, t)
+    ols = dp_linear.solve_ridge(stats, d, m, 1e-12)[1]
+    model = dp_linear.DpRidge.plan(m, d, 10.0, 1e-5)
+    new = dp_linear.solve_ridge(stats, d, m, model.regularization)[1]
+    old = dp_linear.solve_ridge(stats, d, m, 1.0 / math.sqrt(m))[1]
+    assert model.regularization < 0.1 / math.sqrt(m)
+    assert abs(new[1] / ols[1] - 1.0) < 0.01  # slope on x0 within 1 % of OLS
+    assert abs(old[1] / ols[1] - 1.0) > 0.05  # the former rule shrank it by more than 5 %
+
+
+@pytest.mark.parametrize(
+    ("n", "epsilon", "share", "mean_share"),
+    [
+        (1_000_000, 1.0, 0.05, 0.9),
+        (20_000, 10.0, 0.25, 0.8),
+        (20_000, 1.0, 0.5, 0.8),
+        (10_000_000, 10.0, 0.05, 0.9),
+    ],
+)
+def test_cross_fit_default_share_rules(
+    n: int, epsilon: float, share: float, mean_share: float
+) -> None:
+    """Nuisance share clip(50000 / (n eps), 0.05, 0.5); mean share 0.9 only if s_2 is small."""
+    assert ate_strict.default_nuisance_share(n, epsilon) == pytest.approx(share, rel=1e-12)
+    domain = make_domain(n)  # R = 5, c_pi = 0.1: B = 50
+    record = plan(
+        domain,
+        AteStrictParams(epsilon=epsilon, delta=1e-8, nuisance="dp_linear", cross_fit=True),
+    )
+    nuisance = [e for e in record.events if e.module == "nuisance"]
+    assert math.fsum(e.epsilon for e in nuisance) == pytest.approx(share * epsilon, rel=1e-12)
+    mean = next(e for e in record.events if e.params.get("statistic") == "mean_pseudo_outcome")
+    second = next(
+        e for e in record.events if e.params.get("statistic") == "second_moment_pseudo_outcome"
+    )
+    assert mean.epsilon == pytest.approx((1 - share) * mean_share * epsilon, rel=1e-12)
+    # the rule's criterion, recomputed from the record: s_2 at f = 0.9 vs 0.05 (R / 2)^2
+    high_s2 = (
+        2500
+        / n
+        * analytic_gaussian_multiplier((1 - share) * 0.1 * epsilon, (1 - share) * 0.1 * 1e-8)
+    )
+    assert (high_s2 <= 0.05 * 2.5**2) == (mean_share == 0.9)
+    assert second.epsilon == pytest.approx((1 - share) * (1 - mean_share) * epsilon, rel=1e-9)
+    assert (record.epsilon, record.delta) == (epsilon, 1e-8)
+
+
+def test_quote_under_the_share_rule_is_consistent_with_epsilon_for_target() -> None:
+    domain = make_domain(200_000)
+    params = AteStrictParams(epsilon=1.0, delta=1e-7, nuisance="dp_linear", cross_fit=True)
+    quote = ate_strict.quote(domain, params, target_half_width=0.01)
+    assert quote["nuisance_share"] == ate_strict.default_nuisance_share(200_000, 1.0)
+    assert quote["mean_share"] in (0.8, 0.9)
+    epsilon = quote["epsilon_for_target_half_width"]
+    assert epsilon is not None
+    at_target = ate_strict.quote(domain, replace(params, epsilon=epsilon))
+    assert at_target["min_half_width"] <= 0.01
+    below = ate_strict.quote(domain, replace(params, epsilon=epsilon * 0.999))
+    assert below["min_half_width"] > 0.01

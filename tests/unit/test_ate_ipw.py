@@ -11,7 +11,7 @@ import pytest
 
 from service.mechanisms import ate_ipw
 from service.mechanisms.ate_ipw import AteIpwParams, ipw_terms, plan
-from service.mechanisms.ate_strict import d2_statistics
+from service.mechanisms.ate_strict import MIN_EPSILON, d2_statistics
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import SeededSampler
@@ -148,3 +148,109 @@ def test_quote_both_ways() -> None:
     assert ate_ipw.quote(domain, replace(params, epsilon=eps))["expected_half_width"] <= 0.2
     assert ate_ipw.quote(domain, replace(params, epsilon=eps * 0.99))["expected_half_width"] > 0.2
     assert math.isfinite(ate_ipw.default_delta_for(domain, None))
+
+
+# ---- Hajek normalisation with DP arm weights (proof §7) -------------------------------------
+
+
+def test_hajek_record_constants_and_auto_rule() -> None:
+    domain = make_domain(20_000)  # n2 = 10000, C_y = 2
+    record = plan(domain, AteIpwParams(epsilon=5.0, delta=1e-6, trim=0.05))
+    _, sums, second = record.events
+    assert sums.params["statistic"] == "hajek_arm_sums"
+    assert second.params["statistic"] == "hajek_arm_second_moments"
+    assert sums.params["sensitivity_l2_nominal"] == pytest.approx(math.sqrt(5) / (0.05 * 10_000))
+    assert second.params["sensitivity_l2_nominal"] == pytest.approx(
+        math.sqrt(6) / (0.05**2 * 10_000)
+    )
+    assert sums.epsilon + second.epsilon == 5.0
+    assert float(sums.params["sigma"]) <= ate_ipw.HAJEK_AUTO_MAX_WEIGHT_NOISE
+    assert (record.epsilon, record.delta) == (5.0, 1e-6)
+    # auto keeps Horvitz-Thompson where the weight sums' noise is large (small n epsilon)
+    small = plan(make_domain(4000), AteIpwParams(epsilon=1.0, delta=1e-6))
+    assert small.events[1].params["statistic"] == "mean_ipw_term"
+    pinned = plan(make_domain(4000), AteIpwParams(epsilon=1.0, delta=1e-6, normalization="hajek"))
+    assert pinned.events[1].params["statistic"] == "hajek_arm_sums"
+    with pytest.raises(InvalidParameters, match="normalization"):
+        plan(domain, AteIpwParams(epsilon=1.0, delta=1e-6, normalization="bad"))  # type: ignore[arg-type]
+
+
+def test_hajek_statistics_row_sensitivity() -> None:
+    rng = np.random.default_rng(7)
+    trim, n2 = 0.05, 200
+    extremes = [
+        (arm, y, p) for arm in (0.0, 1.0) for y in (-1.0, 1.0) for p in (trim, 0.5, 1.0 - trim)
+    ]
+    for _ in range(10):
+        a = (rng.uniform(size=n2) < 0.5).astype(np.float64)
+        y = rng.uniform(-1, 1, n2)
+        pi = rng.uniform(trim, 1 - trim, n2)
+        base_sums, base_moments = ate_ipw.hajek_statistics(a, y, pi, trim=trim)
+        for row in extremes:
+            a2, y2, pi2 = a.copy(), y.copy(), pi.copy()
+            a2[0], y2[0], pi2[0] = row
+            sums, moments = ate_ipw.hajek_statistics(a2, y2, pi2, trim=trim)
+            assert np.linalg.norm(sums - base_sums) <= math.sqrt(5) / (trim * n2) * (1 + 1e-12)
+            assert np.linalg.norm(moments - base_moments) <= math.sqrt(6) / (trim**2 * n2) * (
+                1 + 1e-12
+            )
+
+
+def test_hajek_interval_without_noise_is_the_hajek_estimator_and_sandwich() -> None:
+    rng = np.random.default_rng(8)
+    n2, trim, half_range = 5000, 0.05, 2.0
+    pi = rng.uniform(0.2, 0.8, n2)
+    a = (rng.uniform(size=n2) < pi).astype(np.float64)
+    y = np.clip(rng.normal(0.3 * a, 0.3), -1, 1)
+    sums, moments = ate_ipw.hajek_statistics(a, y, pi, trim=trim)
+    out = ate_ipw.hajek_interval(
+        sums, moments, sigma_sums=0.0, half_range=half_range, n2=n2, alpha=0.05
+    )
+    w1, w0 = a / pi, (1 - a) / (1 - pi)
+    m1, m0 = np.sum(w1 * y) / np.sum(w1), np.sum(w0 * y) / np.sum(w0)
+    assert out["estimate"] == pytest.approx(half_range * (m1 - m0), rel=1e-10)
+    influence = w1 * (y - m1) / np.mean(w1) - w0 * (y - m0) / np.mean(w0)
+    variance = half_range**2 * np.mean(influence**2)
+    assert out["variance_estimate"] == pytest.approx(variance, rel=1e-10)
+    assert out["half_width"] == pytest.approx(1.959963984540054 * math.sqrt(variance / n2))
+
+
+def test_hajek_removes_the_level_bias_of_horvitz_thompson() -> None:
+    """A shrunk propensity biases HT by the outcome level; the ratio cancels it."""
+    n = 40_000
+    domain = PublicDomain(x_lower=-np.ones(2), x_upper=np.ones(2), y_lower=0.0, y_upper=4.0, n=n)
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1.0, 1.0, size=(n, 2))
+    a = (rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-(0.8 + x[:, 0])))).astype(np.float64)
+    y = np.clip(1.0 + 0.5 * x[:, 1] + a + rng.uniform(-0.5, 0.5, n), 0.0, 4.0)
+    data = Arrays(x=x, a=a, y=y)
+    estimates = {}
+    for normalization in ("horvitz_thompson", "hajek"):
+        params = AteIpwParams(epsilon=8.0, delta=1e-6, normalization=normalization)
+        out = ate_ipw.run(
+            data,
+            domain,
+            params,
+            rng=np.random.default_rng(10),
+            noise=SeededSampler(np.random.default_rng(11)),
+            progress=lambda fraction, stage: None,
+        )
+        assert out["normalization"] == normalization
+        estimates[normalization] = out["estimate"]
+        assert not FORBIDDEN_KEYS & set(out)
+    assert abs(estimates["hajek"] - 1.0) < 0.05
+    assert abs(estimates["horvitz_thompson"] - 1.0) > 2 * abs(estimates["hajek"] - 1.0)
+
+
+def test_quote_with_auto_normalization_is_consistent() -> None:
+    domain = make_domain(40_000)
+    params = AteIpwParams(epsilon=1.0, delta=1e-6)
+    for target in (0.5, 0.08, 0.03):
+        eps = ate_ipw.quote(domain, params, target_half_width=target)[
+            "epsilon_for_target_half_width"
+        ]
+        assert eps is not None
+        assert ate_ipw.quote(domain, replace(params, epsilon=eps))["expected_half_width"] <= target
+        if eps > MIN_EPSILON:
+            below = ate_ipw.quote(domain, replace(params, epsilon=eps * 0.999))
+            assert below["expected_half_width"] > target

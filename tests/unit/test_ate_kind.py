@@ -95,3 +95,28 @@ def test_default_deltas() -> None:
     assert crossed.delta == pytest.approx(1 / (10 * 500_000))
     ipw = kind.record({"epsilon": 1.0, "estimator": "ipw"}, replace(OBSERVATIONAL, n=10**6))
     assert ipw.delta == pytest.approx(1 / (10 * 500_000))
+
+
+def test_share_defaults_are_public_rules_and_legacy_dumps_still_validate() -> None:
+    from service.releases.kinds.ate import to_mechanism_params
+
+    strict = to_mechanism_params(AteParams.model_validate({"epsilon": 1.0}), OBSERVATIONAL)
+    assert strict.mean_share is None  # type: ignore[union-attr]  # resolved by the mechanism
+    ipw = to_mechanism_params(
+        AteParams.model_validate({"epsilon": 1.0, "estimator": "ipw"}), OBSERVATIONAL
+    )
+    assert ipw.mean_share == 0.8  # type: ignore[union-attr]
+    assert ipw.normalization == "auto"  # type: ignore[union-attr]
+    record = AteKind().record(
+        AteParams.model_validate({"epsilon": 1.0, "nuisance": "dp_linear", "cross_fit": True}),
+        OBSERVATIONAL,
+    )
+    nuisance = [e for e in record.events if e.module == "nuisance"]
+    assert sum(e.epsilon for e in nuisance) == pytest.approx(0.5)  # n eps = 4000: share 0.5
+    # a request stored with the former explicit defaults re-validates for every combination
+    for extra in ({"mode": "paper"}, {"estimator": "rct_difference"}):
+        AteParams.model_validate(
+            {"epsilon": 1.0, **extra, "mean_share": 0.8, "nuisance_share": 0.5}
+        )
+    with pytest.raises(pydantic.ValidationError, match="normalization"):
+        AteParams.model_validate({"epsilon": 1.0, "normalization": "hajek"})

@@ -50,7 +50,7 @@ _FIELDS: dict[tuple[str, str], frozenset[str]] = {
         }
     ),
     ("strict", "ipw"): frozenset(
-        {"delta", "trim", "fold_fractions", "mean_share", "regularization"}
+        {"delta", "trim", "fold_fractions", "mean_share", "regularization", "normalization"}
     ),
     ("strict", "rct_difference"): frozenset({"variance"}),
     ("paper", "aipw"): frozenset(
@@ -58,6 +58,9 @@ _FIELDS: dict[tuple[str, str], frozenset[str]] = {
     ),
 }
 _COMMON = frozenset({"mode", "estimator", "epsilon", "alpha", "target_half_width"})
+# Former defaults of fields whose default is now None: a stored request dumped with them still
+# re-validates for combinations that do not use the field.
+_LEGACY_DEFAULTS: dict[str, float] = {"mean_share": 0.8, "nuisance_share": 0.5}
 _NUISANCES: dict[str, tuple[str, ...]] = {
     "strict": ("dp_ebm", "dp_linear", "none"),
     "paper": ("kernel", "linear"),
@@ -78,17 +81,19 @@ class AteParams(KindParams):
     # None: the design's default ((0.25, 0.25, 0.5) observational; (0.5, 0.5) RCT; (1.0,) RCT
     # with nuisance "none"; (0.5, 0.5) for ipw).
     fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
-    mean_share: float = Field(default=0.8, gt=0, lt=1, allow_inf_nan=False)
+    # None: the mechanism's public default (strict: 0.8, 0.9 with cross_fit; ipw: 0.8).
+    mean_share: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     variance_inflation: bool = False
     alpha_v: float = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
     # None: "dp_ebm" (strict) or "kernel" (paper).
     nuisance: Literal["dp_ebm", "dp_linear", "none", "kernel", "linear"] | None = None
     cross_fit: bool = False
-    nuisance_share: float = Field(
-        default=ate_strict.DEFAULT_NUISANCE_SHARE, gt=0, lt=1, allow_inf_nan=False
-    )
+    # None: the public rule clip(25000 / (n epsilon), 0.05, 0.5) (cross_fit only).
+    nuisance_share: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     regularization: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     trim: float = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
+    # ipw only: Horvitz-Thompson, Hajek (DP arm weights) or "auto" (public rule on the noise).
+    normalization: Literal["auto", "horvitz_thompson", "hajek"] = "auto"
     variance: Literal["dp_second_moment", "public_bound"] = "dp_second_moment"
     ate_share: float = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
     gamma_mode: Literal["optimizer", "analytic"] = "optimizer"
@@ -113,8 +118,11 @@ class AteParams(KindParams):
         # re-validated from a full dump, so "was it sent" is not enough).
         fields = type(self).model_fields
         for name in sorted(set(fields) - allowed):
-            if getattr(self, name) == fields[name].default:
+            value = getattr(self, name)
+            if value == fields[name].default:
                 continue
+            if name in _LEGACY_DEFAULTS and value == _LEGACY_DEFAULTS[name]:
+                continue  # stored before the default became None (public rule)
             raise ValueError(
                 f"field '{name}' is not used by mode='{self.mode}', estimator='{self.estimator}'"
             )
@@ -172,8 +180,11 @@ def to_mechanism_params(
             alpha=params.alpha,
             trim=params.trim,
             fold_fractions=pair,
-            mean_share=params.mean_share,
+            mean_share=ate_ipw.DEFAULT_MEAN_SHARE
+            if params.mean_share is None
+            else params.mean_share,
             regularization=params.regularization,
+            normalization=params.normalization,
         )
     nuisance_strict = _strict_nuisance(params)
     delta = params.delta
