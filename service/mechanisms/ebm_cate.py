@@ -98,11 +98,13 @@ class EbmCateParams:
             binning and boosting noise scales do not depend on it). Default 32 (interpret's
             and Niu et al.'s). Fewer bins give every bin more records, so the noisy per-bin
             updates of the shape functions are smaller (bench/README.md, DP-EBM section).
-        max_rounds: interpret's ``max_rounds`` for every module (public; privacy-neutral:
-            interpret spreads the same mu over the rounds, sigma_boost ~ sqrt(rounds)). The
-            noise accumulated in a shape function grows like rounds x learning rate, the
-            fitted signal saturates: fewer rounds trade a little shrinkage for less noise.
-            Default 300 (interpret's and Niu et al.'s).
+        max_rounds: interpret's ``max_rounds`` for the final model (the effect model of DR/R,
+            the outcome model of S); public and privacy-neutral (interpret spreads the same mu
+            over the rounds, sigma_boost ~ sqrt(rounds)). The noise accumulated in a shape
+            function grows like rounds x learning rate while the fitted signal saturates, so
+            fewer rounds trade a little shrinkage for less noise. First-stage nuisance models
+            always use interpret's 300: their shrinkage would bias the pseudo-outcomes (it did
+            on Setup C: bench/README.md). Default 300 (interpret's and Niu et al.'s).
     """
 
     epsilon: float
@@ -244,7 +246,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                     target_range=1.0,
                     learner="Classifier",
                     max_bins=max_bins,
-                    max_rounds=max_rounds,
+                    max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
                 )
             )
         elif name == "outcome":
@@ -259,7 +261,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                     target_range=big_r,
                     learner="Regressor",
                     max_bins=max_bins,
-                    max_rounds=max_rounds,
+                    max_rounds=max_rounds if learner == "s" else DP_EBM_MAX_ROUNDS,
                 )
             )
         else:
@@ -432,7 +434,7 @@ def _run(
             upper,
             state.accounting,
             max_bins=params.max_bins,
-            max_rounds=params.max_rounds,
+            max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
         )
         with interpret_guard():
             proba = np.asarray(classifier.predict_proba(x2), dtype=np.float64)[:, 1]
@@ -452,7 +454,7 @@ def _run(
             high,
             state.accounting,
             max_bins=params.max_bins,
-            max_rounds=params.max_rounds,
+            max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
         )
         with interpret_guard():
             mu1 = np.asarray(outcome.predict(np.column_stack([np.ones(len(x2)), x2])))
@@ -486,7 +488,7 @@ def _run(
             high,
             state.accounting,
             max_bins=params.max_bins,
-            max_rounds=params.max_rounds,
+            max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
         )
         with interpret_guard():
             eta = np.asarray(eta_model.predict(x2)) + mid
