@@ -110,7 +110,11 @@ class Rep:
         self.noise = OpenDPSampler()
 
     # -- cate_vector -------------------------------------------------------------------------
-    def vector_params(self, mode: str, learner: str, epsilon: float) -> cv.CateVectorParams:
+    def vector_params(
+        self, mode: str, learner: str, epsilon: float, ridge: float | None = None
+    ) -> cv.CateVectorParams:
+        if ridge is None:
+            ridge = 0.1 if mode == "strict" else 1e-3
         return cv.CateVectorParams(
             points=tuple(tuple(float(v) for v in row) for row in self.points),
             epsilon=epsilon,
@@ -118,11 +122,11 @@ class Rep:
             learner=learner,  # type: ignore[arg-type]
             mode=mode,  # type: ignore[arg-type]
             propensity_clip=CLIP,
-            ridge=0.1 if mode == "strict" else 1e-3,
+            ridge=ridge,
         )
 
-    def vector_strict(self, learner: str, epsilon: float) -> float:
-        params = self.vector_params("strict", learner, epsilon)
+    def vector_strict(self, learner: str, epsilon: float, ridge: float | None = None) -> float:
+        params = self.vector_params("strict", learner, epsilon, ridge)
         out = cv.run(
             self.arrays, self.domain, params, rng=self.rng, noise=self.noise, progress=_quiet
         )
@@ -192,7 +196,9 @@ class Rep:
         return pehe(ebm_cate.predict(result, self.points), self.truth)
 
 
-def public_noise_sd(name: str, d: int, epsilons: tuple[float, ...]) -> dict[str, Any]:
+def public_noise_sd(
+    name: str, d: int, epsilons: tuple[float, ...], ridges: list[float] | None = None
+) -> dict[str, Any]:
     """The quotes' public noise figures per epsilon (no data): what an analyst is told."""
     rep = Rep.__new__(Rep)
     p = 2 if name == "DS1" else 30
@@ -224,6 +230,12 @@ def public_noise_sd(name: str, d: int, epsilons: tuple[float, ...]) -> dict[str,
             row[f"function {mode} R pointwise sd"] = cf.quote(rep.domain, fparams)[
                 "pointwise_noise_sd"
             ]
+        for ridge in ridges or ():
+            for learner in ("r", "dr"):
+                params = rep.vector_params("strict", learner, epsilon, ridge)
+                row[f"vector strict {learner.upper()} ridge {ridge:g}"] = cv.quote(
+                    rep.domain, params
+                )["noise_sd_upper_bound"]
         out[str(epsilon)] = row
     return out
 
@@ -244,13 +256,22 @@ def main() -> None:
     parser.add_argument("--paper-reps", type=int, default=None, help="fewer paper-mode fits")
     parser.add_argument("--epsilons", type=float, nargs="*", default=list(EPSILONS))
     parser.add_argument("--budget", type=float, default=1320.0, help="seconds; stop after a rep")
+    parser.add_argument(
+        "--strict-ridges",
+        type=float,
+        nargs="*",
+        default=None,
+        help="only the strict vector, at each of these public ridges (default-choice sweep)",
+    )
     args = parser.parse_args()
+    ridges: list[float] | None = args.strict_ridges
     name: str = "DS1" if args.quick else args.dataset
     epsilons = (1.0, 10.0) if args.quick else tuple(args.epsilons)
     reps = 1 if args.quick else args.reps
     paper_reps = reps if args.paper_reps is None else args.paper_reps
     d = 50 if args.quick else TEST
-    out_path = RESULTS / f"cate_vector{'-quick' if args.quick else '_' + name}.json"
+    suffix = "-quick" if args.quick else ("_ridge_" if ridges else "_") + name
+    out_path = RESULTS / f"cate_vector{suffix}.json"
     runs: dict[str, dict[float, list[float]]] = {}
     extra: dict[str, list[float]] = {"gamma_over_ry_r": [], "gamma_over_ry_dr": []}
     seconds: dict[str, float] = {}
@@ -299,7 +320,7 @@ def main() -> None:
                 "realised_gamma_over_ry_r": extra["gamma_over_ry_r"],
                 "realised_gamma_over_ry_dr": extra["gamma_over_ry_dr"],
             },
-            "public_noise_sd": public_noise_sd(name, d, epsilons),
+            "public_noise_sd": public_noise_sd(name, d, epsilons, ridges),
             "rows": rows,
             "seconds_by_mechanism": {k: round(v, 1) for k, v in seconds.items()},
             "seconds": round(time.time() - started, 1),
@@ -310,7 +331,12 @@ def main() -> None:
     done = 0
     for r in range(reps):
         rep = Rep(name, 100 + r, d)
-        for epsilon in epsilons:
+        for epsilon in epsilons if ridges else ():
+            for ridge in ridges or ():
+                for learner in ("r", "dr"):
+                    label = f"vector strict {learner.upper()} ridge {ridge:g}"
+                    timed(label, epsilon, rep.vector_strict, learner, epsilon, ridge)
+        for epsilon in epsilons if not ridges else ():
             for learner in ("r", "dr"):
                 timed(
                     f"vector strict {learner.upper()}", epsilon, rep.vector_strict, learner, epsilon
@@ -328,7 +354,7 @@ def main() -> None:
             if math.isfinite(raw[2]) and epsilon == epsilons[0]:
                 add("function paper exact R g* (non-private)", 0.0, raw[2], 0.0)
             timed("ebm_cate DR", epsilon, rep.ebm_dr, epsilon)
-        if r < paper_reps:
+        if r < paper_reps and not ridges:
             for learner in ("r", "dr"):
                 per_eps, nonprivate, ratio, spent = rep.vector_paper(learner, epsilons)
                 label = f"vector paper {learner.upper()}"
