@@ -166,8 +166,8 @@ class AteStrictParams:
             nuisance fits; the rest goes to the DP mean and second moment over all n. None
             means the public rule ``default_nuisance_share(n, epsilon)``.
         regularization: ``dp_linear`` ridge lambda (logistic and outcome); None means the
-            public rules ``m^(-1/3)`` (logistic) and ``sqrt(d) sigma / m`` (ridge floor; sigma the
-            public noise sd of the ridge statistics) for m fit records.
+            public rules ``m^(-1/3)`` (logistic) and ``min(m^(-1/2), sqrt(d) sigma / m)`` (ridge
+            floor; sigma the public noise sd of the ridge statistics) for m fit records.
     """
 
     epsilon: float

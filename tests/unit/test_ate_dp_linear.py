@@ -328,14 +328,19 @@ def test_logistic_calibration_uses_the_smallest_half() -> None:
 # ---- public default rules (issue 3: ridge floor, cross-fitting shares) ------------------------
 
 
-def test_default_ridge_floor_is_sqrt_d_sigma_over_m_and_recorded() -> None:
+def test_default_ridge_floor_follows_the_noise_and_is_recorded() -> None:
     domain = make_domain(4000)
     record = plan(domain, AteStrictParams(epsilon=2.0, delta=1e-6, nuisance="dp_linear"))
     ridge = next(e for e in record.events if e.module == "outcome")
     m, d = 1000, 3
     sigma = calibrate_gaussian(2.0, 1e-6, math.sqrt(6.0), dim=dp_linear.ridge_dim(d)).sigma
     assert ridge.params["sigma"] == sigma
-    assert ridge.params["regularization"] == math.sqrt(d) * sigma / m
+    assert ridge.params["regularization"] == min(1 / math.sqrt(m), math.sqrt(d) * sigma / m)
+    assert ridge.params["regularization"] < 1 / math.sqrt(m)  # noise below the former floor
+    # where the noise dominates (small m epsilon) the floor stays at the former m^(-1/2)
+    small = plan(make_domain(1000), AteStrictParams(epsilon=0.5, delta=1e-6, nuisance="dp_linear"))
+    floor = next(e for e in small.events if e.module == "outcome").params["regularization"]
+    assert floor == 1 / math.sqrt(250)
     # an explicit public regularization still wins
     explicit = plan(
         domain,
