@@ -280,6 +280,12 @@ ESTIMATORS: tuple[Estimator, ...] = (
         available=lambda: _strict_supports("dp_linear") and _strict_supports("cross_fit"),
     ),
     Estimator(
+        "strict_dp_linear_crossfit_fixed",
+        "strict AIPW, dp_linear, cross_fit=True, former fixed shares (nuisance 0.5, mean 0.8)",
+        _strict("dp_linear", cross_fit=True, nuisance_share=0.5, mean_share=0.8),
+        available=lambda: _strict_supports("dp_linear") and _strict_supports("cross_fit"),
+    ),
+    Estimator(
         "ipw_strict",
         "strict Lee et al. IPW: DP logistic propensity on D_m, DP mean and 2nd moment on D_n",
         _mechanism("ate_ipw", "AteIpwParams"),
@@ -424,6 +430,7 @@ def suites(quick: bool) -> dict[str, tuple[Cell, ...]]:
                     "strict_dp_ebm",
                     "strict_dp_linear",
                     "strict_dp_linear_crossfit",
+                    "strict_dp_linear_crossfit_fixed",
                     "ipw_strict",
                     "nonprivate_aipw_crossfit",
                     "nonprivate_aipw_split",
@@ -547,11 +554,9 @@ def run_suite(
             )
     return {
         "mechanism_sources_sha256": _source_hashes(),
-        "cross_fit_nuisance_share": getattr(
-            importlib.import_module("service.mechanisms.ate_strict"),
-            "DEFAULT_NUISANCE_SHARE",
-            None,
-        ),
+        "cross_fit_nuisance_share": {
+            str(c.n): {str(e): _cross_fit_share(c.n, e) for e in c.epsilons} for c in cells
+        },
         "reps_requested": reps,
         "slow_reps_requested": min(slow_reps, reps),
         "interrupted": interrupted,
@@ -561,6 +566,14 @@ def run_suite(
         "unavailable": sorted({n for c in cells for n in c.estimators} - available),
         "summary": summary,
     }
+
+
+def _cross_fit_share(n: int, epsilon: float) -> float | None:
+    """The default cross-fitting nuisance share at (n, epsilon) (public rule), if defined."""
+    rule = getattr(
+        importlib.import_module("service.mechanisms.ate_strict"), "default_nuisance_share", None
+    )
+    return None if rule is None else float(rule(n, epsilon))
 
 
 def _source_hashes() -> dict[str, str]:
@@ -697,6 +710,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=20261121)
     parser.add_argument("--suite", choices=("grid", "paper", "large", "all"), default="all")
+    parser.add_argument(
+        "--estimators",
+        default=None,
+        help="comma-separated subset of estimators to run (default: every estimator of a cell)",
+    )
+    parser.add_argument(
+        "--tag", default=None, help="suffix of the result file name (ate_coverage-<suite>-<tag>)"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     reps = args.reps or (20 if args.quick else 500)
@@ -711,8 +732,16 @@ def main() -> None:
         "suites": {},
         "deterministic": deterministic_checks(),
     }
+    only = None if args.estimators is None else set(args.estimators.split(","))
+    if only is not None:
+        payload["estimators_selected"] = sorted(only)
     for name in chosen:
         cells = suites(args.quick)[name]
+        if only is not None:
+            cells = tuple(
+                dataclasses.replace(c, estimators=tuple(e for e in c.estimators if e in only))
+                for c in cells
+            )
         if not cells:
             continue
         payload["suites"][name] = run_suite(
@@ -731,7 +760,8 @@ def main() -> None:
                 f"fail={row['failures']} t={row['mean_seconds']}s",
                 flush=True,
             )
-    out = write_named_result("ate_coverage", args.suite, payload, quick=args.quick)
+    variant = args.suite if args.tag is None else f"{args.suite}-{args.tag}"
+    out = write_named_result("ate_coverage", variant, payload, quick=args.quick)
     print(f"wrote {out}")  # noqa: T201
 
 

@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from bench.common import write_result
+from bench.common import RESULTS, write_result
 
 LAMBDA = 0.1
 FLIP_EPSILONS = (0.01, 0.03, 0.05, 0.1, 0.2, 0.4, 0.8, 0.99)
@@ -317,8 +317,24 @@ def service_table(realisations: int) -> dict[str, Any]:
     methods: dict[str, Any] = {}
     for name, module, params_class, design, extra in (
         ("ipw_strict", "ate_ipw", "AteIpwParams", StudyDesign.OBSERVATIONAL, {"delta": 1e-5}),
+        (
+            "ipw_strict_hajek",
+            "ate_ipw",
+            "AteIpwParams",
+            StudyDesign.OBSERVATIONAL,
+            {"delta": 1e-5, "normalization": "hajek"},
+        ),
         ("rct_diff_means", "ate_rct", "AteRctParams", StudyDesign.RCT, {}),
     ):
+        if (
+            "normalization" in extra
+            and "normalization"
+            not in getattr(
+                importlib.import_module(f"service.mechanisms.{module}"), params_class
+            ).__dataclass_fields__
+        ):
+            methods[name] = {"skipped": "no normalization option in this version"}
+            continue
         try:
             mod = importlib.import_module(f"service.mechanisms.{module}")
         except ImportError:
@@ -363,6 +379,7 @@ def service_table(realisations: int) -> dict[str, Any]:
                     "mean_estimate": round(float(e.mean()), 1),
                     "sd_estimate": round(float(e.std(ddof=1)), 1),
                     "mean_ci_width": round(float(2 * h.mean()), 1),
+                    "normalization": out.get("normalization"),
                     "sign_flip_vs_886.30": round(float(np.mean(e <= 0)), 3),
                 }
             )
@@ -380,7 +397,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--trials", type=int, default=None, help="synthetic trials (paper: 100)")
     parser.add_argument("--realisations", type=int, default=None, help="LaLonde (paper: 1000)")
+    parser.add_argument(
+        "--tables",
+        default="flip,msweep,lalonde,service",
+        help="comma-separated subset of tables (result file lee-<tables>.json if not all)",
+    )
     args = parser.parse_args()
+    chosen = set(args.tables.split(","))
     trials = args.trials or (5 if args.quick else 100)
     realisations = args.realisations or (20 if args.quick else 1000)
     payload: dict[str, Any] = {"configuration": "paper (harness only; not DP for D_n)"}
@@ -390,11 +413,22 @@ def main() -> None:
         ("lalonde", lalonde_table, realisations),
         ("service", service_table, max(realisations // 2, 10)),
     ):
+        if name not in chosen:
+            continue
         t0 = time.perf_counter()
         payload[name] = fn(size)
         payload[name]["seconds"] = round(time.perf_counter() - t0, 1)
         print(name, payload[name], flush=True)  # noqa: T201
+    everything = chosen >= {"flip", "msweep", "lalonde", "service"}
+    full = RESULTS / f"lee{'-quick' if args.quick else ''}.json"
+    previous = None if everything or not full.exists() else full.read_bytes()
     out = write_result("lee", payload, quick=args.quick)
+    if not everything:  # a subset goes to lee-<tables>.json; the full result stays untouched
+        target = out.with_name(out.name.replace("lee", "lee-" + "-".join(sorted(chosen)), 1))
+        out.replace(target)
+        if previous is not None:
+            full.write_bytes(previous)
+        out = target
     print(f"wrote {out}")  # noqa: T201
 
 
