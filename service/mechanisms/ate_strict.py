@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -117,6 +117,12 @@ MAX_EPSILON = 100.0
 # Minimum-n guard: every fold (each module's input) has at least this many records.
 MIN_FOLD_SIZE = 100
 DEFAULT_FOLDS_OBSERVATIONAL = (0.25, 0.25, 0.5)  # propensity, outcome, estimation
+# dp_linear preset (observational, no cross-fitting), public rule: where the privacy noise
+# dominates (n * epsilon <= DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON) the nuisance folds shrink to
+# 0.2 n each, so n2 = 0.6 n narrows the noise-only CI by 1/6; the low-dimensional DP fits lose
+# little there. Above it (and when epsilon is not given) the spec's (0.25, 0.25, 0.5).
+DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR = (0.2, 0.2, 0.6)
+DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON = 5000.0
 DEFAULT_FOLDS_RCT = (0.5, 0.5)  # outcome, estimation
 DEFAULT_FOLDS_RCT_NO_NUISANCE = (1.0,)  # estimation
 DEFAULT_NUISANCE_SHARE = (
@@ -153,7 +159,8 @@ class AteStrictParams:
         propensity_clip: c_pi; pi_hat is clipped to [c_pi, 1 - c_pi] (observational only).
         pseudo_outcome_clip: optional public K < B; pseudo-outcomes are clipped to [-K, K].
         fold_fractions: fractions of n per fold; None means the design's default
-            ((0.25, 0.25, 0.5) observational, (0.5, 0.5) RCT, (1.0,) RCT without nuisance).
+            ((0.25, 0.25, 0.5) observational, (0.2, 0.2, 0.6) observational with
+            ``dp_linear`` when n epsilon <= 5000, (0.5, 0.5) RCT, (1.0,) RCT without nuisance).
         mean_share: f, the share of the estimation budget spent on the mean; None means the
             public default (``DEFAULT_MEAN_SHARE``; with cross-fitting the rule of
             ``cross_fit_mean_share``).
@@ -376,14 +383,35 @@ class _Plan:
 
 
 def default_fold_fractions(
-    domain: PublicDomain, nuisance: Nuisance, cross_fit: bool = False
+    domain: PublicDomain,
+    nuisance: Nuisance,
+    cross_fit: bool = False,
+    epsilon: float | None = None,
 ) -> tuple[float, ...]:
-    """The design's default fold fractions (cross-fitting: two halves)."""
+    """The design's default fold fractions (cross-fitting: two halves).
+
+    ``dp_linear`` (observational) uses (0.2, 0.2, 0.6) when ``n epsilon <=
+    DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON`` (public n and requested epsilon), else the spec's
+    (0.25, 0.25, 0.5); without epsilon, the spec's.
+    """
     if cross_fit:
         return CROSS_FIT_FOLDS
     if domain.design == StudyDesign.RCT:
         return DEFAULT_FOLDS_RCT_NO_NUISANCE if nuisance == "none" else DEFAULT_FOLDS_RCT
+    if (
+        nuisance == "dp_linear"
+        and epsilon is not None
+        and domain.n * epsilon <= DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON
+        and _small_folds_fit(domain.n)
+    ):
+        return DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR
     return DEFAULT_FOLDS_OBSERVATIONAL
+
+
+def _small_folds_fit(n: int) -> bool:
+    """Whether dp_linear's small default folds all reach the minimum fold size."""
+    sizes = fold_sizes(n, DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR)
+    return min(sizes) >= MIN_FOLD_SIZE
 
 
 def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
@@ -405,11 +433,12 @@ def default_delta_for(
     fold_fractions: tuple[float, ...] | None = None,
     nuisance: Nuisance = "dp_ebm",
     cross_fit: bool = False,
+    epsilon: float | None = None,
 ) -> float:
     """README §1.7 default delta, ``min(1e-5, 1 / (10 n_min))`` over this release's folds."""
     _validate_domain(domain, nuisance)
     _validate_cross_fit(nuisance, cross_fit, fold_fractions)
-    fractions = _validate_fractions(domain, nuisance, fold_fractions, cross_fit)
+    fractions = _validate_fractions(domain, nuisance, fold_fractions, cross_fit, epsilon)
     return default_delta(min(fold_sizes(domain.n, fractions)))
 
 
@@ -458,10 +487,11 @@ def _validate_fractions(
     nuisance: Nuisance,
     fold_fractions: tuple[float, ...] | None,
     cross_fit: bool = False,
+    epsilon: float | None = None,
 ) -> tuple[float, ...]:
     modules = _modules(domain, nuisance, cross_fit)
     fractions = (
-        default_fold_fractions(domain, nuisance, cross_fit)
+        default_fold_fractions(domain, nuisance, cross_fit, epsilon)
         if fold_fractions is None
         else fold_fractions
     )
@@ -504,7 +534,7 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
     cross_fit = params.cross_fit
     _validate_cross_fit(nuisance, cross_fit, params.fold_fractions)
     epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
-    fractions = _validate_fractions(domain, nuisance, params.fold_fractions, cross_fit)
+    fractions = _validate_fractions(domain, nuisance, params.fold_fractions, cross_fit, epsilon)
     modules = _modules(domain, nuisance, cross_fit)
     sizes = fold_sizes(domain.n, fractions)
     delta = validate_delta(params.delta, n_min=min(sizes))
@@ -821,6 +851,32 @@ def epsilon_for_half_width(
         InvalidParameters: invalid parameters or half-width.
     """
     target = validate_finite_positive(half_width, "target_half_width")
+    _make_plan(domain, params)  # validate the request as given
+    if (
+        params.nuisance == "dp_linear"
+        and not params.cross_fit
+        and params.fold_fractions is None
+        and domain.design == StudyDesign.OBSERVATIONAL
+        and _small_folds_fit(domain.n)
+    ):
+        # The default folds switch from (0.2, 0.2, 0.6) to (0.25, 0.25, 0.5) above
+        # n eps = DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON, where the half-width jumps up: solve with
+        # each fold set pinned; the small folds' answer counts only below the switch.
+        switch = DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON / domain.n
+        small = _epsilon_for_half_width_pinned(
+            domain, replace(params, fold_fractions=DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR), target
+        )
+        if small is not None and small <= switch:
+            return small
+        return _epsilon_for_half_width_pinned(
+            domain, replace(params, fold_fractions=DEFAULT_FOLDS_OBSERVATIONAL), target
+        )
+    return _epsilon_for_half_width_pinned(domain, params, target)
+
+
+def _epsilon_for_half_width_pinned(
+    domain: PublicDomain, params: AteStrictParams, target: float
+) -> float | None:
     base = _make_plan(domain, params)
     z = float(ndtri(1.0 - base.params.alpha / 2.0))
     sensitivity = base.mean.sensitivity_l2

@@ -196,12 +196,18 @@ def test_dp_linear_record_without_cross_fit_uses_theorem6() -> None:
     logistic, ridge = record.events[0], record.events[1]
     assert logistic.epsilon == 1.0
     assert ridge.epsilon == 1.0
+    # dp_linear's default folds at n eps = 4000 <= 5000 are (0.2, 0.2, 0.6): 800 / 800 / 2400
+    assert record.fold_sizes == {"propensity": 800, "outcome": 800, "estimation": 2400}
+    assert ate_strict.DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR == (0.2, 0.2, 0.6)
     assert logistic.params["sensitivity_l2"] == dp_linear.logistic_sensitivity(
-        1000, dp_linear.default_regularization(1000)
+        800, dp_linear.default_regularization(800)
     )
     assert ridge.params["sensitivity_l2"] == pytest.approx(math.sqrt(6.0))
     assert ridge.params["dim"] == dp_linear.ridge_dim(3)
     json.dumps(record.to_dict())
+    # DP-EBM keeps the spec's (0.25, 0.25, 0.5)
+    ebm = plan(domain, AteStrictParams(epsilon=1.0, delta=1e-5))
+    assert ebm.fold_sizes == {"propensity": 1000, "outcome": 1000, "estimation": 2000}
 
 
 @pytest.mark.parametrize("design", [StudyDesign.OBSERVATIONAL, StudyDesign.RCT])
@@ -306,7 +312,7 @@ def test_cross_fit_half_width_is_closer_to_non_private_than_splitting() -> None:
         AteStrictParams(epsilon=1.0, delta=1e-7, nuisance="dp_linear", cross_fit=True),
     )
     assert crossed["n2"] == 1_000_000
-    assert split["n2"] == 500_000
+    assert split["n2"] == 500_000  # n eps > 5000: the spec's (0.25, 0.25, 0.5)
     assert crossed["expected_half_width"] < split["expected_half_width"]
 
 
@@ -332,7 +338,7 @@ def test_default_ridge_floor_follows_the_noise_and_is_recorded() -> None:
     domain = make_domain(4000)
     record = plan(domain, AteStrictParams(epsilon=2.0, delta=1e-6, nuisance="dp_linear"))
     ridge = next(e for e in record.events if e.module == "outcome")
-    m, d = 1000, 3
+    m, d = 1000, 3  # n eps = 8000 > 5000: folds (0.25, 0.25, 0.5)
     sigma = calibrate_gaussian(2.0, 1e-6, math.sqrt(6.0), dim=dp_linear.ridge_dim(d)).sigma
     assert ridge.params["sigma"] == sigma
     assert ridge.params["regularization"] == min(1 / math.sqrt(m), math.sqrt(d) * sigma / m)
@@ -340,7 +346,7 @@ def test_default_ridge_floor_follows_the_noise_and_is_recorded() -> None:
     # where the noise dominates (small m epsilon) the floor stays at the former m^(-1/2)
     small = plan(make_domain(1000), AteStrictParams(epsilon=0.5, delta=1e-6, nuisance="dp_linear"))
     floor = next(e for e in small.events if e.module == "outcome").params["regularization"]
-    assert floor == 1 / math.sqrt(250)
+    assert floor == 1 / math.sqrt(200)
     # an explicit public regularization still wins
     explicit = plan(
         domain,
@@ -420,3 +426,25 @@ def test_quote_under_the_share_rule_is_consistent_with_epsilon_for_target() -> N
     assert at_target["min_half_width"] <= 0.01
     below = ate_strict.quote(domain, replace(params, epsilon=epsilon * 0.999))
     assert below["min_half_width"] > 0.01
+
+
+def test_dp_linear_default_folds_rule_and_quote_across_the_switch() -> None:
+    """(0.2, 0.2, 0.6) when n eps <= 5000 (and every fold >= 100), else (0.25, 0.25, 0.5)."""
+    domain = make_domain(4000)
+    small = plan(domain, AteStrictParams(epsilon=1.25, delta=1e-5, nuisance="dp_linear"))
+    assert small.fold_sizes == {"propensity": 800, "outcome": 800, "estimation": 2400}
+    large = plan(domain, AteStrictParams(epsilon=1.26, delta=1e-5, nuisance="dp_linear"))
+    assert large.fold_sizes == {"propensity": 1000, "outcome": 1000, "estimation": 2000}
+    tiny = plan(make_domain(450), AteStrictParams(epsilon=1.0, delta=1e-5, nuisance="dp_linear"))
+    assert tiny.fold_sizes == {"propensity": 112, "outcome": 112, "estimation": 226}
+    params = AteStrictParams(epsilon=1.0, delta=1e-5, nuisance="dp_linear")
+    # the noise-only half-width jumps up at the switch (eps = 1.25): check both sides
+    at_switch = ate_strict.quote(domain, replace(params, epsilon=1.25))["min_half_width"]
+    above = ate_strict.quote(domain, replace(params, epsilon=1.2600001))["min_half_width"]
+    assert above > at_switch
+    for target in (at_switch * 1.0001, (at_switch + above) / 2, above * 0.9):
+        eps = ate_strict.epsilon_for_half_width(domain, params, target)
+        assert eps is not None
+        assert ate_strict.quote(domain, replace(params, epsilon=eps))["min_half_width"] <= target
+        below = ate_strict.quote(domain, replace(params, epsilon=eps * 0.999))
+        assert below["min_half_width"] > target

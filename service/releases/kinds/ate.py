@@ -190,7 +190,7 @@ def to_mechanism_params(
     delta = params.delta
     if delta is None:
         delta = ate_strict.default_delta_for(
-            domain, params.fold_fractions, nuisance_strict, params.cross_fit
+            domain, params.fold_fractions, nuisance_strict, params.cross_fit, params.epsilon
         )
     return ate_strict.AteStrictParams(
         epsilon=params.epsilon,
