@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -93,6 +93,11 @@ FEATURE_NORM = 2.0  # C: ||phi(x)||^2 <= 1 + 1 + 2 (module docstring)
 # for the public ranges of lambda and D allowed here (docs/proofs/cate_vector.md, step 5).
 _SOLVE_SLACK = 2.0**-20
 MIN_RIDGE = 1e-3
+# Public default of the strict ridge (``suggested_ridge``): the smallest value of the grid whose
+# quoted noise-sd bound is at most RIDGE_RULE_FRACTION * R_Y; public inputs only.
+STRICT_RIDGE_GRID = (0.1, 0.3, 1.0, 3.0)
+RIDGE_RULE_FRACTION = 0.2
+PAPER_RIDGE = 1e-3
 _FOLD_SUM_TOLERANCE = 1e-9
 _FD_STEP = 1e-8  # finite-difference step of the sup search (scipy's L-BFGS-B default)
 
@@ -108,8 +113,8 @@ class CateVectorParams:
         mode: ``"strict"`` (default) or ``"paper"`` (needs allow_paper_mode).
         propensity_clip: c; pi_hat in [c, 1 - c] (observational designs).
         pseudo_outcome_clip: DR's public K (default R_Y).
-        ridge: lambda of the second stage (public). The kind's default is 0.1 in strict mode
-            (it sets the sensitivity) and 0.001 in paper mode.
+        ridge: lambda of the second stage (public). The kind's default is
+            ``suggested_ridge`` (strict: a public rule, it sets the sensitivity; paper: 0.001).
         n_features: D, the number of random Fourier features.
         lengthscale: l of the Gaussian kernel on unit-scaled covariates.
         fold_fractions: per module; default (0.25, 0.25, 0.5) strict observational,
@@ -390,6 +395,27 @@ def _public(state: Plan) -> dict[str, Any]:
         "n_features": params.n_features,
         "lengthscale": params.lengthscale,
     }
+
+
+def suggested_ridge(domain: PublicDomain, params: CateVectorParams) -> float:
+    """The strict mode's default ridge, from public quantities only (no data access).
+
+    The smallest lambda in ``STRICT_RIDGE_GRID`` whose quoted bound on every coordinate's
+    noise sd (``2 sigma(lambda)``: epsilon, delta, n_2, R_Y, c, the learner) is at most
+    ``RIDGE_RULE_FRACTION * R_Y``; the largest if none is. The noise falls like
+    lambda^(-3/2) while the ridge bias grows with lambda, so small budgets get more
+    regularisation; it never goes below the former fixed default 0.1. Paper mode: 1e-3.
+    Chosen on DS1 and checked on DS2 (bench/README.md, ``--strict-ridges``).
+    """
+    if params.mode != "strict":
+        return PAPER_RIDGE
+    limit = RIDGE_RULE_FRACTION * validate_finite_positive(domain.outcome_range, "outcome range")
+    for ridge in STRICT_RIDGE_GRID:
+        theta = make_plan(domain, replace(params, ridge=ridge)).theta
+        assert theta is not None
+        if FEATURE_NORM * theta.sigma <= limit:
+            return ridge
+    return STRICT_RIDGE_GRID[-1]
 
 
 def paper_gamma_bounds(learner: Learner, outcome_range: float, clip: float) -> tuple[float, float]:

@@ -343,3 +343,73 @@ def test_released_values_are_clipped_to_the_public_cate_range() -> None:
     values = cv.release(fitted, state, noise=SeededSampler(np.random.default_rng(0)))["estimates"]
     assert max(abs(v) for v in values) <= 7.0
     assert max(abs(v) for v in values) == 7.0  # the noise is far larger than R_Y here
+
+
+# ---- strict default ridge: a public rule ---------------------------------------------------
+
+
+def _bench_domain() -> PublicDomain:
+    """The benchmark's DS1 public schema: n = 2700, X in [0, 1]^2, Y in [-1, 9.45]."""
+    return PublicDomain(x_lower=np.zeros(2), x_upper=np.ones(2), y_lower=-1.0, y_upper=9.45, n=2700)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "ridge_r", "ridge_dr"),
+    [
+        (0.5, 1.0, 1.0),
+        (1.0, 1.0, 1.0),
+        (2.0, 0.3, 0.3),
+        (5.0, 0.3, 0.3),
+        (10.0, 0.1, 0.3),
+        (50.0, 0.1, 0.1),
+    ],
+)
+def test_suggested_ridge_on_the_benchmark_schema(
+    epsilon: float, ridge_r: float, ridge_dr: float
+) -> None:
+    for learner, expected in (("r", ridge_r), ("dr", ridge_dr)):
+        params = cv.CateVectorParams(
+            points=POINTS,
+            epsilon=epsilon,
+            delta=1e-5,
+            learner=learner,  # type: ignore[arg-type]
+        )
+        assert cv.suggested_ridge(_bench_domain(), params) == expected
+
+
+def test_suggested_ridge_is_public_and_the_adapter_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rule reads no data, keeps the quoted bound <= 0.2 R_Y, and the kind applies it."""
+    from service.releases.kinds.cate_vector import CateVectorKind
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the rule must not touch data")
+
+    for name in ("prepare_arrays", "random_folds", "fit", "_strict_nuisance"):
+        monkeypatch.setattr(cv, name, forbidden)
+    dom = _bench_domain()
+    kind = CateVectorKind()
+    previous = math.inf
+    for epsilon in (0.3, 1.0, 3.0, 30.0):
+        body = {"points": [[0.5, 0.5]], "epsilon": epsilon, "delta": 1e-5}
+        quote = kind.quote(body, dom)
+        ridge = quote["ridge"]
+        assert ridge in cv.STRICT_RIDGE_GRID
+        assert ridge <= previous  # less ridge as epsilon grows
+        previous = ridge
+        if ridge != cv.STRICT_RIDGE_GRID[-1]:
+            assert quote["noise_sd_upper_bound"] <= cv.RIDGE_RULE_FRACTION * 10.45
+        assert kind.record(body, dom).events[-1].params["ridge"] == ridge
+        explicit = kind.quote({**body, "ridge": 0.05}, dom)
+        assert explicit["ridge"] == 0.05
+    paper = {"points": [[0.5, 0.5]], "epsilon": 1.0, "delta": 1e-5, "mode": "paper"}
+    paper_domain = PublicDomain(
+        x_lower=np.zeros(2),
+        x_upper=np.ones(2),
+        y_lower=-1.0,
+        y_upper=9.45,
+        n=2700,
+        allow_paper_mode=True,
+    )
+    assert kind.quote(paper, paper_domain)["ridge"] == cv.PAPER_RIDGE

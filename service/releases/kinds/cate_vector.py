@@ -7,6 +7,7 @@ data-dependent influence-function scale, only where the owner set ``allow_paper_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -31,7 +32,8 @@ class CateVectorRequest(KindParams):
     mode: Literal["strict", "paper"] = "strict"
     propensity_clip: float = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
     pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # None: 0.1 in strict mode (it sets the sensitivity), 0.001 in paper mode.
+    # None: strict, the public rule cate_vector.suggested_ridge (smallest of 0.1, 0.3, 1, 3 whose
+    # quoted noise-sd bound is <= 0.2 R_Y); paper, 0.001.
     ridge: float | None = Field(default=None, ge=cate_vector.MIN_RIDGE, allow_inf_nan=False)
     n_features: int = Field(default=50, ge=1, le=cate_vector.MAX_FEATURES)
     lengthscale: float = Field(default=0.3, gt=0, allow_inf_nan=False)
@@ -57,7 +59,7 @@ def to_mechanism_params(
     delta = params.delta
     if delta is None:
         delta = cate_vector.default_delta_for(domain, params.mode, params.fold_fractions)
-    return cate_vector.CateVectorParams(
+    mech = cate_vector.CateVectorParams(
         points=tuple(tuple(p) for p in params.points),
         epsilon=params.epsilon,
         delta=delta,
@@ -65,13 +67,13 @@ def to_mechanism_params(
         mode=params.mode,
         propensity_clip=params.propensity_clip,
         pseudo_outcome_clip=params.pseudo_outcome_clip,
-        ridge=params.ridge
-        if params.ridge is not None
-        else (0.1 if params.mode == "strict" else 1e-3),
         n_features=params.n_features,
         lengthscale=params.lengthscale,
         fold_fractions=params.fold_fractions,
     )
+    if params.ridge is not None:
+        return replace(mech, ridge=params.ridge)
+    return replace(mech, ridge=cate_vector.suggested_ridge(domain, mech))
 
 
 class CateVectorKind:
