@@ -87,7 +87,9 @@ class AteParams(KindParams):
     alpha_v: float = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
     # None: "dp_ebm" (strict) or "kernel" (paper).
     nuisance: Literal["dp_ebm", "dp_linear", "none", "kernel", "linear"] | None = None
-    cross_fit: bool = False
+    # None: the public rule ate_strict.default_cross_fit (dp_linear, observational design:
+    # cross-fit when n epsilon > 5000 and no fold_fractions are given).
+    cross_fit: bool | None = None
     # None: the public rule clip(25000 / (n epsilon), 0.05, 0.5) (cross_fit only).
     nuisance_share: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     regularization: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -187,10 +189,15 @@ def to_mechanism_params(
             normalization=params.normalization,
         )
     nuisance_strict = _strict_nuisance(params)
+    cross_fit = params.cross_fit
+    if cross_fit is None:
+        cross_fit = ate_strict.default_cross_fit(
+            domain, nuisance_strict, params.fold_fractions, params.epsilon
+        )
     delta = params.delta
     if delta is None:
         delta = ate_strict.default_delta_for(
-            domain, params.fold_fractions, nuisance_strict, params.cross_fit, params.epsilon
+            domain, params.fold_fractions, nuisance_strict, cross_fit, params.epsilon
         )
     return ate_strict.AteStrictParams(
         epsilon=params.epsilon,
@@ -203,7 +210,7 @@ def to_mechanism_params(
         variance_inflation=params.variance_inflation,
         alpha_v=params.alpha_v,
         nuisance=nuisance_strict,
-        cross_fit=params.cross_fit,
+        cross_fit=cross_fit,
         nuisance_share=params.nuisance_share,
         regularization=params.regularization,
     )
