@@ -11,7 +11,7 @@ Everything goes through HTTP on loopback to a real server process and its databa
 * PEHE of the exact and the Nystrom function at the same epsilon (R-learner, RCT, no nuisance
   models, 1000 test points, ``reps`` releases each).
 
-    python -m bench.functions            # t = 10^2, 10^3, 10^4 exact; 10^5 finite basis
+    python -m bench.functions            # t = 10^2, 10^3, 5 10^3, 10^4 exact; 10^5 finite basis
     python -m bench.functions --quick    # n = 2000, q = 2; t = 10^2, 10^3 exact, 5000 finite
 """
 
@@ -233,7 +233,7 @@ def run(db_url: str, *, quick: bool) -> dict[str, Any]:
                 "lambda_convention": "unnormalised",
             }
             rng = np.random.default_rng(q)
-            exact_t = [100, 1000] if quick else [100, 1000, 10000]
+            exact_t = [100, 1000] if quick else [100, 1000, 5000, 10000]
             fid = s.release({**common, "t_max": max(exact_t) + 200})
             exact = profile(s, db_url, fid, q, exact_t, 20 if quick else 100, rng)
             naive = {str(t): round(naive_seconds(t, q, h), 4) for t in exact_t}
@@ -241,7 +241,7 @@ def run(db_url: str, *, quick: bool) -> dict[str, Any]:
             fid_n = s.release({**common, "basis": "nystrom", "n_centres": 256})
             # Finite basis: 1000 single requests per checkpoint, so p99 is not one sample's max.
             finite = profile(s, db_url, fid_n, q, finite_t, 50 if quick else 1000, rng)
-            reps = 1 if quick else 5
+            reps = 1 if quick else 10
             pehe_exact = pehe(s, {**common, "t_max": 1000}, q, reps)
             pehe_nys = pehe(s, {**common, "basis": "nystrom", "n_centres": 256}, q, reps)
             results[f"q={q}"] = {
