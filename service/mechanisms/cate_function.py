@@ -263,6 +263,9 @@ class Plan:
     fit: Literal["exact", "nystrom", "rff"]
     output_lattice_exponent: int
     record: MechanismRecord
+    # Released values are clipped to [-value_bound, value_bound] = [-R_Y, R_Y], the public range
+    # of any CATE with outcomes in [y_lo, y_hi] (post-processing: it cannot add error).
+    value_bound: float = math.inf
 
     @property
     def n2(self) -> int:
@@ -428,6 +431,7 @@ def plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         fit=fit,
         output_lattice_exponent=lattice_exponent(scale.r0),
         record=record,
+        value_bound=domain.outcome_range,
     )
 
 
@@ -454,6 +458,7 @@ def public_parameters(state: Plan) -> dict[str, Any]:
         "jitter": params.jitter,
         "canonical_lattice": 2.0**-CANONICAL_BITS,
         "output_lattice": 2.0**state.output_lattice_exponent,
+        "value_bound": state.value_bound,
         "noise_note": (
             "the privacy noise is one Gaussian-process path: it is correlated across points, "
             "so answers can look shifted up or down together (App. C.1)"
@@ -557,6 +562,7 @@ class FittedFunction:
     coef: FloatArray
     output_lattice_exponent: int
     meta: dict[str, float] = field(default_factory=dict)
+    value_bound: float = math.inf  # public |CATE| bound R_Y; inf for functions stored before it
 
     def basis(self, points: FloatArray) -> FloatArray:
         if self.kind == "rff":
@@ -578,9 +584,11 @@ class FittedFunction:
         return out
 
     def round_output(self, values: FloatArray) -> FloatArray:
-        """Round to the public output lattice 2^k (post-processing)."""
+        """Round to the public output lattice 2^k and clip to the public CATE range
+        ``[-R_Y, R_Y]`` (post-processing of the DP values)."""
         step = math.ldexp(1.0, self.output_lattice_exponent)
-        return np.asarray(np.rint(values / step) * step, dtype=np.float64)
+        rounded = np.rint(values / step) * step
+        return np.asarray(np.clip(rounded, -self.value_bound, self.value_bound), dtype=np.float64)
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
@@ -592,6 +600,7 @@ class FittedFunction:
             support=self.support,
             coef=self.coef,
             output_lattice_exponent=np.array(self.output_lattice_exponent),
+            value_bound=np.array(self.value_bound),
         )
         return buffer.getvalue()
 
@@ -608,6 +617,7 @@ class FittedFunction:
                 support=np.asarray(z["support"], dtype=np.float64),
                 coef=np.asarray(z["coef"], dtype=np.float64),
                 output_lattice_exponent=int(z["output_lattice_exponent"]),
+                value_bound=float(z["value_bound"]) if "value_bound" in z.files else math.inf,
             )
 
     def nbytes(self) -> int:
@@ -645,7 +655,15 @@ def second_stage(
         )
         # proof step 6 (RFF): beta_DP = beta + r0 xi, Hall's mechanism for k_RFF.
         coef = coef + scale.r0 * rng.standard_normal(coef.shape[0])
-        return FittedFunction("rff", h, scale.r0, frequencies, coef, state.output_lattice_exponent)
+        return FittedFunction(
+            "rff",
+            h,
+            scale.r0,
+            frequencies,
+            coef,
+            state.output_lattice_exponent,
+            value_bound=state.value_bound,
+        )
     if state.fit == "nystrom":
         centres = gp.sobol_centres(params.n_centres, q)
         metric = _centre_metric(centres, h)
@@ -661,11 +679,33 @@ def second_stage(
             # proof step 6 (Nystrom): beta_DP = beta + r0 eta, eta ~ N(0, M^{-1}).
             coef = coef + scale.r0 * gp.nystrom_noise(metric, rng=rng)
             return FittedFunction(
-                "centres", h, scale.r0, centres, coef, state.output_lattice_exponent
+                "centres",
+                h,
+                scale.r0,
+                centres,
+                coef,
+                state.output_lattice_exponent,
+                value_bound=state.value_bound,
             )
-        return FittedFunction("gp", h, scale.r0, centres, coef, state.output_lattice_exponent)
+        return FittedFunction(
+            "gp",
+            h,
+            scale.r0,
+            centres,
+            coef,
+            state.output_lattice_exponent,
+            value_bound=state.value_bound,
+        )
     alpha = fit_exact(x2, targets, weights, bandwidth=h, lambda0=scale.lambda0)
-    return FittedFunction("gp", h, scale.r0, x2.copy(), alpha, state.output_lattice_exponent)
+    return FittedFunction(
+        "gp",
+        h,
+        scale.r0,
+        x2.copy(),
+        alpha,
+        state.output_lattice_exponent,
+        value_bound=state.value_bound,
+    )
 
 
 # ---- running (after the charge) -------------------------------------------------------------

@@ -178,3 +178,48 @@ def test_run_end_to_end(basis: str) -> None:
     again = mech.FittedFunction.from_bytes(fitted.to_bytes())
     pts = rng.uniform(size=(5, 2))
     assert np.array_equal(again.mean(pts), fitted.mean(pts))
+
+
+@pytest.mark.parametrize("basis", ["nystrom", "rff"])
+def test_released_values_are_clipped_to_the_public_cate_range(basis: str) -> None:
+    """At a tiny epsilon the noise dwarfs R_Y = 2; every released value stays in [-2, 2], the
+    bound survives storage, and a function stored before the bound existed is not clipped."""
+    rng = np.random.default_rng(1)
+    n = 1200
+    x = np.column_stack([rng.uniform(0, 1, n), rng.uniform(0, 2, n)])
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    y = np.clip(0.5 * a * x[:, 0] + rng.normal(0, 0.1, n), -1, 1)
+    params = mech.CateFunctionParams(
+        epsilon=0.01,
+        delta=1e-5,
+        nuisance="none",
+        basis=basis,  # type: ignore[arg-type]
+        n_centres=64,
+        n_features=64,
+    )
+    result, fitted = mech.run(
+        Arrays(x, a, y), _domain(n), params, rng=rng, progress=lambda *_: None
+    )
+    assert result["value_bound"] == 2.0
+    pts = rng.uniform(size=(2000, 2)) * np.array([1.0, 2.0])
+    raw = fitted.mean(pts)
+    assert np.max(np.abs(raw)) > 2.0  # the noise really exceeds the range
+    released = fitted.round_output(raw)
+    assert np.max(np.abs(released)) <= 2.0
+    inside = np.abs(raw) < 1.9
+    assert np.allclose(released[inside], raw[inside], atol=2.0**fitted.output_lattice_exponent)
+    again = mech.FittedFunction.from_bytes(fitted.to_bytes())
+    assert np.array_equal(again.round_output(raw), released)
+    legacy = mech.FittedFunction.from_bytes(
+        mech.FittedFunction(
+            fitted.kind,
+            fitted.bandwidth,
+            fitted.r0,
+            fitted.support,
+            fitted.coef,
+            fitted.output_lattice_exponent,
+        )
+        .to_bytes()
+        .replace(b"value_bound", b"unused_key_")
+    )
+    assert legacy.value_bound == math.inf
