@@ -22,11 +22,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -70,17 +71,37 @@ _blas_controller: Any = None
 
 
 @contextmanager
-def _single_threaded_blas() -> Iterator[None]:
-    """Run BLAS/LAPACK on one thread: request threads already use the cores, and OpenBLAS's own
-    threads under that oversubscription made a 1000-point Cholesky ~15x slower (measured)."""
+def _blas_threads(limit: int) -> Iterator[None]:
+    """Run BLAS/LAPACK on ``limit`` threads inside the block.
+
+    Evaluations use one thread: request threads already use the cores, and OpenBLAS's own
+    threads under that oversubscription made a 1000-point Cholesky ~15x slower (measured). The
+    one exception is a wide solve (many new points against a large stored factor, O(t^2 m)),
+    which holds the function's lock anyway and gets every core: on an idle 2-core machine a
+    10^4 x 10^3 triangular solve takes 0.71-0.79 s on two threads against 1.27-1.36 s on one.
+    """
     global _blas_controller
     with _blas_guard:
         if _blas_controller is None:
             from threadpoolctl import ThreadpoolController
 
             _blas_controller = ThreadpoolController()
-    with _blas_controller.limit(limits=1, user_api="blas"):
+    with _blas_controller.limit(limits=limit, user_api="blas"):
         yield
+
+
+def _single_threaded_blas() -> AbstractContextManager[None]:
+    return _blas_threads(1)
+
+
+# A solve of m new points against t stored ones is "wide" from t * m >= 2^20 entries (e.g. 256
+# points at t = 4096): below that, thread start-up costs more than it saves.
+WIDE_SOLVE_ENTRIES = 1 << 20
+WIDE_BLAS_THREADS = max(1, os.cpu_count() or 1)
+
+
+def _threads_for(stored: int, new: int) -> int:
+    return WIDE_BLAS_THREADS if stored * new >= WIDE_SOLVE_ENTRIES else 1
 
 
 def _now_iso() -> str:
@@ -321,7 +342,10 @@ def _sync(session: Session, header: CateFunction) -> _Entry:
     if entry is None or entry.version > header.version:
         fitted = _load_fitted(session, header.id)
         path = (
-            gp.GpPath(header.q, fitted.bandwidth, max_capacity=header.t_max)
+            # The factor's buffer is sized for the public capacity at once: zeroed pages cost
+            # no memory until the factor reaches them, and the doubling copies (0.5 s of a
+            # batch at t ~ 8000, measured) never happen.
+            gp.GpPath(header.q, fitted.bandwidth, capacity=header.t_max, max_capacity=header.t_max)
             if fitted.kind == "gp"
             else None
         )
@@ -522,7 +546,9 @@ def _evaluate_exact(
             session.rollback()
             raise FunctionClosed("the function's state is closed")
         try:
-            with _single_threaded_blas():
+            cached = _cached(function_id)
+            behind = locked.t - (cached.path.t if cached and cached.path else 0)
+            with _blas_threads(_threads_for(locked.t, behind)):
                 entry = _sync(session, locked)
         except _CorruptState:
             _close(session, locked)
@@ -548,7 +574,7 @@ def _evaluate_exact(
         new_points = canonical[rows]
         fitted = entry.fitted
         try:
-            with _single_threaded_blas():
+            with _blas_threads(_threads_for(locked.t, len(rows))):
                 draw = entry.path.draw(new_points, rng=secure_rng(), jitter=locked.jitter)
                 values = fitted.round_output(fitted.mean(new_points) + fitted.r0 * draw.values)
         except gp.GpNumericalError:

@@ -54,18 +54,28 @@ class GpNumericalError(ValueError):
 
 
 def squared_distances(a: FloatArray, b: FloatArray) -> FloatArray:
-    """Pairwise squared Euclidean distances, clamped at 0 (rows of ``a`` by rows of ``b``)."""
+    """Pairwise squared Euclidean distances, clamped at 0 (rows of ``a`` by rows of ``b``).
+
+    Computed as ``(|a|^2 + |b|^2) - 2 a b^T`` with one temporary (a 10^4 x 10^3 kernel is on
+    the hot path of exact-mode batches); the doubling is exact, so the result is bitwise that of
+    the plain expression.
+    """
     aa = np.einsum("ij,ij->i", a, a)
     bb = np.einsum("ij,ij->i", b, b)
-    out = aa[:, None] + bb[None, :] - 2.0 * (a @ b.T)
+    cross = a @ b.T
+    cross *= 2.0
+    out = np.add.outer(aa, bb)
+    out -= cross
     np.maximum(out, 0.0, out=out)
     return np.asarray(out, dtype=np.float64)
 
 
 def gaussian_kernel(a: FloatArray, b: FloatArray, bandwidth: float) -> FloatArray:
-    """``k0(a_i, b_j) = exp(-|a_i - b_j|^2 / (2 h^2))`` (unit diagonal)."""
+    """``k0(a_i, b_j) = exp(-|a_i - b_j|^2 / (2 h^2))`` (unit diagonal), in place."""
     d2 = squared_distances(np.asarray(a, np.float64), np.asarray(b, np.float64))
-    return np.asarray(np.exp(-d2 / (2.0 * bandwidth * bandwidth)), dtype=np.float64)
+    np.divide(d2, -(2.0 * bandwidth * bandwidth), out=d2)
+    np.exp(d2, out=d2)
+    return d2
 
 
 def jittered_cholesky(
