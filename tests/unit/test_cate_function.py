@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -196,6 +197,8 @@ def test_released_values_are_clipped_to_the_public_cate_range(basis: str) -> Non
         basis=basis,  # type: ignore[arg-type]
         n_centres=64,
         n_features=64,
+        regularization=0.01,  # explicit and small: noise far beyond R_Y
+        lambda_convention="unnormalised",
     )
     result, fitted = mech.run(
         Arrays(x, a, y), _domain(n), params, rng=rng, progress=lambda *_: None
@@ -223,3 +226,39 @@ def test_released_values_are_clipped_to_the_public_cate_range(basis: str) -> Non
         .replace(b"value_bound", b"unused_key_")
     )
     assert legacy.value_bound == math.inf
+
+
+@pytest.mark.parametrize("q", [2, 30])
+def test_default_regularization_is_a_public_rule(q: int) -> None:
+    """Omitted regularization: the smallest grid lambda0 whose public pointwise noise sd is at
+    most 0.2 R_Y (never the paper's normalised lambda = 1, which is lambda0 = 2.9e22 at q = 30)."""
+    domain = PublicDomain(
+        x_lower=np.zeros(q),
+        x_upper=np.ones(q),
+        y_lower=-2.0,
+        y_upper=3.0,
+        n=4000,
+        design=StudyDesign.RCT,
+        treatment_probability=0.5,
+    )
+    base = mech.CateFunctionParams(epsilon=1.0, delta=1e-5, nuisance="none")
+    state = mech.plan(domain, base)
+    chosen = state.scale.lambda0
+    assert chosen in mech.DEFAULT_LAMBDA0_GRID
+    limit = mech.DEFAULT_NOISE_SD_FRACTION * domain.outcome_range
+    assert state.scale.r0 <= limit
+    smaller = [lam for lam in mech.DEFAULT_LAMBDA0_GRID if lam < chosen]
+    for lam in smaller:  # every smaller candidate is noisier than the limit
+        explicit = mech.plan(
+            domain, replace(base, regularization=lam, lambda_convention="unnormalised")
+        )
+        assert explicit.scale.r0 > limit
+    assert chosen == 0.1  # n = 4000, eps = 1, R_Y = 5 (the bench.functions setting)
+    public = mech.public_parameters(state)
+    assert public["lambda0"] == chosen
+    assert public["lambda_convention"] == "unnormalised"
+    # An explicit value is honoured in its convention.
+    paper = mech.plan(domain, replace(base, regularization=1.0))
+    assert paper.scale.lambda0 == pytest.approx(
+        1.0 / math.exp(mech.log_cq(q, mech.default_bandwidth(q))), rel=1e-9
+    )

@@ -31,7 +31,9 @@ class CateFunctionParams(KindParams):
     delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     learner: Literal["r", "dr"] = "r"
     bandwidth: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    regularization: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    # None: the public rule (mech.DEFAULT_LAMBDA0_GRID): the smallest lambda0 whose pointwise
+    # noise sd is at most 0.2 R_Y. lambda_convention applies to an explicit value only.
+    regularization: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     lambda_convention: Literal["normalised", "unnormalised"] = "normalised"
     propensity_clip: float = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
     fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
