@@ -9,6 +9,7 @@ BENCHES = (
     "bench.upload",
     "bench.load",
     "bench.functions",
+    "bench.function_defaults",
     "bench.cate_vector",
     "bench.ebm_cate",
     "bench.uplift",
