@@ -210,3 +210,37 @@ def test_quote_warns_for_small_effect_folds() -> None:
     quote = ec.quote(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
     assert quote["warnings"]
     assert quote["boosting_noise_sd_per_step"] > 0
+
+
+def test_service_defaults_of_the_dr_learner_are_the_public_rule() -> None:
+    """Through the kind, an omitted K / folds / max_bins / max_rounds gives the DR learner's
+    public configuration (K = 0.3 R_Y, folds 0.2/0.2/0.6 or 0.3/0.7, 16 bins, 200 effect
+    rounds); the S learner keeps Niu et al.'s; explicit values win."""
+    from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
+
+    kind = EbmCateKind()
+    dr = kind.record(EbmCateRequest(epsilon=1.0), domain())
+    assert dr.fold_sizes == {"propensity": 800, "outcome": 800, "effect": 2400}
+    by_module = {e.module: e.params for e in dr.events}
+    assert by_module["effect"]["target_range"] == pytest.approx(2 * 0.3 * 7.0)
+    assert {p["max_bins"] for p in by_module.values()} == {16}
+    assert by_module["effect"]["max_rounds"] == 200
+    assert by_module["outcome"]["max_rounds"] == by_module["propensity"]["max_rounds"] == 300
+    rct = kind.record(EbmCateRequest(epsilon=1.0), domain(rct=True))
+    assert rct.fold_sizes == {"outcome": 1200, "effect": 2800}
+    s = kind.record(EbmCateRequest(epsilon=1.0, learner="s"), domain())
+    assert {e.params["max_bins"] for e in s.events} == {32}
+    assert {e.params["max_rounds"] for e in s.events} == {300}
+    mine = kind.record(
+        EbmCateRequest(
+            epsilon=1.0,
+            fold_fractions=(0.25, 0.25, 0.5),
+            pseudo_outcome_clip=7.0,
+            max_bins=32,
+            max_rounds=300,
+        ),
+        domain(),
+    )
+    assert mine.fold_sizes == {"propensity": 1000, "outcome": 1000, "effect": 2000}
+    assert {e.module: e.params for e in mine.events}["effect"]["target_range"] == 14.0
+    assert (dr.epsilon, dr.delta) == (mine.epsilon, mine.delta)  # the rule is privacy-neutral
