@@ -27,7 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from sqlalchemy import Connection, and_, bindparam, select
 from sqlalchemy.orm import Session
 
-from service.auth.service import ADMIN, Caller, Role, bearer_key, hash_key, is_admin_key
+from service.auth.service import Role, bearer_key, hash_key, is_admin_key
 from service.db.engine import get_sessionmaker, read
 from service.db.models import (
     CateFunction,
@@ -88,10 +88,6 @@ def _blas_threads(limit: int) -> Iterator[None]:
             _blas_controller = ThreadpoolController()
     with _blas_controller.limit(limits=limit, user_api="blas"):
         yield
-
-
-def _single_threaded_blas() -> AbstractContextManager[None]:
-    return _blas_threads(1)
 
 
 # A solve of m new points against t stored ones is "wide" from t * m >= 2^20 entries (e.g. 256
@@ -147,7 +143,7 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
 def view_with_key(*, authorization: str | None, function_id: str) -> dict[str, Any]:
     """Public metadata of a function (no state, no counts of other clients' points)."""
     key = bearer_key(authorization)
-    _caller, row = read(lambda conn: _access(conn, key, function_id))
+    row = read(lambda conn: _access(conn, key, function_id))
     public: dict[str, Any] = json.loads(row.public_json)
     return {
         "id": row.function_id,
@@ -416,17 +412,9 @@ def _finite_basis_values(function_id: str, points: NDArray[np.float64]) -> list[
             raise FunctionClosed("the function's state is unavailable") from None
         entry = _Entry(version=0, fitted=fitted, path=None)
         _remember(function_id, entry)
-    if points.shape[0] * entry.fitted.support.shape[0] <= SMALL_EVALUATION:
+    with _blas_threads(1):
         values = entry.fitted.round_output(entry.fitted.mean(points))
-    else:
-        with _single_threaded_blas():
-            values = entry.fitted.round_output(entry.fitted.mean(points))
     return [float(v) for v in values]
-
-
-# Below this many kernel entries (points x centres) an evaluation is too small for BLAS threads
-# to matter, and limiting them (threadpoolctl) would cost more than the evaluation itself.
-SMALL_EVALUATION = 65536
 
 
 _HEADER_COLUMNS = (
@@ -474,7 +462,7 @@ _PRINCIPAL_ACCESS = (
 )
 
 
-def _access(conn: Connection, key: str, function_id: str) -> tuple[Caller, Any]:
+def _access(conn: Connection, key: str, function_id: str) -> Any:
     """Authenticate the key and read the function's header, release and grant: one query.
 
     Raises ``Unauthenticated`` for an unknown or disabled key (before anything about the
@@ -483,7 +471,6 @@ def _access(conn: Connection, key: str, function_id: str) -> tuple[Caller, Any]:
     row: Any
     if is_admin_key(key):
         row = conn.execute(_ADMIN_ACCESS, {"function_id": function_id}).first()
-        caller = ADMIN
         granted = True
     else:
         found = conn.execute(
@@ -491,16 +478,15 @@ def _access(conn: Connection, key: str, function_id: str) -> tuple[Caller, Any]:
         ).first()
         if found is None or found.disabled:
             raise Unauthenticated("the API key is not valid")
-        caller = Caller(id=found.principal_id, role=Role(found.role), name=found.name)
         row = found if found.function_id is not None else None
-        granted = found.owner_id == caller.id or (
-            caller.role in (Role.ANALYST, Role.CLIENT) and found.grant_id is not None
+        granted = found.owner_id == found.principal_id or (
+            Role(found.role) in (Role.ANALYST, Role.CLIENT) and found.grant_id is not None
         )
     if row is None or not granted or row.release_status != "done":
         raise NotFound("function not found")
     if row.visible_at is not None and time.time() < row.visible_at:
         raise NotFound("function not found")  # not visible before its padded completion time
-    return caller, row
+    return row
 
 
 def evaluate_with_key(
@@ -514,7 +500,7 @@ def evaluate_with_key(
     durable).
     """
     key = bearer_key(authorization)
-    _caller, row = read(lambda conn: _access(conn, key, function_id))
+    row = read(lambda conn: _access(conn, key, function_id))
     if row.status != "open":
         raise FunctionClosed("the function's state is closed")
     facts = _public_facts(row.function_id, row.q, row.basis, row.batch_max, row.public_json)

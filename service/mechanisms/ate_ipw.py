@@ -539,16 +539,9 @@ def _run(
     theta_hat, m2_hat = d2_statistics(h, bound=state.bound)
     del h
     # proof step 5: two lattice Gaussian releases with public sigma.
-    released = []
-    for value, calibration in ((theta_hat, state.mean), (m2_hat, state.second_moment)):
-        out = noise.gaussian(
-            np.array([value]), sigma=calibration.sigma, sensitivity_l2=calibration.sensitivity_l2
-        )
-        if not math.isfinite(float(out[0])):
-            raise ValueError("non-finite release")
-        released.append(float(out[0]))
+    theta_dp = float(_release_vector(np.array([theta_hat]), state.mean, noise)[0])
+    m2_dp = float(_release_vector(np.array([m2_hat]), state.second_moment, noise)[0])
     del theta_hat, m2_hat
-    theta_dp, m2_dp = released
     # proof step 6: post-processing (private_propensity.md §6 step 6).
     interval = confidence_interval(
         theta_dp,

@@ -576,6 +576,9 @@ def fit_basis(
     return np.asarray(scipy.linalg.solve(lhs, rhs, assume_a="pos"), dtype=np.float64)
 
 
+FunctionKind = Literal["gp", "centres", "rff"]
+
+
 @dataclass
 class FittedFunction:
     """The secret state of one released function (never returned).
@@ -585,7 +588,7 @@ class FittedFunction:
     already in ``coef``.
     """
 
-    kind: Literal["gp", "centres", "rff"]
+    kind: FunctionKind
     bandwidth: float
     r0: float
     support: FloatArray  # (s, q): D_2 rows, Nystrom centres or RFF frequencies
@@ -641,7 +644,7 @@ class FittedFunction:
             if kind not in ("gp", "centres", "rff"):
                 raise ValueError("unknown function kind")
             return cls(
-                kind=cast(Literal["gp", "centres", "rff"], kind),
+                kind=cast(FunctionKind, kind),
                 bandwidth=float(z["bandwidth"]),
                 r0=float(z["r0"]),
                 support=np.asarray(z["support"], dtype=np.float64),
@@ -669,6 +672,18 @@ def second_stage(
     """
     scale = state.scale
     h = scale.bandwidth
+
+    def released(kind: FunctionKind, support: FloatArray, coef: FloatArray) -> FittedFunction:
+        return FittedFunction(
+            kind,
+            h,
+            scale.r0,
+            support,
+            coef,
+            state.output_lattice_exponent,
+            value_bound=state.value_bound,
+        )
+
     q = state.q
     params = state.params
     if state.fit == "rff":
@@ -685,15 +700,7 @@ def second_stage(
         )
         # proof step 6 (RFF): beta_DP = beta + r0 xi, Hall's mechanism for k_RFF.
         coef = coef + scale.r0 * rng.standard_normal(coef.shape[0])
-        return FittedFunction(
-            "rff",
-            h,
-            scale.r0,
-            frequencies,
-            coef,
-            state.output_lattice_exponent,
-            value_bound=state.value_bound,
-        )
+        return released("rff", frequencies, coef)
     if state.fit == "nystrom":
         centres = gp.sobol_centres(params.n_centres, q)
         metric = _centre_metric(centres, h)
@@ -708,34 +715,10 @@ def second_stage(
         if params.basis == "nystrom":
             # proof step 6 (Nystrom): beta_DP = beta + r0 eta, eta ~ N(0, M^{-1}).
             coef = coef + scale.r0 * gp.nystrom_noise(metric, rng=rng)
-            return FittedFunction(
-                "centres",
-                h,
-                scale.r0,
-                centres,
-                coef,
-                state.output_lattice_exponent,
-                value_bound=state.value_bound,
-            )
-        return FittedFunction(
-            "gp",
-            h,
-            scale.r0,
-            centres,
-            coef,
-            state.output_lattice_exponent,
-            value_bound=state.value_bound,
-        )
+            return released("centres", centres, coef)
+        return released("gp", centres, coef)
     alpha = fit_exact(x2, targets, weights, bandwidth=h, lambda0=scale.lambda0)
-    return FittedFunction(
-        "gp",
-        h,
-        scale.r0,
-        x2.copy(),
-        alpha,
-        state.output_lattice_exponent,
-        value_bound=state.value_bound,
-    )
+    return released("gp", x2.copy(), alpha)
 
 
 # ---- running (after the charge) -------------------------------------------------------------

@@ -155,6 +155,19 @@ def dr_defaults(domain: PublicDomain) -> dict[str, Any]:
     }
 
 
+def service_defaults(domain: PublicDomain, learner: Learner) -> dict[str, Any]:
+    """What the service uses for an omitted K, folds, ``max_bins`` and ``max_rounds``: the DR
+    rule above, and Niu et al.'s configuration (the ``EbmCateParams`` defaults) otherwise."""
+    if learner == "dr":
+        return dr_defaults(domain)
+    return {
+        "pseudo_outcome_clip": None,
+        "fold_fractions": None,
+        "max_bins": DP_EBM_MAX_BINS,
+        "max_rounds": DP_EBM_MAX_ROUNDS,
+    }
+
+
 def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
     """Public fold sizes: ``floor(fraction * n)``; the last fold takes the rest."""
     sizes = [math.floor(f * n) for f in fractions[:-1]]

@@ -154,13 +154,19 @@ def test_plan_refuses_paper_mode_and_bad_params() -> None:
     assert str(record.guarantee) == "paper"
 
 
+def _rct_rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An RCT on the test domain's box with CATE 0.5 x0 and outcomes in [-1, 1]."""
+    x = np.column_stack([rng.uniform(0, 1, n), rng.uniform(0, 2, n)])
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    y = np.clip(0.5 * a * x[:, 0] + rng.normal(0, 0.1, n), -1, 1)
+    return x, a, y
+
+
 @pytest.mark.parametrize("basis", ["exact", "nystrom", "rff"])
 def test_run_end_to_end(basis: str) -> None:
     rng = np.random.default_rng(0)
     n = 1200
-    x = np.column_stack([rng.uniform(0, 1, n), rng.uniform(0, 2, n)])
-    a = (rng.uniform(size=n) < 0.5).astype(float)
-    y = np.clip(0.5 * a * x[:, 0] + rng.normal(0, 0.1, n), -1, 1)
+    x, a, y = _rct_rows(rng, n)
     params = mech.CateFunctionParams(
         epsilon=1.0,
         delta=1e-5,
@@ -187,9 +193,7 @@ def test_released_values_are_clipped_to_the_public_cate_range(basis: str) -> Non
     bound survives storage, and a function stored before the bound existed is not clipped."""
     rng = np.random.default_rng(1)
     n = 1200
-    x = np.column_stack([rng.uniform(0, 1, n), rng.uniform(0, 2, n)])
-    a = (rng.uniform(size=n) < 0.5).astype(float)
-    y = np.clip(0.5 * a * x[:, 0] + rng.normal(0, 0.1, n), -1, 1)
+    x, a, y = _rct_rows(rng, n)
     params = mech.CateFunctionParams(
         epsilon=0.01,
         delta=1e-5,

@@ -13,7 +13,6 @@ from pydantic import Field
 
 from service.mechanisms import ebm_cate
 from service.mechanisms.domain import Arrays, PublicDomain
-from service.mechanisms.dp_ebm import DP_EBM_MAX_BINS, DP_EBM_MAX_ROUNDS
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
 from service.releases.kinds.base import KindParams, Progress
@@ -28,9 +27,8 @@ class EbmCateRequest(KindParams):
     propensity_clip: float = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
     pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
-    # Omitted K, folds, max_bins, max_rounds: the DR learner's public defaults
-    # (ebm_cate.dr_defaults: K = 0.3 R_Y, folds 0.2/0.2/0.6 or 0.3/0.7 in an RCT, 16 bins, 200
-    # rounds for the effect model); the S and R learners keep Niu et al.'s (K = R_Y, 32, 300).
+    # Omitted K, folds, max_bins, max_rounds: ebm_cate.service_defaults (DR: K = 0.3 R_Y, folds
+    # 0.2/0.2/0.6 or 0.3/0.7 in an RCT, 16 bins, 200 effect rounds; S and R: Niu et al.'s).
     max_bins: int | None = Field(default=None, ge=ebm_cate.MIN_MAX_BINS, le=ebm_cate.MAX_MAX_BINS)
     max_rounds: int | None = Field(
         default=None, ge=ebm_cate.MIN_MAX_ROUNDS, le=ebm_cate.MAX_MAX_ROUNDS
@@ -38,16 +36,7 @@ class EbmCateRequest(KindParams):
 
 
 def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cate.EbmCateParams:
-    defaults: dict[str, Any] = (
-        ebm_cate.dr_defaults(domain)
-        if params.learner == "dr"
-        else {
-            "pseudo_outcome_clip": None,
-            "fold_fractions": None,
-            "max_bins": DP_EBM_MAX_BINS,
-            "max_rounds": DP_EBM_MAX_ROUNDS,
-        }
-    )
+    defaults = ebm_cate.service_defaults(domain, params.learner)
     given = params.model_dump(exclude_none=True)
     resolved = {key: given.get(key, value) for key, value in defaults.items()}
     delta = params.delta
