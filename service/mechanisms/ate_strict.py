@@ -88,12 +88,11 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.dp_ebm import (
     DpEbmAccounting,
-    dp_ebm_event,
-    fit_classifier,
-    fit_regressor,
+    nuisance_event,
+    outcome_predictions,
+    propensity_scores,
     solve_dp_ebm_epsilon_p,
 )
-from service.mechanisms.dp_ebm import interpret_guard as _interpret_guard
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
 from service.mechanisms.partition import prepare_arrays, random_folds
@@ -440,7 +439,9 @@ def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
     return (*sizes, n - sum(sizes))
 
 
-def _modules(domain: PublicDomain, nuisance: Nuisance, cross_fit: bool = False) -> tuple[str, ...]:
+def module_names(
+    domain: PublicDomain, nuisance: Nuisance, cross_fit: bool = False
+) -> tuple[str, ...]:
     if cross_fit:
         return ("half_1", "half_2")
     if domain.design == StudyDesign.RCT:
@@ -456,13 +457,14 @@ def default_delta_for(
     epsilon: float | None = None,
 ) -> float:
     """README §1.7 default delta, ``min(1e-5, 1 / (10 n_min))`` over this release's folds."""
-    _validate_domain(domain, nuisance)
+    validate_domain(domain, nuisance)
     _validate_cross_fit(nuisance, cross_fit, fold_fractions)
-    fractions = _validate_fractions(domain, nuisance, fold_fractions, cross_fit, epsilon)
+    fractions = validate_fractions(domain, nuisance, fold_fractions, cross_fit, epsilon)
     return default_delta(min(fold_sizes(domain.n, fractions)))
 
 
-def _validate_domain(domain: PublicDomain, nuisance: Nuisance) -> None:
+def validate_domain(domain: PublicDomain, nuisance: Nuisance) -> None:
+    """Reject an unusable public schema or nuisance choice (shared with ``cate_function``)."""
     if isinstance(domain.n, bool) or not isinstance(domain.n, int) or domain.n < 1:
         raise InvalidParameters("the dataset size n must be a positive integer")
     lower = np.asarray(domain.x_lower, dtype=np.float64)
@@ -502,14 +504,16 @@ def _validate_cross_fit(
         raise InvalidParameters("fold_fractions must be omitted with cross_fit=true (two halves)")
 
 
-def _validate_fractions(
+def validate_fractions(
     domain: PublicDomain,
     nuisance: Nuisance,
     fold_fractions: tuple[float, ...] | None,
     cross_fit: bool = False,
     epsilon: float | None = None,
 ) -> tuple[float, ...]:
-    modules = _modules(domain, nuisance, cross_fit)
+    """The fold fractions (given or default), checked: one per module, sum 1, every fold at
+    least ``MIN_FOLD_SIZE`` records (shared with ``cate_function``)."""
+    modules = module_names(domain, nuisance, cross_fit)
     fractions = (
         default_fold_fractions(domain, nuisance, cross_fit, epsilon)
         if fold_fractions is None
@@ -550,12 +554,12 @@ def split_share(total: float, share: float) -> tuple[float, float]:
 def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
     """Validate everything and compute the calibration and the record. Touches no data."""
     nuisance = params.nuisance
-    _validate_domain(domain, nuisance)
+    validate_domain(domain, nuisance)
     cross_fit = params.cross_fit
     _validate_cross_fit(nuisance, cross_fit, params.fold_fractions)
     epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
-    fractions = _validate_fractions(domain, nuisance, params.fold_fractions, cross_fit, epsilon)
-    modules = _modules(domain, nuisance, cross_fit)
+    fractions = validate_fractions(domain, nuisance, params.fold_fractions, cross_fit, epsilon)
+    modules = module_names(domain, nuisance, cross_fit)
     sizes = fold_sizes(domain.n, fractions)
     delta = validate_delta(params.delta, n_min=min(sizes))
     if params.regularization is not None:
@@ -645,8 +649,8 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
     q = domain.q
     if dp_ebm is not None:
         if "propensity" in modules:
-            events.append(_dp_ebm_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
-        events.append(_dp_ebm_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r))
+            events.append(nuisance_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
+        events.append(nuisance_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r))
     nuisance_module = "nuisance" if cross_fit else None
     if dp_logistic is not None:
         events.append(
@@ -715,26 +719,6 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         mean=mean,
         second_moment=second_moment,
         record=record,
-    )
-
-
-def _dp_ebm_event(
-    module: str,
-    epsilon: float,
-    delta: float,
-    accounting: DpEbmAccounting,
-    n_features: int,
-    target_range: float,
-) -> NoiseEvent:
-    learner = "Classifier" if module == "propensity" else "Regressor"
-    return dp_ebm_event(
-        module,
-        epsilon,
-        delta,
-        accounting,
-        n_features=n_features,
-        target_range=target_range,
-        learner=learner,
     )
 
 
@@ -935,41 +919,10 @@ def _epsilon_for_half_width_pinned(
 # ---- running (after the charge) -------------------------------------------------------------
 
 
-def _fit_propensity(
-    x: NDArray[np.float64], a: NDArray[np.float64], domain: PublicDomain, state: _Plan
-) -> Any:
-    """DP-EBM classifier for P(A = 1 | X) on D_pi (ate_ci.md §3.2 step 3).
-
-    proof step 2a: ``fit_classifier`` adds two public anchor rows (A = 0 and A = 1 at the box
-    centre), so interpret's data-derived ``classes_`` is constant; the fit on D_pi + anchors is
-    a DP function of D_pi.
-    """
+def _dp_ebm(state: _Plan) -> DpEbmAccounting:
     if state.dp_ebm is None:
         raise ValueError("no DP-EBM accounting in this plan")
-    lower = np.asarray(domain.x_lower, dtype=np.float64)
-    upper = np.asarray(domain.x_upper, dtype=np.float64)
-    return fit_classifier(x, a, lower, upper, state.dp_ebm)
-
-
-def _fit_outcome(
-    x: NDArray[np.float64],
-    a: NDArray[np.float64],
-    y: NDArray[np.float64],
-    domain: PublicDomain,
-    state: _Plan,
-) -> tuple[Any, float]:
-    """DP-EBM regressor for E[Y | X, A] on D_mu, A a continuous feature on (0, 1), centred Y.
-
-    proof step 2b: the target is centred on the public midpoint (dp_ebm_learners.md §3.2,
-    §7.4); predict with ``model.predict(column_stack([a, x])) + midpoint``.
-    """
-    if state.dp_ebm is None:
-        raise ValueError("no DP-EBM accounting in this plan")
-    lower = np.concatenate([[0.0], np.asarray(domain.x_lower, dtype=np.float64)])
-    upper = np.concatenate([[1.0], np.asarray(domain.x_upper, dtype=np.float64)])
-    return fit_regressor(
-        np.column_stack([a, x]), y, lower, upper, domain.y_lower, domain.y_upper, state.dp_ebm
-    )
+    return state.dp_ebm
 
 
 def _release(values: float, calibration: GaussianCalibration, noise: NoiseSampler) -> float:
@@ -1043,6 +996,8 @@ def _run(
     estimation = folds["estimation"]
     x2, a2, y2 = x[estimation], a[estimation], y[estimation]
     low, high = domain.y_lower, domain.y_upper
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
 
     # proof step 2: nuisances, each fitted only on its own fold; predictions on D_2 are
     # row-wise post-processing of the DP models.
@@ -1053,13 +1008,13 @@ def _run(
         pi_hat = _linear_propensity(x[pi_fold], a[pi_fold], x2, domain, state, noise)
         progress(0.40, "propensity")
     else:
+        # proof step 2a: ``fit_classifier`` adds two public anchor rows (A = 0 and A = 1 at the
+        # box centre), so interpret's data-derived ``classes_`` is constant; the fit on D_pi +
+        # anchors is a DP function of D_pi.
         pi_fold = folds["propensity"]
-        propensity_model = _fit_propensity(x[pi_fold], a[pi_fold], domain, state)
-        with _interpret_guard():
-            probabilities = np.asarray(propensity_model.predict_proba(x2), dtype=np.float64)
-        clip = params.propensity_clip
-        pi_hat = np.clip(np.nan_to_num(probabilities[:, 1], nan=0.5), clip, 1.0 - clip)
-        del propensity_model, probabilities
+        pi_hat = propensity_scores(
+            x[pi_fold], a[pi_fold], x2, lower, upper, _dp_ebm(state), clip=params.propensity_clip
+        )
         progress(0.40, "propensity")
 
     if state.nuisance == "none":
@@ -1073,15 +1028,12 @@ def _run(
         )
         progress(0.75, "outcome")
     else:
+        # proof step 2b: A is a continuous feature on (0, 1) and Y is centred on the public
+        # midpoint (dp_ebm_learners.md §3.2, §7.4).
         mu_fold = folds["outcome"]
-        outcome_model, midpoint = _fit_outcome(x[mu_fold], a[mu_fold], y[mu_fold], domain, state)
-        ones = np.ones(x2.shape[0], dtype=np.float64)
-        with _interpret_guard():
-            raw1 = np.asarray(outcome_model.predict(np.column_stack([ones, x2])), np.float64)
-            raw0 = np.asarray(outcome_model.predict(np.column_stack([0.0 * ones, x2])), np.float64)
-        mu1_hat = np.clip(np.nan_to_num(raw1 + midpoint, nan=midpoint), low, high)
-        mu0_hat = np.clip(np.nan_to_num(raw0 + midpoint, nan=midpoint), low, high)
-        del outcome_model, raw0, raw1
+        mu0_hat, mu1_hat = outcome_predictions(
+            x[mu_fold], a[mu_fold], y[mu_fold], x2, lower, upper, low, high, _dp_ebm(state)
+        )
         progress(0.75, "outcome")
 
     # proof step 1 (applied): |Gamma| <= B by construction, then clip to [-B, B] (or K).

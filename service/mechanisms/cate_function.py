@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import io
 import math
-import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -326,10 +325,10 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     if params.basis not in ("exact", "nystrom", "rff"):
         raise InvalidParameters("basis must be 'exact', 'nystrom' or 'rff'")
     nuisance = params.nuisance
-    ate_strict._validate_domain(domain, nuisance)
+    ate_strict.validate_domain(domain, nuisance)
     epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
-    fractions = ate_strict._validate_fractions(domain, nuisance, params.fold_fractions)
-    modules = ate_strict._modules(domain, nuisance)
+    fractions = ate_strict.validate_fractions(domain, nuisance, params.fold_fractions)
+    modules = ate_strict.module_names(domain, nuisance)
     sizes = ate_strict.fold_sizes(domain.n, fractions)
     delta = validate_delta(params.delta, n_min=min(sizes))
     q = domain.q
@@ -395,9 +394,11 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     if params.mode == "strict" and nuisance == "dp_ebm":
         dp_ebm = dp_ebm_lib.solve_dp_ebm_epsilon_p(epsilon, delta)
         if "propensity" in modules:
-            events.append(ate_strict._dp_ebm_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
+            events.append(dp_ebm_lib.nuisance_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
         events.append(
-            ate_strict._dp_ebm_event("outcome", epsilon, delta, dp_ebm, q + 1, domain.outcome_range)
+            dp_ebm_lib.nuisance_event(
+                "outcome", epsilon, delta, dp_ebm, q + 1, domain.outcome_range
+            )
         )
     elif params.mode == "paper":
         for module in modules[:-1]:
@@ -776,17 +777,24 @@ def _dp_nuisances(
     domain: PublicDomain,
     progress: Progress,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """DP-EBM nuisances on their own folds (strict mode), reusing the ATE's fits."""
+    """DP-EBM nuisances on their own folds (strict mode), the ATE's shared first stage."""
     low, high = domain.y_lower, domain.y_upper
-    shim = cast(Any, types.SimpleNamespace(dp_ebm=state.dp_ebm))
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+
+    def accounting() -> dp_ebm_lib.DpEbmAccounting:
+        if state.dp_ebm is None:
+            raise ValueError("no DP-EBM accounting in this plan")
+        return state.dp_ebm
+
     if state.propensity is not None:
         pi_hat = np.full(x2.shape[0], state.propensity, dtype=np.float64)
     else:
         idx = folds["propensity"]
-        model = ate_strict._fit_propensity(x[idx], a[idx], domain, shim)
-        with dp_ebm_lib.interpret_guard():
-            probabilities = np.asarray(model.predict_proba(x2), dtype=np.float64)
-        pi_hat = np.nan_to_num(probabilities[:, 1], nan=0.5)
+        # pseudo_targets clips to [kappa, 1 - kappa] again; here only NaN and [0, 1] matter.
+        pi_hat = dp_ebm_lib.propensity_scores(
+            x[idx], a[idx], x2, lower, upper, accounting(), clip=0.0
+        )
         progress(0.35, "propensity")
     if state.params.nuisance == "none":
         mid = (low + high) / 2.0
@@ -794,13 +802,9 @@ def _dp_nuisances(
         mu1 = mu0
     else:
         idx = folds["outcome"]
-        model, midpoint = ate_strict._fit_outcome(x[idx], a[idx], y[idx], domain, shim)
-        ones = np.ones(x2.shape[0], dtype=np.float64)
-        with dp_ebm_lib.interpret_guard():
-            raw1 = np.asarray(model.predict(np.column_stack([ones, x2])), np.float64)
-            raw0 = np.asarray(model.predict(np.column_stack([0.0 * ones, x2])), np.float64)
-        mu1 = np.nan_to_num(raw1 + midpoint, nan=midpoint)
-        mu0 = np.nan_to_num(raw0 + midpoint, nan=midpoint)
+        mu0, mu1 = dp_ebm_lib.outcome_predictions(
+            x[idx], a[idx], y[idx], x2, lower, upper, low, high, accounting()
+        )
         progress(0.7, "outcome")
     return pi_hat, mu0, mu1
 

@@ -10,6 +10,9 @@ What it provides:
       every feature and the target, all features ``'continuous'``, ``random_state=None``,
       centred regression targets, and interpret's privacy warnings turned into errors; the
       fitted noise scales are checked against the planned mu;
+    * ``propensity_scores`` / ``outcome_predictions``: the first-stage nuisances shared by
+      ``ate_strict``, ``cate_function`` and ``ebm_cate`` (a DP model fitted on its own fold,
+      predicted at another fold's rows: row-wise post-processing, clipped to public ranges);
     * ``SafeEbm``: the safe fields of a fitted DP-EBM (dp_ebm_learners.md §7.3: cut points,
       term scores, intercept, public bounds) and a pure evaluator of the additive model from
       those fields alone, used for post-processing predictions of stored releases.
@@ -50,6 +53,9 @@ __all__ = [
     "fit_classifier",
     "fit_regressor",
     "interpret_guard",
+    "nuisance_event",
+    "outcome_predictions",
+    "propensity_scores",
     "solve_dp_ebm_epsilon_p",
 ]
 
@@ -299,6 +305,68 @@ def fit_regressor(
     return model, midpoint
 
 
+def propensity_scores(
+    x_fit: NDArray[np.float64],
+    a_fit: NDArray[np.float64],
+    x_predict: NDArray[np.float64],
+    lower: NDArray[np.float64],
+    upper: NDArray[np.float64],
+    accounting: DpEbmAccounting,
+    *,
+    clip: float,
+    max_bins: int = DP_EBM_MAX_BINS,
+    max_rounds: int = DP_EBM_MAX_ROUNDS,
+) -> NDArray[np.float64]:
+    """``e_hat`` at ``x_predict`` from a DP classifier fitted on ``(x_fit, a_fit)`` only,
+    clipped to the public ``[clip, 1 - clip]`` (a failed prediction, NaN, becomes 0.5)."""
+    model = fit_classifier(
+        x_fit, a_fit, lower, upper, accounting, max_bins=max_bins, max_rounds=max_rounds
+    )
+    with interpret_guard():
+        proba = np.asarray(model.predict_proba(x_predict), dtype=np.float64)[:, 1]
+    return np.asarray(np.clip(np.nan_to_num(proba, nan=0.5), clip, 1.0 - clip), np.float64)
+
+
+def outcome_predictions(
+    x_fit: NDArray[np.float64],
+    a_fit: NDArray[np.float64],
+    y_fit: NDArray[np.float64],
+    x_predict: NDArray[np.float64],
+    lower: NDArray[np.float64],
+    upper: NDArray[np.float64],
+    y_lower: float,
+    y_upper: float,
+    accounting: DpEbmAccounting,
+    *,
+    max_bins: int = DP_EBM_MAX_BINS,
+    max_rounds: int = DP_EBM_MAX_ROUNDS,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``(mu0_hat, mu1_hat)`` at ``x_predict`` from one DP regressor of Y on (A, X) fitted on
+    its own fold, A a continuous feature on (0, 1) and Y centred on the public midpoint
+    (dp_ebm_learners.md §7.4); clipped to the public outcome bounds (NaN: the midpoint)."""
+    model, midpoint = fit_regressor(
+        np.column_stack([a_fit, x_fit]),
+        y_fit,
+        np.concatenate([[0.0], lower]),
+        np.concatenate([[1.0], upper]),
+        y_lower,
+        y_upper,
+        accounting,
+        max_bins=max_bins,
+        max_rounds=max_rounds,
+    )
+    ones = np.ones(x_predict.shape[0], dtype=np.float64)
+    with interpret_guard():
+        raw1 = np.asarray(model.predict(np.column_stack([ones, x_predict])), np.float64)
+        raw0 = np.asarray(model.predict(np.column_stack([0.0 * ones, x_predict])), np.float64)
+
+    def finish(raw: NDArray[np.float64]) -> NDArray[np.float64]:
+        values = np.clip(np.nan_to_num(raw + midpoint, nan=midpoint), y_lower, y_upper)
+        return np.asarray(values, np.float64)
+
+    return finish(raw0), finish(raw1)
+
+
 def dp_ebm_event(
     module: str,
     epsilon: float,
@@ -334,6 +402,28 @@ def dp_ebm_event(
             "n_features": n_features,
             "target_range": target_range,
         },
+    )
+
+
+def nuisance_event(
+    module: str,
+    epsilon: float,
+    delta: float,
+    accounting: DpEbmAccounting,
+    n_features: int,
+    target_range: float,
+) -> NoiseEvent:
+    """The event of a first-stage nuisance at interpret's defaults: the classifier for the
+    ``"propensity"`` module, a regressor otherwise."""
+    learner = "Classifier" if module == "propensity" else "Regressor"
+    return dp_ebm_event(
+        module,
+        epsilon,
+        delta,
+        accounting,
+        n_features=n_features,
+        target_range=target_range,
+        learner=learner,
     )
 
 
