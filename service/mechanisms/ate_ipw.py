@@ -54,10 +54,8 @@ from service.mechanisms.ate_rct import solve_epsilon
 from service.mechanisms.ate_strict import (
     MAX_EPSILON,
     MIN_EPSILON,
-    MIN_FOLD_SIZE,
     confidence_interval,
     d2_statistics,
-    fold_sizes,
     gaussian_event,
     split_share,
 )
@@ -72,7 +70,7 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
-from service.mechanisms.partition import prepare_arrays
+from service.mechanisms.partition import checked_fractions, fold_sizes, prepare_arrays
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ate_ipw_private_propensity"
@@ -148,16 +146,8 @@ def _fractions(domain: PublicDomain, params: AteIpwParams) -> tuple[int, int]:
     if isinstance(domain.n, bool) or not isinstance(domain.n, int) or domain.n < 1:
         raise InvalidParameters("the dataset size n must be a positive integer")
     fractions = DEFAULT_FOLDS if params.fold_fractions is None else params.fold_fractions
-    if len(fractions) != 2:
-        raise InvalidParameters("fold_fractions must have 2 entries (fit, estimation)")
-    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
-    if abs(math.fsum(checked) - 1.0) > 1e-9:
-        raise InvalidParameters("fold_fractions must sum to 1")
+    checked = checked_fractions(domain.n, ("fit", "estimation"), fractions)
     fit_size, n2 = fold_sizes(domain.n, checked)
-    if min(fit_size, n2) < MIN_FOLD_SIZE:
-        raise InvalidParameters(
-            f"every fold needs at least {MIN_FOLD_SIZE} records (fold sizes {[fit_size, n2]})"
-        )
     return fit_size, n2
 
 

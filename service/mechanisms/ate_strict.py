@@ -95,7 +95,13 @@ from service.mechanisms.dp_ebm import (
 )
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
-from service.mechanisms.partition import prepare_arrays, random_folds
+from service.mechanisms.partition import (
+    MIN_FOLD_SIZE,
+    checked_fractions,
+    fold_sizes,
+    prepare_arrays,
+    random_folds,
+)
 from service.mechanisms.records import (
     Composition,
     Guarantee,
@@ -114,7 +120,6 @@ Progress = Callable[[float, str], None]
 MIN_EPSILON = 0.01
 MAX_EPSILON = 100.0
 # Minimum-n guard: every fold (each module's input) has at least this many records.
-MIN_FOLD_SIZE = 100
 DEFAULT_FOLDS_OBSERVATIONAL = (0.25, 0.25, 0.5)  # propensity, outcome, estimation
 # dp_linear preset (observational, no cross-fitting), public rule: where the privacy noise
 # dominates (n * epsilon <= DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON) the nuisance folds shrink to
@@ -140,7 +145,6 @@ DEFAULT_MEAN_SHARE = 0.8  # sample splitting: share f of the D_2 budget for the 
 CROSS_FIT_MEAN_SHARE_HIGH = 0.9
 SECOND_MOMENT_NOISE_LIMIT = 0.05
 CROSS_FIT_FOLDS = (0.5, 0.5)  # cross-fitting: two halves
-_FOLD_SUM_TOLERANCE = 1e-9
 
 # Float summation slack (module helper ``_float_slack``): fsum and one division add at most
 # about 2.01 * 2^-53 * B of error on each side of a mean of values in [-B, B].
@@ -433,12 +437,6 @@ def _small_folds_fit(n: int) -> bool:
     return min(sizes) >= MIN_FOLD_SIZE
 
 
-def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
-    """Public fold sizes: ``floor(fraction * n)`` per fold; the last fold takes the rest."""
-    sizes = [math.floor(fraction * n) for fraction in fractions[:-1]]
-    return (*sizes, n - sum(sizes))
-
-
 def module_names(
     domain: PublicDomain, nuisance: Nuisance, cross_fit: bool = False
 ) -> tuple[str, ...]:
@@ -519,19 +517,7 @@ def validate_fractions(
         if fold_fractions is None
         else fold_fractions
     )
-    if len(fractions) != len(modules):
-        raise InvalidParameters(
-            f"fold_fractions must have {len(modules)} entries ({', '.join(modules)})"
-        )
-    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
-    if abs(math.fsum(checked) - 1.0) > _FOLD_SUM_TOLERANCE:
-        raise InvalidParameters("fold_fractions must sum to 1")
-    sizes = fold_sizes(domain.n, checked)
-    if min(sizes) < MIN_FOLD_SIZE:
-        raise InvalidParameters(
-            f"every fold needs at least {MIN_FOLD_SIZE} records (fold sizes {list(sizes)})"
-        )
-    return checked
+    return checked_fractions(domain.n, modules, fractions)
 
 
 def split_share(total: float, share: float) -> tuple[float, float]:

@@ -65,7 +65,7 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
 from service.mechanisms.noise import lattice_exponent
-from service.mechanisms.partition import prepare_arrays, random_folds
+from service.mechanisms.partition import fold_sizes, prepare_arrays, random_folds
 from service.mechanisms.records import (
     Composition,
     Guarantee,
@@ -329,7 +329,7 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
     fractions = ate_strict.validate_fractions(domain, nuisance, params.fold_fractions)
     modules = ate_strict.module_names(domain, nuisance)
-    sizes = ate_strict.fold_sizes(domain.n, fractions)
+    sizes = fold_sizes(domain.n, fractions)
     delta = validate_delta(params.delta, n_min=min(sizes))
     q = domain.q
     bandwidth = (

@@ -72,7 +72,7 @@ from service.mechanisms.dp_ebm import (
 )
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
-from service.mechanisms.partition import prepare_arrays, random_folds
+from service.mechanisms.partition import checked_fractions, fold_sizes, prepare_arrays, random_folds
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "cate_vector"
@@ -84,7 +84,6 @@ Progress = Callable[[float, str], None]
 
 MIN_EPSILON = 0.01
 MAX_EPSILON = 100.0
-MIN_FOLD_SIZE = 100
 MAX_POINTS = 5_000
 MAX_FEATURES = 1_000
 FEATURE_NORM = 2.0  # C: ||phi(x)||^2 <= 1 + 1 + 2 (module docstring)
@@ -98,7 +97,6 @@ MIN_RIDGE = 1e-3
 STRICT_RIDGE_GRID = (0.1, 0.3, 1.0, 3.0)
 RIDGE_RULE_FRACTION = 0.2
 PAPER_RIDGE = 1e-3
-_FOLD_SUM_TOLERANCE = 1e-9
 _FD_STEP = 1e-8  # finite-difference step of the sup search (scipy's L-BFGS-B default)
 
 
@@ -142,27 +140,13 @@ def modules(domain: PublicDomain, mode: Mode) -> tuple[str, ...]:
     return ("propensity", "outcome", "estimation")
 
 
-def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
-    sizes = [math.floor(f * n) for f in fractions[:-1]]
-    return (*sizes, n - sum(sizes))
-
-
 def _fractions(
     domain: PublicDomain, mode: Mode, fold_fractions: tuple[float, ...] | None
 ) -> tuple[float, ...]:
     names = modules(domain, mode)
     default = (0.25, 0.25, 0.5) if len(names) == 3 else (0.5, 0.5)
     fractions = default if fold_fractions is None else fold_fractions
-    if len(fractions) != len(names):
-        raise InvalidParameters(
-            f"fold_fractions must have {len(names)} entries ({', '.join(names)})"
-        )
-    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
-    if abs(math.fsum(checked) - 1.0) > _FOLD_SUM_TOLERANCE:
-        raise InvalidParameters("fold_fractions must sum to 1")
-    if min(fold_sizes(domain.n, checked)) < MIN_FOLD_SIZE:
-        raise InvalidParameters(f"every fold needs at least {MIN_FOLD_SIZE} records")
-    return checked
+    return checked_fractions(domain.n, names, fractions)
 
 
 def default_delta_for(

@@ -6,12 +6,45 @@ random partition with public fold sizes, the assignment never stored or released
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
+from service.mechanisms.calibration import validate_finite_positive
 from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.errors import InvalidParameters
+
+# Every fold of every mechanism holds at least this many records (a public constant).
+MIN_FOLD_SIZE = 100
+_FOLD_SUM_TOLERANCE = 1e-9
+
+
+def fold_sizes(n: int, fractions: Sequence[float]) -> tuple[int, ...]:
+    """Public fold sizes: ``floor(fraction * n)`` per fold; the last fold takes the rest."""
+    sizes = [math.floor(fraction * n) for fraction in fractions[:-1]]
+    return (*sizes, n - sum(sizes))
+
+
+def checked_fractions(
+    n: int, names: Sequence[str], fractions: Sequence[float]
+) -> tuple[float, ...]:
+    """``fractions`` checked: one per fold name, each positive, summing to 1, and every fold
+    of at least ``MIN_FOLD_SIZE`` records; ``InvalidParameters`` (before any charge) otherwise."""
+    if len(fractions) != len(names):
+        raise InvalidParameters(
+            f"fold_fractions must have {len(names)} entries ({', '.join(names)})"
+        )
+    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
+    if abs(math.fsum(checked) - 1.0) > _FOLD_SUM_TOLERANCE:
+        raise InvalidParameters("fold_fractions must sum to 1")
+    sizes = fold_sizes(n, checked)
+    if min(sizes) < MIN_FOLD_SIZE:
+        raise InvalidParameters(
+            f"every fold needs at least {MIN_FOLD_SIZE} records (fold sizes {list(sizes)})"
+        )
+    return checked
 
 
 def prepare_arrays(
