@@ -56,13 +56,20 @@ from service.mechanisms.dp_ebm import (
     DpEbmAccounting,
     SafeEbm,
     dp_ebm_event,
-    fit_classifier,
     fit_regressor,
     interpret_guard,
+    outcome_predictions,
+    propensity_scores,
     solve_dp_ebm_epsilon_p,
 )
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
-from service.mechanisms.partition import prepare_arrays, random_folds
+from service.mechanisms.partition import (
+    MIN_FOLD_SIZE,
+    checked_fractions,
+    fold_sizes,
+    prepare_arrays,
+    random_folds,
+)
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ebm_cate"
@@ -73,11 +80,9 @@ Progress = Callable[[float, str], None]
 
 MIN_EPSILON = 0.05
 MAX_EPSILON = 100.0
-MIN_FOLD_SIZE = 100
 MAX_PREDICT_POINTS = 10_000
 MIN_MAX_BINS, MAX_MAX_BINS = 4, 256
 MIN_MAX_ROUNDS, MAX_MAX_ROUNDS = 10, 1000
-_FOLD_SUM_TOLERANCE = 1e-9
 # Spec guidance (dp_ebm_learners.md §6 item 11, benchmarks.md §3.4): below these effect-fold
 # sizes at epsilon = 1 the DR/R learner is usually worse than the ATE; the quote warns.
 _SMALL_N_WARNING = 20_000
@@ -133,23 +138,37 @@ def default_fractions(domain: PublicDomain, learner: Learner) -> tuple[float, ..
 
 
 # The service's DR-learner defaults (a public rule; the mechanism's own defaults stay Niu et
-# al.'s configuration). Chosen on simulated data of benchmarks.md §3 (screening seeds), then
-# measured on fresh seeds (bench/results/ebm_cate_target.json, 10 fits per setup, n = 16000,
-# charged eps = 1): MSE 0.181 / 0.454 / 1.29 / 1.08 / 4.22 (A-E) and 0.321 (B as an RCT) against
-# 0.375 / 0.655 / 1.26 / 1.69 / 3.66 and 0.642 for Niu's folds, 32 bins and 300 rounds (K = R/2).
+# al.'s configuration). Chosen on simulated data of benchmarks.md §3 (screening seeds,
+# bench/results/ebm_cate_screening.json), then measured on fresh seeds
+# (bench/results/ebm_cate_target.json, 10 fits per setup, n = 16000, charged eps = 1).
+# The outcome fold is the large one: the DR pseudo-outcome's error is driven by the DP outcome
+# model (target range R_Y, d + 1 features), while the DP classifier's residuals are bounded by 1,
+# so its fold can be small; on Setup C (strong confounding) a 20 % outcome fold left the
+# effect model's mean at 0.1-0.6 for tau = 1.
 DR_DEFAULT_K_OF_RANGE = 0.3
-DR_DEFAULT_FOLDS = (0.2, 0.2, 0.6)
-DR_DEFAULT_FOLDS_RCT = (0.3, 0.7)
+DR_DEFAULT_FOLDS = (0.1, 0.4, 0.5)  # propensity, outcome, effect
+DR_DEFAULT_FOLDS_RCT = (0.3, 0.7)  # outcome, effect (the propensity is declared)
 DR_DEFAULT_MAX_BINS = 16
 DR_DEFAULT_MAX_ROUNDS = 200  # the effect model; the nuisances keep interpret's 300
 
 
+def dr_default_folds(domain: PublicDomain) -> tuple[float, ...]:
+    """``DR_DEFAULT_FOLDS`` with the propensity fold raised to ``MIN_FOLD_SIZE`` records where
+    10 % of n is fewer (taken from the effect fold); RCT: ``DR_DEFAULT_FOLDS_RCT``. Public n only.
+    """
+    if len(modules(domain, "dr")) == 2:
+        return DR_DEFAULT_FOLDS_RCT
+    propensity, outcome, _ = DR_DEFAULT_FOLDS
+    # + 0.5 record: floor(fraction * n) in fold_sizes must not round below the minimum.
+    propensity = max(propensity, (MIN_FOLD_SIZE + 0.5) / max(domain.n, 1))
+    return (propensity, outcome, 1.0 - propensity - outcome)
+
+
 def dr_defaults(domain: PublicDomain) -> dict[str, Any]:
     """The DR learner's public default configuration for ``domain`` (no data)."""
-    rct = len(modules(domain, "dr")) == 2
     return {
         "pseudo_outcome_clip": DR_DEFAULT_K_OF_RANGE * domain.outcome_range,
-        "fold_fractions": DR_DEFAULT_FOLDS_RCT if rct else DR_DEFAULT_FOLDS,
+        "fold_fractions": dr_default_folds(domain),
         "max_bins": DR_DEFAULT_MAX_BINS,
         "max_rounds": DR_DEFAULT_MAX_ROUNDS,
     }
@@ -166,12 +185,6 @@ def service_defaults(domain: PublicDomain, learner: Learner) -> dict[str, Any]:
         "max_bins": DP_EBM_MAX_BINS,
         "max_rounds": DP_EBM_MAX_ROUNDS,
     }
-
-
-def fold_sizes(n: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
-    """Public fold sizes: ``floor(fraction * n)``; the last fold takes the rest."""
-    sizes = [math.floor(f * n) for f in fractions[:-1]]
-    return (*sizes, n - sum(sizes))
 
 
 def default_delta_for(
@@ -199,16 +212,7 @@ def _fractions(
 ) -> tuple[float, ...]:
     names = modules(domain, learner)
     fractions = default_fractions(domain, learner) if fold_fractions is None else fold_fractions
-    if len(fractions) != len(names):
-        raise InvalidParameters(
-            f"fold_fractions must have {len(names)} entries ({', '.join(names)})"
-        )
-    checked = tuple(validate_finite_positive(f, "each fold fraction") for f in fractions)
-    if abs(math.fsum(checked) - 1.0) > _FOLD_SUM_TOLERANCE:
-        raise InvalidParameters("fold_fractions must sum to 1")
-    if min(fold_sizes(domain.n, checked)) < MIN_FOLD_SIZE:
-        raise InvalidParameters(f"every fold needs at least {MIN_FOLD_SIZE} records")
-    return checked
+    return checked_fractions(domain.n, names, fractions)
 
 
 def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
@@ -463,57 +467,40 @@ def _run(
         e_hat = np.full(x2.shape[0], state.propensity)
     else:
         rows = folds["propensity"]
-        classifier = fit_classifier(
+        e_hat = propensity_scores(
             x[rows],
             a[rows],
+            x2,
             lower,
             upper,
             state.accounting,
+            clip=params.propensity_clip,
             max_bins=params.max_bins,
             max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
         )
-        with interpret_guard():
-            proba = np.asarray(classifier.predict_proba(x2), dtype=np.float64)[:, 1]
-        c = params.propensity_clip
-        e_hat = np.clip(np.nan_to_num(proba, nan=0.5), c, 1.0 - c)
-        del classifier, proba
     progress(0.35, "propensity")
     rows = folds["outcome"]
     k = state.clip_k
     if params.learner == "dr":
-        outcome, mid = fit_regressor(
-            np.column_stack([a[rows], x[rows]]),
+        mu0, mu1 = outcome_predictions(
+            x[rows],
+            a[rows],
             y[rows],
-            a_lower,
-            a_upper,
+            x2,
+            lower,
+            upper,
             low,
             high,
             state.accounting,
             max_bins=params.max_bins,
             max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
         )
-        with interpret_guard():
-            mu1 = np.asarray(outcome.predict(np.column_stack([np.ones(len(x2)), x2])))
-            mu0 = np.asarray(outcome.predict(np.column_stack([np.zeros(len(x2)), x2])))
-        mu1 = np.clip(np.nan_to_num(mu1 + mid, nan=mid), low, high)
-        mu0 = np.clip(np.nan_to_num(mu0 + mid, nan=mid), low, high)
-        del outcome
         progress(0.65, "outcome")
         # proof step 1 (applied): row-wise AIPW pseudo-outcome, clipped to [-K, K].
         with np.errstate(all="ignore"):
             psi = mu1 - mu0 + a2 * (y2 - mu1) / e_hat - (1.0 - a2) * (y2 - mu0) / (1.0 - e_hat)
         psi = np.clip(np.where(np.isfinite(psi), psi, 0.0), -k, k)
-        effect_model, offset = fit_regressor(
-            x2,
-            psi,
-            lower,
-            upper,
-            -k,
-            k,
-            state.accounting,
-            max_bins=params.max_bins,
-            max_rounds=params.max_rounds,
-        )
+        weight = None
     else:
         eta_model, mid = fit_regressor(
             x[rows],
@@ -533,19 +520,19 @@ def _run(
         progress(0.65, "outcome")
         residual_a = a2 - e_hat  # |.| >= c since a in {0, 1} and e_hat in [c, 1 - c]
         psi = np.clip((y2 - eta) / residual_a, -k, k)
-        weight = residual_a**2
-        effect_model, offset = fit_regressor(
-            x2,
-            psi,
-            lower,
-            upper,
-            -k,
-            k,
-            state.accounting,
-            sample_weight=weight,
-            max_bins=params.max_bins,
-            max_rounds=params.max_rounds,
-        )
+        weight = residual_a**2  # data-dependent: the R-learner is paper-label only
+    effect_model, offset = fit_regressor(
+        x2,
+        psi,
+        lower,
+        upper,
+        -k,
+        k,
+        state.accounting,
+        sample_weight=weight,
+        max_bins=params.max_bins,
+        max_rounds=params.max_rounds,
+    )
     safe = SafeEbm.from_model(effect_model, offset=offset, names=feature_names)
     del effect_model, psi, x2, a2, y2
     progress(1.0, "done")

@@ -214,18 +214,24 @@ def test_quote_warns_for_small_effect_folds() -> None:
 
 def test_service_defaults_of_the_dr_learner_are_the_public_rule() -> None:
     """Through the kind, an omitted K / folds / max_bins / max_rounds gives the DR learner's
-    public configuration (K = 0.3 R_Y, folds 0.2/0.2/0.6 or 0.3/0.7, 16 bins, 200 effect
+    public configuration (K = 0.3 R_Y, folds 0.1/0.4/0.5 or 0.3/0.7, 16 bins, 200 effect
     rounds); the S learner keeps Niu et al.'s; explicit values win."""
     from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
 
     kind = EbmCateKind()
     dr = kind.record(EbmCateRequest(epsilon=1.0), domain())
-    assert dr.fold_sizes == {"propensity": 800, "outcome": 800, "effect": 2400}
+    assert dr.fold_sizes == {"propensity": 400, "outcome": 1600, "effect": 2000}
     by_module = {e.module: e.params for e in dr.events}
     assert by_module["effect"]["target_range"] == pytest.approx(2 * 0.3 * 7.0)
     assert {p["max_bins"] for p in by_module.values()} == {16}
     assert by_module["effect"]["max_rounds"] == 200
     assert by_module["outcome"]["max_rounds"] == by_module["propensity"]["max_rounds"] == 300
+    for n, sizes in (
+        (800, {"propensity": 100, "outcome": 320, "effect": 380}),  # 10 % < 100 records
+        (999, {"propensity": 100, "outcome": 399, "effect": 500}),
+        (16000, {"propensity": 1600, "outcome": 6400, "effect": 8000}),
+    ):
+        assert kind.record(EbmCateRequest(epsilon=1.0), domain(n)).fold_sizes == sizes
     rct = kind.record(EbmCateRequest(epsilon=1.0), domain(rct=True))
     assert rct.fold_sizes == {"outcome": 1200, "effect": 2800}
     s = kind.record(EbmCateRequest(epsilon=1.0, learner="s"), domain())
