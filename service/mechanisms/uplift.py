@@ -219,39 +219,55 @@ def suggested_bins(
     noise_sd: float | None = None,
     treated_share: float = 0.5,
 ) -> dict[str, Any]:
-    """Partition-size heuristic from public quantities only (adum.md §6.3-6.4, generalised).
+    """Partition-size heuristic from public quantities only (adum.md §6.3-6.4, sharpened).
 
-    Minimises Betlei et al.'s bound (7) with a regular grid of m cells per covariate (p = m^q):
-    bias ``2 L^2 D_x^2 m^-2`` (D_x the diameter of the box scaled to [0, 1]^q ... = sqrt(q)),
-    variance ``4 (2 s^2 + L^2 D_x^2) p / n`` and the DP term with the service's replace-one
-    scales ``(48 D_y)^2 p^2 / (n^2 eps^2)`` (D_y = W / 2). Defaults (public, declared range W):
-    L = W (the effect may change by the full range across each unit-scaled axis), s = W / 4.
-    A heuristic only: the bound's constants are loose (adum.md §9 item 7).
+    The argmin over m (a regular grid of m cells per covariate, p = m^q) of an approximate
+    expected PEHE of the released table, the three terms of Betlei et al.'s bound (7) with
+    second-order constants instead of the bound's loose ones:
+
+    * bias ``L^2 / (12 m^2)``: a function whose gradient has L2 norm <= L on the box scaled to
+      [0, 1]^q deviates from its cell mean with mean square <= L^2 h^2 / 12 on cells of side
+      h = 1 / m (to first order);
+    * sampling variance ``s^2 p / (n pi (1 - pi))``: a difference of two cell means with
+      n pi / p and n (1 - pi) / p records;
+    * DP noise ``sum over arms of 2 (b_s^2 + D_y^2 b_c^2) / c_arm^2`` with c_arm the arm's
+      records per cell and the service's replace-one Laplace scales at a table of charge
+      epsilon (``b_c = 2 / (eps / 2)`` for counts, ``b_s = W / (eps / 2)`` for the centred sums):
+      the delta-method variance of a noisy mean, with |centred mean| <= D_y = W / 2.
+
+    Units: ``lipschitz`` is the largest change of the uplift per unit of the box scaled to
+    [0, 1]^q (so an effect with slope g on an axis of public width w has L = g w); default W,
+    the full outcome range across the box. ``noise_sd`` defaults to W / 4. bench/uplift.py
+    measures the rule against the tuned optimum (benchmarks.md §6.4 A5). The bound's own
+    constants (``2 L^2 D_x^2``, ``4 (2 s^2 + L^2 D_x^2)``, ``(48 D_y)^2``) picked p 2x too small
+    where the DP noise is negligible.
     """
     width = domain.outcome_range
     q = domain.q
     big_l = width if lipschitz is None else lipschitz
     s = width / 4.0 if noise_sd is None else noise_sd
-    d_x2 = float(q)  # squared diameter of [0, 1]^q
     d_y = width / 2.0
     n = domain.n
-    balance = 1.0 / (4.0 * treated_share * (1.0 - treated_share))  # 1 for a 50/50 RCT
+    count_scale = 2.0 / (epsilon * COUNT_SHARE)
+    sum_scale = width / (epsilon * (1.0 - COUNT_SHARE))
+    dp_numerator = 2.0 * (sum_scale**2 + d_y**2 * count_scale**2)
+    shares = (treated_share, 1.0 - treated_share)
     best_m, best_value = 1, math.inf
     for m in range(1, 501):
         p = float(m**q)
         if p > MAX_CELLS:
             break
         value = (
-            2 * big_l**2 * d_x2 * m**-2.0
-            + 4 * (2 * s**2 + big_l**2 * d_x2) * balance * p / n
-            + (48 * d_y) ** 2 * balance * p**2 / (n**2 * epsilon**2)
+            big_l**2 / (12.0 * m**2)
+            + s**2 * p / (n * treated_share * (1.0 - treated_share))
+            + sum(dp_numerator * (p / (n * share)) ** 2 for share in shares)
         )
         if value < best_value:
             best_m, best_value = m, value
     return {
         "suggested_bins": [best_m] * q,
         "suggested_cells": best_m**q,
-        "bound_at_suggestion": best_value,
+        "approx_pehe_at_suggestion": best_value,
         "assumptions": {"lipschitz": big_l, "noise_sd": s, "box_scaled_to_unit": True},
     }
 

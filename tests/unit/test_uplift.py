@@ -113,6 +113,22 @@ def test_partition_heuristic_grows_with_epsilon_and_n() -> None:
     assert quote["approx_uplift_sd_per_cell"] > 0
 
 
+@pytest.mark.parametrize(("lipschitz", "noise_sd"), [(2.0, 0.1), (2.0, 1.0), (10.0, 2.5)])
+def test_partition_heuristic_matches_its_closed_forms(lipschitz: float, noise_sd: float) -> None:
+    """Without DP noise (huge epsilon) the rule's argmin is the bias-variance balance
+    m^3 = L^2 n pi (1 - pi) / (6 s^2); with the sampling variance negligible (s -> 0) it is
+    the bias-DP balance m^4 = L^2 / (24 c), c = 2 (b_s^2 + D_y^2 b_c^2) (2 / n)^2 per arm."""
+    n = 10000
+    rule = up.suggested_bins(domain(n), 1e6, lipschitz=lipschitz, noise_sd=noise_sd)
+    m = rule["suggested_cells"]
+    expected = (lipschitz**2 * n * 0.25 / (6 * noise_sd**2)) ** (1 / 3)
+    assert abs(m - expected) <= 1.0
+    epsilon, width = 1.0, 10.0
+    c = 2 * ((width / 0.5) ** 2 + (width / 2) ** 2 * (2 / 0.5) ** 2) * (2 / n) ** 2
+    m_dp = up.suggested_bins(domain(n), epsilon, lipschitz=lipschitz, noise_sd=1e-9)
+    assert abs(m_dp["suggested_cells"] - (lipschitz**2 / (24 * c)) ** 0.25) <= 1.0
+
+
 def _sin_data(n: int, seed: int) -> Arrays:
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1, 1, (n, 1))
