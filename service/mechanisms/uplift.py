@@ -272,6 +272,15 @@ def suggested_bins(
     }
 
 
+def default_bins(domain: PublicDomain, epsilon: float) -> tuple[int, ...]:
+    """The grid of an ``uplift_table`` request that omits ``bins``: ``suggested_bins`` at the
+    charged epsilon with its public defaults (the declared treatment share of an RCT, else
+    1/2). A function of the public schema and the request only."""
+    validate_epsilon(epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    share = domain.treatment_probability or 0.5
+    return tuple(suggested_bins(domain, epsilon, treated_share=share)["suggested_bins"])
+
+
 def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
     """Public preview: noise scales, the expected noise sd of a cell uplift, the p heuristic."""
     state = make_plan(domain, params)

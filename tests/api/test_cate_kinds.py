@@ -4,6 +4,7 @@ the free predict endpoint, validation pointers, and canary rows that must never 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -104,6 +105,20 @@ def test_uplift_tables_and_lookup(client: TestClient, api: Api) -> None:
     assert p.status_code == 200, p.text
     assert p.json()["predictions"] == [done["result"]["uplift"][0], done["result"]["uplift"][3]]
     assert _spent(client, owner, ds) == pytest.approx(1.0)
+    # bins omitted: the grid is the public rule's suggestion, the one the quote shows
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "uplift_table", "params": {"epsilon": 0.5}},
+        headers=Api.auth(key),
+    ).json()
+    suggested = quote["accuracy"]["suggested_bins"]
+    assert quote["accuracy"]["bins"] == suggested
+    r = post_release(client, key, ds["id"], {"epsilon": 0.5}, kind="uplift_table")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["result"]["grid"]["bins"] == suggested
+    assert len(done["result"]["uplift"]) == math.prod(suggested)
+    assert _spent(client, owner, ds) == pytest.approx(1.5)
     # DP k-means cells on the same dataset (charged inside its epsilon)
     params = {"epsilon": 2.0, "partition": "kmeans", "clusters": 4}
     r = post_release(client, key, ds["id"], params, kind="uplift_table")
@@ -114,7 +129,7 @@ def test_uplift_tables_and_lookup(client: TestClient, api: Api) -> None:
     p = _predict(client, key, done["id"], [[20.0, 0.1, 0.0]])
     assert p.status_code == 200, p.text
     assert p.json()["predictions"][0] in done["result"]["uplift"]
-    assert _spent(client, owner, ds) == pytest.approx(3.0)
+    assert _spent(client, owner, ds) == pytest.approx(3.5)
 
 
 def test_predict_refuses_other_kinds(client: TestClient, api: Api) -> None:

@@ -22,7 +22,10 @@ class UpliftTableRequest(KindParams):
 
     epsilon: float = Field(gt=0, allow_inf_nan=False)
     bins: list[int] | None = Field(
-        default=None, min_length=1, description="cells per covariate of the regular grid"
+        default=None,
+        min_length=1,
+        description="cells per covariate of the regular grid; omitted (grid): the public "
+        "partition-size rule's suggestion at this epsilon (uplift.default_bins)",
     )
     min_count: float = Field(default=1.0, ge=1.0, allow_inf_nan=False)
     low_count_threshold: float = Field(default=10.0, gt=0, allow_inf_nan=False)
@@ -33,10 +36,13 @@ class UpliftTableRequest(KindParams):
     kmeans_iterations: int = Field(default=5, ge=1, le=20)
 
 
-def to_mechanism_params(params: UpliftTableRequest) -> uplift.UpliftParams:
+def to_mechanism_params(params: UpliftTableRequest, domain: PublicDomain) -> uplift.UpliftParams:
+    bins = tuple(params.bins or ())
+    if not bins and params.partition == "grid":
+        bins = uplift.default_bins(domain, params.epsilon)
     return uplift.UpliftParams(
         epsilon=params.epsilon,
-        bins=tuple(params.bins or ()),
+        bins=bins,
         min_count=params.min_count,
         low_count_threshold=params.low_count_threshold,
         adjustment_partition=params.adjustment_partition,
@@ -55,11 +61,11 @@ class UpliftTableKind:
 
     def record(self, params: Any, domain: PublicDomain) -> MechanismRecord:
         """The mechanism record and cost (epsilon, 0), from public inputs only."""
-        return uplift.plan(domain, to_mechanism_params(_as_params(params)))
+        return uplift.plan(domain, to_mechanism_params(_as_params(params), domain))
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
         """Noise scales, expected per-cell uplift sd, and the partition-size heuristic."""
-        return uplift.quote(domain, to_mechanism_params(_as_params(params)))
+        return uplift.quote(domain, to_mechanism_params(_as_params(params), domain))
 
     def run(
         self,
@@ -75,7 +81,7 @@ class UpliftTableKind:
         return uplift.run(
             arrays,
             domain,
-            to_mechanism_params(_as_params(params)),
+            to_mechanism_params(_as_params(params), domain),
             noise=noise,
             progress=progress,
             rng=rng,
