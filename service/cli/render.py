@@ -138,10 +138,35 @@ def quote(q: Quote) -> str:
         ("epsilon remaining", q.epsilon_remaining),
         ("delta remaining", q.delta_remaining),
     ]
-    for key in ("ci_level", "min_half_width", "target_half_width", "epsilon_for_target_half_width"):
+    for key in _QUOTE_ACCURACY_KEYS:
         if key in q.accuracy:
-            items.append((key.replace("_", " "), q.accuracy[key]))
+            value = q.accuracy[key]
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                value = "; ".join(value) if value else "none"
+            items.append((key.replace("_", " "), value))
     return pairs(items)
+
+
+# The accuracy fields a quote view shows, per kind where present (``--json`` shows all):
+# ate; cate_vector; ebm_cate; uplift_table.
+_QUOTE_ACCURACY_KEYS = (
+    "ci_level",
+    "min_half_width",
+    "target_half_width",
+    "epsilon_for_target_half_width",
+    "noise_sd_upper_bound",
+    "noise_sd_lower_bound",
+    "learner",
+    "fold_sizes",
+    "pseudo_outcome_clip",
+    "approx_shape_noise_sd",
+    "bins",
+    "cells",
+    "expected_records_per_cell",
+    "approx_uplift_sd_per_cell",
+    "suggested_bins",
+    "warnings",
+)
 
 
 def release(r: Release) -> str:

@@ -100,6 +100,9 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
     quote = run(analyst, "release", "quote", ds, "-p", "epsilon=1.0", "-p", "nuisance=none")
     assert "fits budget" in quote.stdout
     assert "min half width" in quote.stdout
+    uplift = run(analyst, "release", "quote", ds, "--kind", "uplift_table", "-p", "epsilon=1")
+    assert "suggested bins" in uplift.stdout  # the kind's own accuracy fields are shown
+    assert "min half width" not in uplift.stdout
 
     req = run(
         analyst, "release", "request", ds, "-p", "epsilon=1", "--params", '{"nuisance": "none"}'
