@@ -92,6 +92,10 @@ _SMALL_N_WARNING = 20_000
 class EbmCateParams:
     """Public request parameters.
 
+    The defaults below are the mechanism's (Niu et al.'s configuration). The release kind
+    fills an omitted K, folds, ``max_bins`` and ``max_rounds`` from ``service_defaults``
+    instead, which for the DR learner is the public rule ``dr_defaults``.
+
     Attributes:
         epsilon, delta: the charged (epsilon, delta); each module gets (epsilon, delta).
         learner: ``"dr"`` (default, strict), ``"s"`` (strict, an ATE learner) or ``"r"``

@@ -28,7 +28,8 @@ class EbmCateRequest(KindParams):
     pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
     # Omitted K, folds, max_bins, max_rounds: ebm_cate.service_defaults (DR: K = 0.3 R_Y, folds
-    # 0.1/0.4/0.5 or 0.3/0.7 in an RCT, 16 bins, 200 effect rounds; S and R: Niu et al.'s).
+    # 0.1/0.4/0.5 with at least 100 propensity records, or 0.3/0.7 in an RCT, 16 bins, 200
+    # effect rounds; S and R: Niu et al.'s).
     max_bins: int | None = Field(default=None, ge=ebm_cate.MIN_MAX_BINS, le=ebm_cate.MAX_MAX_BINS)
     max_rounds: int | None = Field(
         default=None, ge=ebm_cate.MIN_MAX_ROUNDS, le=ebm_cate.MAX_MAX_ROUNDS
