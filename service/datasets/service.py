@@ -187,6 +187,10 @@ def domain_of(dataset: Dataset) -> PublicDomain:
         treatment_probability=schema.treatment_probability,
         min_propensity_clip=schema.min_propensity_clip,
         allow_paper_mode=dataset.allow_paper_mode,
+        x_codes=tuple(
+            tuple(sorted(c.codes)) if c.type == "categorical" and c.codes else None
+            for c in schema.covariates
+        ),
     )
 
 

@@ -33,6 +33,9 @@ class PublicDomain:
     # The owner's minimum propensity clip c_pi (requests may only ask for a larger one).
     min_propensity_clip: float = 0.01
     allow_paper_mode: bool = False
+    # Per covariate: the declared integer codes of a categorical covariate, None for a numeric
+    # one (its box is [min code, max code]); None: all numeric. Public schema only.
+    x_codes: tuple[tuple[int, ...] | None, ...] | None = None
 
     @property
     def q(self) -> int:

@@ -235,6 +235,7 @@ def suggested_bins(
       epsilon (``b_c = 2 / (eps / 2)`` for counts, ``b_s = W / (eps / 2)`` for the centred sums):
       the delta-method variance of a noisy mean, with |centred mean| <= D_y = W / 2.
 
+    A categorical covariate (``domain.x_codes``) gets at most the bins that separate its codes.
     Units: ``lipschitz`` is the largest change of the uplift per unit of the box scaled to
     [0, 1]^q (so an effect with slope g on an axis of public width w has L = g w); default W,
     the full outcome range across the box. ``noise_sd`` defaults to W / 4. bench/uplift.py
@@ -248,13 +249,15 @@ def suggested_bins(
     s = width / 4.0 if noise_sd is None else noise_sd
     d_y = width / 2.0
     n = domain.n
+    caps = _categorical_caps(domain)
     count_scale = 2.0 / (epsilon * COUNT_SHARE)
     sum_scale = width / (epsilon * (1.0 - COUNT_SHARE))
     dp_numerator = 2.0 * (sum_scale**2 + d_y**2 * count_scale**2)
     shares = (treated_share, 1.0 - treated_share)
-    best_m, best_value = 1, math.inf
+    best_bins, best_value = [1] * q, math.inf
     for m in range(1, 501):
-        p = float(m**q)
+        bins = [m if cap is None else min(m, cap) for cap in caps]
+        p = float(math.prod(bins))
         if p > MAX_CELLS:
             break
         value = (
@@ -263,13 +266,36 @@ def suggested_bins(
             + sum(dp_numerator * (p / (n * share)) ** 2 for share in shares)
         )
         if value < best_value:
-            best_m, best_value = m, value
+            best_bins, best_value = bins, value
     return {
-        "suggested_bins": [best_m] * q,
-        "suggested_cells": best_m**q,
+        "suggested_bins": best_bins,
+        "suggested_cells": math.prod(best_bins),
         "approx_pehe_at_suggestion": best_value,
         "assumptions": {"lipschitz": big_l, "noise_sd": s, "box_scaled_to_unit": True},
     }
+
+
+def _categorical_caps(domain: PublicDomain) -> list[int | None]:
+    """Per covariate: None (numeric) or the fewest regular bins on [min code, max code] that
+    put every declared code of a categorical covariate in a cell of its own (more bins would
+    only add empty cells)."""
+    if domain.x_codes is None:
+        return [None] * domain.q
+    caps: list[int | None] = []
+    for codes in domain.x_codes:
+        if codes is None:
+            caps.append(None)
+            continue
+        values = np.asarray(sorted(codes), dtype=np.float64)
+        lower, upper = values[:1], values[-1:]
+        cap = min(int(values[-1] - values[0]) + 1, MAX_BINS_PER_FEATURE)
+        for k in range(len(values), cap + 1):
+            cells = cell_index(values[:, None], lower, upper, (k,))
+            if np.unique(cells).size == values.size:
+                cap = k
+                break
+        caps.append(cap)
+    return caps
 
 
 def default_bins(domain: PublicDomain, epsilon: float) -> tuple[int, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -111,6 +113,28 @@ def test_partition_heuristic_grows_with_epsilon_and_n() -> None:
     quote = up.quote(domain(), up.UpliftParams(epsilon=1.0, bins=(10,)))
     assert quote["suggested_bins"]
     assert quote["approx_uplift_sd_per_cell"] > 0
+
+
+@pytest.mark.parametrize(
+    ("codes", "cap"),
+    [((0, 1), 2), ((0, 1, 2, 3), 4), ((0, 2, 4), 3), ((0, 1, 5), 5), ((3, 7), 2)],
+)
+def test_partition_heuristic_caps_categorical_covariates(codes: tuple[int, ...], cap: int) -> None:
+    """A categorical covariate gets at most the fewest regular bins that give each declared
+    code a cell of its own; numeric covariates are unaffected."""
+    base = domain(200000, q=2)
+    lower = np.array([-1.0, float(min(codes))])
+    upper = np.array([1.0, float(max(codes))])
+    categorical = replace(base, x_lower=lower, x_upper=upper, x_codes=(None, codes))
+    numeric = replace(base, x_lower=lower, x_upper=upper)
+    with_codes = up.suggested_bins(categorical, 50.0)["suggested_bins"]
+    without = up.suggested_bins(numeric, 50.0)["suggested_bins"]
+    assert without[1] > cap  # the test is in the regime where the cap binds
+    assert with_codes[1] == cap
+    cells = up.cell_index(
+        np.column_stack([np.zeros(len(codes)), codes]), lower, upper, tuple(with_codes)
+    )
+    assert np.unique(cells).size == len(codes)  # every code in its own cell
 
 
 @pytest.mark.parametrize(("lipschitz", "noise_sd"), [(2.0, 0.1), (2.0, 1.0), (10.0, 2.5)])
