@@ -12,6 +12,7 @@ equals the CSV's nominal 1 (identical noise, benchmarks.md §3.7 N2).
     python -m bench.ebm_cate --target   # the N2 target cell: DR, n = 16000, eps = 1, 10 runs
     python -m bench.ebm_cate --quick    # Setup B, n = 4000, DR eps in {1, 16}, S eps 1, 1 run
 
+    python -m bench.ebm_cate --crossover --seed0 700001   # DR vs S by n, eps (quote warning)
     python -m bench.ebm_cate --screen '{"name": {...}}' --batch B --setups C --reps 10
 
 ``--target`` runs three configurations side by side on the same data, all with public
@@ -254,6 +255,40 @@ def screen(spec: str, batch: str, setups: list[str], reps: int, seed0: int) -> N
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
+def crossover(reps: int, seed0: int) -> None:
+    """DR (service default) against the S-learner's constant ATE by n and eps, Setups A-E
+    (results/ebm_cate_crossover.json): where the quote's small-n warning should start."""
+    rows: list[dict[str, Any]] = []
+    started = time.time()
+    for setup in ["A", "B", "C", "D", "E"]:
+        for n in [1000, 2000, 4000, 8000, 16000]:
+            for epsilon in [1.0, 4.0]:
+                row: dict[str, Any] = {"setup": setup, "n": n, "epsilon_charged": epsilon}
+                for learner in ("dr", "s"):
+                    values = [
+                        one(setup, n, learner, epsilon, seed0 + 100 * r, 20000, "service")
+                        for r in range(reps)
+                    ]
+                    row[learner] = float(np.mean(values))
+                    row[f"{learner}_se"] = float(np.std(values, ddof=1) / np.sqrt(reps))
+                rows.append(row)
+                print(row, flush=True)
+    write_result(
+        "ebm_cate_crossover",
+        {
+            "setting": {
+                "learners": "dr and s with ebm_cate.service_defaults",
+                "seeds": f"{seed0} + 100 r, r < {reps}",
+                "delta": 1e-5,
+                "test_points": 20000,
+            },
+            "rows": rows,
+            "seconds": round(time.time() - started, 1),
+        },
+        quick=False,
+    )
+
+
 def _mean_psi(
     a: NDArray[np.float64],
     y: NDArray[np.float64],
@@ -364,7 +399,11 @@ def main() -> None:
     parser.add_argument("--setups", default="A,B,C,D,E", help="--screen: setups")
     parser.add_argument("--seed0", type=int, default=300_001, help="--screen: first seed")
     parser.add_argument("--diagnose", help="setup: DP vs true nuisances (see diagnose)")
+    parser.add_argument("--crossover", action="store_true", help="DR vs S by n and eps")
     args = parser.parse_args()
+    if args.crossover:
+        crossover(args.reps or 10, args.seed0)
+        return
     if args.diagnose:
         diagnose(args.diagnose, args.reps or 5, args.seed0)
         return

@@ -206,10 +206,16 @@ def test_r_learner_paper_run() -> None:
     assert math.isfinite(result["ate"])
 
 
-def test_quote_warns_for_small_effect_folds() -> None:
-    quote = ec.quote(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+def test_quote_warns_below_the_measured_crossover() -> None:
+    """Warn for DR/R when n * min(eps, 4) < 8000 (bench crossover), never for S."""
+    quote = ec.quote(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5))  # n eps = 4000
     assert quote["warnings"]
     assert quote["boosting_noise_sd_per_step"] > 0
+    assert not ec.quote(domain(), ec.EbmCateParams(epsilon=2.0, delta=1e-5))["warnings"]
+    assert not ec.quote(domain(8000), ec.EbmCateParams(epsilon=1.0, delta=1e-5))["warnings"]
+    assert ec.quote(domain(1000), ec.EbmCateParams(epsilon=50.0, delta=1e-5))["warnings"]
+    s = ec.EbmCateParams(epsilon=1.0, delta=1e-5, learner="s")
+    assert not ec.quote(domain(), s)["warnings"]
 
 
 def test_service_defaults_of_the_dr_learner_are_the_public_rule() -> None:
