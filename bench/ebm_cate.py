@@ -40,6 +40,7 @@ from scipy.special import expit
 
 from bench.common import RESULTS, machine, write_result
 from service.mechanisms import ebm_cate as ec
+from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.partition import fold_sizes
 
@@ -298,8 +299,7 @@ def _mean_psi(
     k: float,
 ) -> float:
     """Mean of the DR pseudo-outcome clipped to [-K, K], as in ``ebm_cate``."""
-    psi = mu1 - mu0 + a * (y - mu1) / e - (1.0 - a) * (y - mu0) / (1.0 - e)
-    return float(np.mean(np.clip(psi, -k, k)))
+    return float(np.mean(pseudo_outcomes(a, y, e, mu0, mu1, bound=k)))
 
 
 def diagnose(setup: str, reps: int, seed0: int) -> None:

@@ -834,11 +834,8 @@ def pseudo_targets(
         targets = np.clip(y - m_hat, -(high - low), high - low)
         weights = a - pi
         return np.asarray(targets, np.float64), np.asarray(weights, np.float64)
-    bound = (high - low) / propensity_bound
-    with np.errstate(all="ignore"):
-        phi = mu1 - mu0 + a * (y - mu1) / pi - (1.0 - a) * (y - mu0) / (1.0 - pi)
-    phi = np.clip(np.where(np.isfinite(phi), phi, 0.0), -bound, bound)
-    return np.asarray(phi, np.float64), np.ones_like(phi)
+    phi = ate_strict.pseudo_outcomes(a, y, pi, mu0, mu1, bound=(high - low) / propensity_bound)
+    return phi, np.ones_like(phi)
 
 
 def run(

@@ -55,6 +55,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
     default_delta,
     validate_delta,
@@ -524,10 +525,7 @@ def second_stage_data(
         m = pi_hat * mu1 + (1.0 - pi_hat) * mu0
         targets = np.clip(y - m, -bound_r, bound_r)
         return (a - pi_hat)[:, None] * phi, targets
-    with np.errstate(all="ignore"):
-        psi = mu1 - mu0 + a * (y - mu1) / pi_hat - (1.0 - a) * (y - mu0) / (1.0 - pi_hat)
-    psi = np.clip(np.where(np.isfinite(psi), psi, 0.0), -bound_r, bound_r)
-    return phi, psi
+    return phi, pseudo_outcomes(a, y, pi_hat, mu0, mu1, bound=bound_r)
 
 
 Nuisance = Callable[[NDArray[np.float64]], tuple[NDArray[np.float64], ...]]

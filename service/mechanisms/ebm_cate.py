@@ -42,6 +42,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
     default_delta,
     validate_delta,
@@ -508,9 +509,7 @@ def _run(
         )
         progress(0.65, "outcome")
         # proof step 1 (applied): row-wise AIPW pseudo-outcome, clipped to [-K, K].
-        with np.errstate(all="ignore"):
-            psi = mu1 - mu0 + a2 * (y2 - mu1) / e_hat - (1.0 - a2) * (y2 - mu0) / (1.0 - e_hat)
-        psi = np.clip(np.where(np.isfinite(psi), psi, 0.0), -k, k)
+        psi = pseudo_outcomes(a2, y2, e_hat, mu0, mu1, bound=k)
         weight = None
     else:
         eta_model, mid = fit_regressor(
