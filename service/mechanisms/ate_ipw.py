@@ -69,7 +69,12 @@ from service.mechanisms.calibration import (
 )
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
-from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.noise import (
+    GaussianCalibration,
+    NoiseSampler,
+    calibrate_gaussian,
+    release_gaussian,
+)
 from service.mechanisms.partition import checked_fractions, fold_sizes, prepare_arrays
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
@@ -529,8 +534,8 @@ def _run(
     theta_hat, m2_hat = d2_statistics(h, bound=state.bound)
     del h
     # proof step 5: two lattice Gaussian releases with public sigma.
-    theta_dp = float(_release_vector(np.array([theta_hat]), state.mean, noise)[0])
-    m2_dp = float(_release_vector(np.array([m2_hat]), state.second_moment, noise)[0])
+    theta_dp = float(release_gaussian(np.array([theta_hat]), state.mean, noise)[0])
+    m2_dp = float(release_gaussian(np.array([m2_hat]), state.second_moment, noise)[0])
     del theta_hat, m2_hat
     # proof step 6: post-processing (private_propensity.md §6 step 6).
     interval = confidence_interval(
@@ -556,15 +561,6 @@ def _run(
     }
 
 
-def _release_vector(
-    values: NDArray[np.float64], calibration: GaussianCalibration, noise: NoiseSampler
-) -> NDArray[np.float64]:
-    out = noise.gaussian(values, sigma=calibration.sigma, sensitivity_l2=calibration.sensitivity_l2)
-    if not np.all(np.isfinite(out)):
-        raise ValueError("non-finite release")
-    return np.asarray(out, dtype=np.float64)
-
-
 def _run_hajek(
     a2: NDArray[np.float64],
     y2: NDArray[np.float64],
@@ -579,8 +575,8 @@ def _run_hajek(
     half_range = domain.outcome_range / 2.0
     sums, moments = hajek_statistics(a2, (y2 - midpoint) / half_range, pi, trim=state.params.trim)
     del a2, y2, pi
-    sums_dp = _release_vector(sums, state.mean, noise)
-    moments_dp = _release_vector(moments, state.second_moment, noise)
+    sums_dp = release_gaussian(sums, state.mean, noise)
+    moments_dp = release_gaussian(moments, state.second_moment, noise)
     del sums, moments
     interval = hajek_interval(
         sums_dp,

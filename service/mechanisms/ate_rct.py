@@ -55,7 +55,12 @@ from service.mechanisms.calibration import (
 )
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
-from service.mechanisms.noise import LaplaceCalibration, NoiseSampler, calibrate_laplace
+from service.mechanisms.noise import (
+    LaplaceCalibration,
+    NoiseSampler,
+    calibrate_laplace,
+    release_laplace,
+)
 from service.mechanisms.partition import prepare_arrays
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
@@ -364,15 +369,6 @@ def run(
         raise ReleaseFailed() from None
 
 
-def _release(
-    values: NDArray[np.float64], calibration: LaplaceCalibration, noise: NoiseSampler
-) -> NDArray[np.float64]:
-    out = noise.laplace(values, scale=calibration.scale, sensitivity_l1=calibration.sensitivity_l1)
-    if not np.all(np.isfinite(out)):
-        raise ValueError("non-finite release")
-    return out
-
-
 def _run(
     arrays: Arrays,
     domain: PublicDomain,
@@ -385,9 +381,11 @@ def _run(
     # proof step 3: exact statistics (never released), then three Laplace releases.
     stats = arm_statistics(a, y, midpoint=state.midpoint, half_range=state.half_range)
     del a, y
-    counts = _release(stats[0:2], state.counts, noise)
-    sums = _release(stats[2:4], state.sums, noise)
-    squares = _release(stats[4:6], state.squares, noise) if state.squares is not None else None
+    counts = release_laplace(stats[0:2], state.counts, noise)
+    sums = release_laplace(stats[2:4], state.sums, noise)
+    squares = (
+        release_laplace(stats[4:6], state.squares, noise) if state.squares is not None else None
+    )
     del stats
     progress(0.9, "estimation")
     # proof step 4: post-processing only.

@@ -94,7 +94,12 @@ from service.mechanisms.dp_ebm import (
     solve_dp_ebm_epsilon_p,
 )
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
-from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.noise import (
+    GaussianCalibration,
+    NoiseSampler,
+    calibrate_gaussian,
+    release_gaussian,
+)
 from service.mechanisms.partition import (
     MIN_FOLD_SIZE,
     checked_fractions,
@@ -911,16 +916,8 @@ def _dp_ebm(state: _Plan) -> DpEbmAccounting:
     return state.dp_ebm
 
 
-def _release(values: float, calibration: GaussianCalibration, noise: NoiseSampler) -> float:
-    out = noise.gaussian(
-        np.array([values], dtype=np.float64),
-        sigma=calibration.sigma,
-        sensitivity_l2=calibration.sensitivity_l2,
-    )
-    result = float(out[0])
-    if not math.isfinite(result):
-        raise ValueError("non-finite release")
-    return result
+def _release(value: float, calibration: GaussianCalibration, noise: NoiseSampler) -> float:
+    return float(release_gaussian(np.array([value], dtype=np.float64), calibration, noise)[0])
 
 
 def run(

@@ -42,7 +42,12 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import expit
 
-from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.noise import (
+    GaussianCalibration,
+    NoiseSampler,
+    calibrate_gaussian,
+    release_gaussian,
+)
 
 # Public intercept constant c of the unit-ball feature map.
 INTERCEPT = 0.5
@@ -218,12 +223,7 @@ class DpLogistic:
         if z.shape[0] < self.m:  # a larger fold only lowers the sensitivity (proof §10-§11)
             raise ValueError("fold smaller than planned")
         w = fit_logistic(z, t, regularization=self.regularization)
-        w_tilde = noise.gaussian(
-            w, sigma=self.calibration.sigma, sensitivity_l2=self.calibration.sensitivity_l2
-        )
-        if not np.all(np.isfinite(w_tilde)):
-            raise ValueError("non-finite release")
-        return w_tilde
+        return release_gaussian(w, self.calibration, noise)
 
 
 def predict_propensity(w_tilde: NDArray[np.float64], z: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -323,13 +323,7 @@ class DpRidge:
         midpoint = (y_lower + y_upper) / 2.0
         half_range = (y_upper - y_lower) / 2.0
         t = np.clip((y - midpoint) / half_range, -1.0, 1.0)
-        noisy = noise.gaussian(
-            ridge_statistics(z, a, t),
-            sigma=self.calibration.sigma,
-            sensitivity_l2=self.calibration.sensitivity_l2,
-        )
-        if not np.all(np.isfinite(noisy)):
-            raise ValueError("non-finite release")
+        noisy = release_gaussian(ridge_statistics(z, a, t), self.calibration, noise)
         return solve_ridge(noisy, self.d, self.m, self.regularization)
 
 

@@ -237,6 +237,28 @@ def calibrate_laplace(epsilon: float, sensitivity_l1: float, *, dim: int = 1) ->
     raise ValueError("lattice calibration did not converge")  # pragma: no cover
 
 
+def release_gaussian(
+    values: NDArray[np.float64], calibration: GaussianCalibration, noise: NoiseSampler
+) -> NDArray[np.float64]:
+    """``values`` plus the calibrated Gaussian noise; ``ValueError`` if a released value is not
+    finite (a generic release failure: the charge is kept)."""
+    out = noise.gaussian(values, sigma=calibration.sigma, sensitivity_l2=calibration.sensitivity_l2)
+    if not np.all(np.isfinite(out)):
+        raise ValueError("non-finite release")
+    return np.asarray(out, dtype=np.float64)
+
+
+def release_laplace(
+    values: NDArray[np.float64], calibration: LaplaceCalibration, noise: NoiseSampler
+) -> NDArray[np.float64]:
+    """``values`` plus the calibrated Laplace noise; ``ValueError`` if a released value is not
+    finite (a generic release failure: the charge is kept)."""
+    out = noise.laplace(values, scale=calibration.scale, sensitivity_l1=calibration.sensitivity_l1)
+    if not np.all(np.isfinite(out)):
+        raise ValueError("non-finite release")
+    return np.asarray(out, dtype=np.float64)
+
+
 def _check_scale(value: float, name: str) -> None:
     if not (_MIN_SCALE <= value <= _MAX_SCALE):
         raise ValueError(f"{name} must be finite and within [2^-900, 2^900]")
