@@ -154,6 +154,15 @@ CROSS_FIT_FOLDS = (0.5, 0.5)  # cross-fitting: two halves
 # Float summation slack (module helper ``_float_slack``): fsum and one division add at most
 # about 2.01 * 2^-53 * B of error on each side of a mean of values in [-B, B].
 _FLOAT_SLACK_BITS = 50
+# Charged adaptive clipping (proof §13): a public share of the estimation budget buys an
+# epsilon-DP quantile Q of |Gamma| on a public geometric grid in [B / RANGE, B]; the clip is then
+# K = min(B, kappa(n2) Q) with the public inflation kappa(n2) = 2 + 0.5 log10(n2).
+ADAPTIVE_CLIP_SHARE = 0.1
+ADAPTIVE_CLIP_LEVEL = 0.9
+ADAPTIVE_CLIP_CANDIDATES = 200
+ADAPTIVE_CLIP_RANGE = 1000.0
+# Quote only: the pseudo-outcome sd assumed for the expected half-width is R / this (public).
+ADAPTIVE_QUOTE_RANGE_RATIO = 6.0
 
 
 @dataclass(frozen=True)
@@ -183,6 +192,9 @@ class AteStrictParams:
         regularization: ``dp_linear`` ridge lambda (logistic and outcome); None means the
             public rules ``m^(-1/3)`` (logistic) and ``min(m^(-1/2), sqrt(d) sigma / m)`` (ridge
             floor; sigma the public noise sd of the ridge statistics) for m fit records.
+        adaptive_clip: charged adaptive clipping (proof §13): spend ``ADAPTIVE_CLIP_SHARE`` of
+            the estimation budget on a DP quantile of |Gamma| and clip at
+            ``K = min(B, kappa(n2) Q)`` instead of B. Excludes ``pseudo_outcome_clip``.
     """
 
     epsilon: float
@@ -198,6 +210,31 @@ class AteStrictParams:
     cross_fit: bool = False
     nuisance_share: float | None = None
     regularization: float | None = None
+    adaptive_clip: bool = False
+
+
+def default_adaptive_clip(domain: PublicDomain, pseudo_outcome_clip: float | None) -> bool:
+    """Public rule for an omitted clip choice: adaptive on randomised designs unless a public
+    ``pseudo_outcome_clip`` was given (proof §13; bench/results/realistic-*.json)."""
+    return pseudo_outcome_clip is None and domain.design == StudyDesign.RCT
+
+
+def adaptive_clip_inflation(n2: int) -> float:
+    """The public inflation kappa(n2) = 2 + 0.5 log10(n2) of the DP quantile (proof §13)."""
+    return 2.0 + 0.5 * math.log10(float(n2))
+
+
+def adaptive_clip_candidates(bound: float) -> NDArray[np.float64]:
+    """The public quantile grid: ``ADAPTIVE_CLIP_CANDIDATES`` geometric points in
+    ``[bound / ADAPTIVE_CLIP_RANGE, bound]`` (both ends included)."""
+    grid = np.geomspace(bound / ADAPTIVE_CLIP_RANGE, bound, ADAPTIVE_CLIP_CANDIDATES)
+    grid[-1] = bound
+    return np.asarray(grid, dtype=np.float64)
+
+
+def adaptive_clip_bound(quantile: float, bound: float, n2: int) -> float:
+    """``K = min(B, kappa(n2) Q)``: post-processing of the DP quantile Q and public values."""
+    return min(bound, adaptive_clip_inflation(n2) * quantile)
 
 
 def default_nuisance_share(n: int, epsilon: float) -> float:
@@ -380,9 +417,10 @@ class _Plan:
     cross_fit: bool
     mean_share: float  # resolved f (explicit or the public default)
     nuisance_share: float | None  # resolved cross-fitting share (None without cross-fitting)
-    mean: GaussianCalibration
+    mean: GaussianCalibration  # at B (adaptive clipping: the largest possible noise)
     second_moment: GaussianCalibration
     record: MechanismRecord
+    quantile_epsilon: float | None = None  # adaptive clipping only
 
     @property
     def n2(self) -> int:
@@ -561,6 +599,13 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
     validate_alpha(params.alpha_v, name="alpha_v")
     if not isinstance(params.variance_inflation, bool):
         raise InvalidParameters("variance_inflation must be a boolean")
+    if not isinstance(params.adaptive_clip, bool):
+        raise InvalidParameters("adaptive_clip must be a boolean")
+    if params.adaptive_clip and params.pseudo_outcome_clip is not None:
+        raise InvalidParameters(
+            "pseudo_outcome_clip and adaptive clipping exclude each other: give a public clip "
+            "or let a DP quantile choose it"
+        )
     n2 = domain.n if cross_fit else sizes[-1]
     big_r = domain.outcome_range
 
@@ -628,6 +673,10 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         # the ridge floor defaults to the public noise sd of Gram / m (dp_linear).
         dp_ridge = dp_linear.DpRidge.plan(m_mu, d, epsilon_mu, delta_mu, params.regularization)
 
+    # proof §13: adaptive clipping takes a public share of the estimation epsilon (delta 0).
+    quantile_epsilon: float | None = None
+    if params.adaptive_clip:
+        quantile_epsilon, epsilon_stat = split_share(epsilon_stat, ADAPTIVE_CLIP_SHARE)
     # proof step 3: estimation budget split, sensitivities and lattice Gaussian calibration.
     epsilon_theta, epsilon_v = split_share(epsilon_stat, mean_share)
     delta_theta, delta_v = split_share(delta_stat, mean_share)
@@ -661,10 +710,19 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
                 cross_fit,
             )
         )
-    events.append(gaussian_event("mean_pseudo_outcome", 2.0 * bound / n2, mean, bound))
-    events.append(
-        gaussian_event("second_moment_pseudo_outcome", bound * bound / n2, second_moment, bound)
-    )
+    if quantile_epsilon is not None:
+        events.append(quantile_event(quantile_epsilon, bound, n2))
+        events.append(adaptive_gaussian_event("mean_pseudo_outcome", "2 K / n2", mean, bound))
+        events.append(
+            adaptive_gaussian_event(
+                "second_moment_pseudo_outcome", "K^2 / n2", second_moment, bound
+            )
+        )
+    else:
+        events.append(gaussian_event("mean_pseudo_outcome", 2.0 * bound / n2, mean, bound))
+        events.append(
+            gaussian_event("second_moment_pseudo_outcome", bound * bound / n2, second_moment, bound)
+        )
     # proof step 6: within a module, sequential composition; across modules, the max.
     # Cross-fitting (proof §12): every event composes sequentially; each nuisance event is one
     # mechanism run in parallel on the two disjoint halves, so it is counted once.
@@ -710,6 +768,7 @@ def _make_plan(domain: PublicDomain, params: AteStrictParams) -> _Plan:
         mean=mean,
         second_moment=second_moment,
         record=record,
+        quantile_epsilon=quantile_epsilon,
     )
 
 
@@ -767,6 +826,49 @@ def gaussian_event(
     )
 
 
+def quantile_event(epsilon: float, bound: float, n2: int) -> NoiseEvent:
+    """The pure-DP quantile of |Gamma| that sets the adaptive clip (proof §13)."""
+    grid = adaptive_clip_candidates(bound)
+    return NoiseEvent(
+        type="exponential_quantile",
+        module="estimation",
+        epsilon=epsilon,
+        delta=0.0,
+        params={
+            "statistic": "quantile_abs_pseudo_outcome",
+            "sampler": "opendp make_private_quantile (replace-one, sized)",
+            "level": ADAPTIVE_CLIP_LEVEL,
+            "candidates": int(grid.size),
+            "candidate_min": float(grid[0]),
+            "candidate_max": float(grid[-1]),
+            "inflation": adaptive_clip_inflation(n2),
+            "share_of_estimation_epsilon": ADAPTIVE_CLIP_SHARE,
+        },
+    )
+
+
+def adaptive_gaussian_event(
+    statistic: str, sensitivity_rule: str, calibration: GaussianCalibration, bound: float
+) -> NoiseEvent:
+    """A Gaussian whose sensitivity follows the released clip K <= B (proof §13): its
+    (epsilon, delta) and noise multiplier are fixed here; sigma is at most ``sigma_max``."""
+    return NoiseEvent(
+        type="gaussian",
+        module="estimation",
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": statistic,
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "bound": "adaptive",
+            "bound_max": bound,
+            "sensitivity_l2_rule": sensitivity_rule,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma_max": calibration.sigma,
+        },
+    )
+
+
 def plan(domain: PublicDomain, params: AteStrictParams) -> MechanismRecord:
     """Validate the request and compute its mechanism record (the cost) without data.
 
@@ -797,7 +899,35 @@ def _public_parameters(state: _Plan) -> dict[str, Any]:
         "mean_share": state.mean_share,
         "variance_inflation": params.variance_inflation,
         "alpha_v": params.alpha_v,
+        "clip": "adaptive" if state.quantile_epsilon is not None else "declared",
+        "bound_max": state.bound,
     }
+
+
+def adaptive_calibrations(
+    state: _Plan, clip: float
+) -> tuple[GaussianCalibration, GaussianCalibration]:
+    """proof §13: the mean and second-moment Gaussians at the clip K, with the (epsilon, delta)
+    fixed by the plan: sensitivities ``2K / n2`` and ``K^2 / n2`` plus the float slack."""
+    n2 = state.n2
+    mean = calibrate_gaussian(
+        state.mean.epsilon, state.mean.delta, _float_slack(2.0 * clip / n2, n2)
+    )
+    second = calibrate_gaussian(
+        state.second_moment.epsilon, state.second_moment.delta, _float_slack(clip * clip / n2, n2)
+    )
+    return mean, second
+
+
+def assumed_pseudo_outcome_sd(domain: PublicDomain) -> float:
+    """Quote only: the public scale assumption R / ``ADAPTIVE_QUOTE_RANGE_RATIO``."""
+    return domain.outcome_range / ADAPTIVE_QUOTE_RANGE_RATIO
+
+
+def _assumed_clip(domain: PublicDomain, state: _Plan) -> float:
+    """The clip K the quote expects: kappa(n2) times the 0.9-quantile of |N(0, sd^2)|."""
+    quantile = float(ndtri(0.5 + ADAPTIVE_CLIP_LEVEL / 2.0)) * assumed_pseudo_outcome_sd(domain)
+    return adaptive_clip_bound(quantile, state.bound, state.n2)
 
 
 def quote(
@@ -824,6 +954,27 @@ def quote(
         "s_2": state.second_moment.sigma,
         "n2": state.n2,
     }
+    if state.quantile_epsilon is not None:
+        # proof §13: the noise follows the released clip K; the quote assumes a public scale.
+        smallest = adaptive_clip_bound(
+            float(adaptive_clip_candidates(state.bound)[0]), state.bound, state.n2
+        )
+        assumed_sd = assumed_pseudo_outcome_sd(domain)
+        clip = _assumed_clip(domain, state)
+        expected_mean, expected_second = adaptive_calibrations(state, clip)
+        out.update(
+            {
+                "min_half_width": z * adaptive_calibrations(state, smallest)[0].sigma,
+                "max_noise_half_width": z * state.mean.sigma,
+                "expected_half_width": z
+                * math.sqrt(assumed_sd**2 / state.n2 + expected_mean.sigma**2),
+                "half_width_basis": "assumed_scale",
+                "assumed_pseudo_outcome_sd": assumed_sd,
+                "expected_clip": clip,
+                "s_theta": expected_mean.sigma,
+                "s_2": expected_second.sigma,
+            }
+        )
     if target_half_width is not None:
         out["target_half_width"] = target_half_width
         out["epsilon_for_target_half_width"] = epsilon_for_half_width(
@@ -876,6 +1027,10 @@ def _epsilon_for_half_width_pinned(
     z = float(ndtri(1.0 - base.params.alpha / 2.0))
     sensitivity = base.mean.sensitivity_l2
     delta = base.record.delta
+    sampling_variance = 0.0
+    if base.quantile_epsilon is not None:
+        sensitivity = _float_slack(2.0 * _assumed_clip(domain, base) / base.n2, base.n2)
+        sampling_variance = assumed_pseudo_outcome_sd(domain) ** 2 / base.n2
 
     def reaches(epsilon: float) -> bool:
         # the shares may depend on epsilon (public cross-fitting rule): re-resolve them and
@@ -885,10 +1040,12 @@ def _epsilon_for_half_width_pinned(
         if nuisance_share is not None:
             _, epsilon = split_share(epsilon, nuisance_share)
             _, delta_stat = split_share(delta, nuisance_share)
+        if base.quantile_epsilon is not None:
+            _, epsilon = split_share(epsilon, ADAPTIVE_CLIP_SHARE)
         epsilon_theta, _ = split_share(epsilon, share)
         delta_theta, _ = split_share(delta_stat, share)
         sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity).sigma
-        return z * sigma <= target
+        return z * math.sqrt(sampling_variance + sigma * sigma) <= target
 
     if not reaches(MAX_EPSILON):
         return None
@@ -1102,11 +1259,22 @@ def _estimate(
     # proof step 3 (applied): exact-then-rounded sums; the sensitivities include the slack.
     if gamma.size != state.n2:
         raise ValueError("estimation size differs from the plan")
-    theta_hat, m2_hat = d2_statistics(gamma, bound=state.bound)
+    bound, mean, second = state.bound, state.mean, state.second_moment
+    if state.quantile_epsilon is not None:
+        # proof §13: an epsilon_q-DP quantile of |Gamma| on the public grid sets the clip K.
+        quantile = noise.quantile(
+            np.abs(gamma),
+            candidates=adaptive_clip_candidates(state.bound),
+            level=ADAPTIVE_CLIP_LEVEL,
+            epsilon=state.quantile_epsilon,
+        )
+        bound = adaptive_clip_bound(quantile, state.bound, state.n2)
+        mean, second = adaptive_calibrations(state, bound)
+    theta_hat, m2_hat = d2_statistics(gamma, bound=bound)
     del gamma
-    # proof step 5: two lattice Gaussian releases with public sigma.
-    theta_dp = _release(theta_hat, state.mean, noise)
-    m2_dp = _release(m2_hat, state.second_moment, noise)
+    # proof step 5: two lattice Gaussian releases with public (or DP-derived) sigma.
+    theta_dp = _release(theta_hat, mean, noise)
+    m2_dp = _release(m2_hat, second, noise)
     del theta_hat, m2_hat
     progress(0.95, "estimation")
 
@@ -1114,8 +1282,8 @@ def _estimate(
     interval = confidence_interval(
         theta_dp,
         m2_dp,
-        s_theta=state.mean.sigma,
-        s_2=state.second_moment.sigma,
+        s_theta=mean.sigma,
+        s_2=second.sigma,
         n2=state.n2,
         alpha=params.alpha,
         variance_inflation=params.variance_inflation,
@@ -1128,10 +1296,11 @@ def _estimate(
         "ci_level": 1.0 - params.alpha,
         "half_width": interval["half_width"],
         "variance_estimate": interval["variance_estimate"],
-        "s_theta": state.mean.sigma,
-        "s_2": state.second_moment.sigma,
+        "s_theta": mean.sigma,
+        "s_2": second.sigma,
         "n2": state.n2,
         **_public_parameters(state),
+        "bound": bound,  # the clip used: B, a public K, or the DP-derived adaptive K
     }
     progress(1.0, "done")
     return result

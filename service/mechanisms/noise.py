@@ -84,6 +84,18 @@ class NoiseSampler(Protocol):
         """Return ``values`` plus Laplace noise of scale ``scale`` (sd = sqrt(2) * scale)."""
         ...
 
+    def quantile(
+        self,
+        values: NDArray[np.float64],
+        *,
+        candidates: NDArray[np.float64],
+        level: float,
+        epsilon: float,
+    ) -> float:
+        """Return one of ``candidates``: an epsilon-DP ``level``-quantile of ``values`` under
+        replace-one with ``len(values)`` public (exponential mechanism on rank utility)."""
+        ...
+
 
 def lattice_exponent(noise_scale: float) -> int:
     """The public lattice exponent k for a noise scale: ``floor(log2(noise_scale)) - 30``.
@@ -341,6 +353,57 @@ class OpenDPSampler:
             raise ValueError("OpenDP charges more than the lattice calibration accounted for")
         return _apply(measurement, array)
 
+    def quantile(
+        self,
+        values: NDArray[np.float64],
+        *,
+        candidates: NDArray[np.float64],
+        level: float,
+        epsilon: float,
+    ) -> float:
+        """OpenDP's ``make_private_quantile`` (exponential mechanism on rank utility, Smith
+        2011) on a size-n vector under the symmetric distance, where a replace-one neighbour is
+        at distance 2: OpenDP's map at 2 must not exceed ``epsilon``.
+
+        Raises:
+            ValueError: invalid arguments, or OpenDP charges more than ``epsilon``.
+        """
+        array, grid = _check_quantile_args(values, candidates, level, epsilon)
+        measurement = _quantile_measurement(int(array.size), grid, level, epsilon)
+        charged = float(measurement.map(2))
+        if charged > epsilon * (1.0 + _MAP_RTOL):
+            raise ValueError("OpenDP charges more than the quantile calibration accounted for")
+        return float(measurement(array.tolist()))
+
+
+def _check_quantile_args(
+    values: NDArray[np.float64], candidates: NDArray[np.float64], level: float, epsilon: float
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    array = _as_finite_vector(values)
+    grid = _as_finite_vector(candidates)
+    if array.size == 0 or grid.size < 2 or not np.all(np.diff(grid) > 0.0):
+        raise ValueError("need values and at least two strictly increasing candidates")
+    if not (0.0 < level < 1.0):
+        raise ValueError("level must be in (0, 1)")
+    _check_scale(epsilon, "epsilon")
+    return array, grid
+
+
+def quantile_scale(epsilon: float) -> float:
+    """OpenDP's quantile ``scale`` for epsilon under replace-one (sized input: d_in = 2)."""
+    return 2.0 / epsilon
+
+
+def _quantile_measurement(n: int, grid: NDArray[np.float64], level: float, epsilon: float) -> Any:
+    return dp.m.make_private_quantile(
+        dp.vector_domain(dp.atom_domain(T=float, nan=False), size=n),
+        dp.symmetric_distance(),
+        dp.max_divergence(),
+        candidates=grid.tolist(),
+        alpha=level,
+        scale=quantile_scale(epsilon),
+    )
+
 
 class SeededSampler:
     """Continuous numpy noise from a caller-supplied generator. TEST-ONLY.
@@ -372,6 +435,22 @@ class SeededSampler:
         _check_sensitivity(sensitivity_l1, "sensitivity_l1")
         noise = self._rng.laplace(0.0, scale, size=array.shape)
         return np.asarray(array + noise, dtype=np.float64)
+
+    def quantile(
+        self,
+        values: NDArray[np.float64],
+        *,
+        candidates: NDArray[np.float64],
+        level: float,
+        epsilon: float,
+    ) -> float:
+        """Exponential mechanism with utility ``-|#{v < c} - level n|`` (sensitivity 1 under
+        replace-one), selected by the Gumbel-max trick from the seeded generator."""
+        array, grid = _check_quantile_args(values, candidates, level, epsilon)
+        below = np.searchsorted(np.sort(array), grid, side="left").astype(np.float64)
+        utility = -np.abs(below - level * array.size)
+        score = epsilon * utility / 2.0 + self._rng.gumbel(size=grid.size)
+        return float(grid[int(np.argmax(score))])
 
 
 def secure_rng() -> np.random.Generator:

@@ -395,6 +395,8 @@ ALLOWED_KEYS = {
     "estimator",
     "cross_fit",
     "nuisance_share",
+    "clip",
+    "bound_max",
 }
 FORBIDDEN_FRAGMENTS = ("theta_hat", "m2_hat", "gamma", "fold_membership", "model", "assign")
 

@@ -47,6 +47,7 @@ _FIELDS: dict[tuple[str, str], frozenset[str]] = {
             "cross_fit",
             "nuisance_share",
             "regularization",
+            "clip",
         }
     ),
     ("strict", "ipw"): frozenset(
@@ -93,6 +94,10 @@ class AteParams(KindParams):
     # None: the public rule clip(25000 / (n epsilon), 0.05, 0.5) (cross_fit only).
     nuisance_share: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     regularization: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # strict aipw: "declared" clips the pseudo-outcome at the bound from the declared schema (or
+    # pseudo_outcome_clip); "adaptive" spends a public share of the estimation budget on a DP
+    # quantile that sets the clip. None: the public rule ate_strict.default_adaptive_clip.
+    clip: Literal["declared", "adaptive"] | None = None
     trim: float = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
     # ipw only: Horvitz-Thompson, Hajek (DP arm weights) or "auto" (public rule on the noise).
     normalization: Literal["auto", "horvitz_thompson", "hajek"] = "auto"
@@ -199,7 +204,13 @@ def to_mechanism_params(
         delta = ate_strict.default_delta_for(
             domain, params.fold_fractions, nuisance_strict, cross_fit, params.epsilon
         )
+    adaptive_clip = (
+        ate_strict.default_adaptive_clip(domain, params.pseudo_outcome_clip)
+        if params.clip is None
+        else params.clip == "adaptive"
+    )
     return ate_strict.AteStrictParams(
+        adaptive_clip=adaptive_clip,
         epsilon=params.epsilon,
         delta=delta,
         alpha=params.alpha,
