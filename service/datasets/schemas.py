@@ -6,7 +6,16 @@ import math
 from enum import StrEnum
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 NAME_PATTERN = r"^[^\x00-\x1f]{1,200}$"
 
@@ -35,10 +44,10 @@ def _finite(value: float | None, what: str) -> None:
 class Covariate(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     type: Literal["numeric", "categorical"] = "numeric"
-    lower: float | None = None
-    upper: float | None = None
-    codes: list[int] | None = Field(default=None, min_length=2, max_length=1000)
-    impute: float | None = None
+    lower: StrictFloat | None = None
+    upper: StrictFloat | None = None
+    codes: list[StrictInt] | None = Field(default=None, min_length=2, max_length=1000)
+    impute: StrictFloat | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -84,9 +93,9 @@ class Treatment(Strict):
 
 class Outcome(Strict):
     name: str = Field(pattern=NAME_PATTERN)
-    lower: float
-    upper: float
-    impute: float | None = None
+    lower: StrictFloat
+    upper: StrictFloat
+    impute: StrictFloat | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -110,8 +119,8 @@ class PublicSchema(Strict):
     out_of_bounds: OutOfBoundsPolicy = OutOfBoundsPolicy.CLIP
     missing: MissingPolicy = MissingPolicy.REJECT_UPLOAD
     design: Literal["observational", "rct"] = "observational"
-    treatment_probability: float | None = Field(default=None, gt=0, lt=1)
-    min_propensity_clip: float = Field(default=0.01, gt=0, le=0.5)
+    treatment_probability: StrictFloat | None = Field(default=None, gt=0, lt=1)
+    min_propensity_clip: StrictFloat = Field(default=0.01, gt=0, le=0.5)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -183,12 +192,12 @@ class DatasetCreated(DatasetRead):
 
 class DatasetUpdate(Strict):
     description: str | None = Field(default=None, max_length=10_000)
-    allow_paper_mode: bool | None = None
+    allow_paper_mode: StrictBool | None = None
 
 
 class BudgetUpdate(Strict):
-    epsilon_total: float = Field(gt=0, le=1e6)
-    delta_total: float = Field(ge=0, lt=1)
+    epsilon_total: StrictFloat = Field(gt=0, le=1e6)
+    delta_total: StrictFloat = Field(ge=0, lt=1)
 
     @field_validator("epsilon_total", "delta_total")
     @classmethod
@@ -199,14 +208,14 @@ class BudgetUpdate(Strict):
 
 
 class GrantUpdate(Strict):
-    epsilon_cap: float | None = Field(default=None, gt=0, le=1e6)
-    delta_cap: float | None = Field(default=None, ge=0, lt=1)
+    epsilon_cap: StrictFloat | None = Field(default=None, gt=0, le=1e6)
+    delta_cap: StrictFloat | None = Field(default=None, ge=0, lt=1)
 
 
 class GrantRead(BaseModel):
     principal_id: str
-    epsilon_cap: float | None
-    delta_cap: float | None
+    epsilon_cap: StrictFloat | None
+    delta_cap: StrictFloat | None
     epsilon_spent: float
     delta_spent: float
     revoked: bool

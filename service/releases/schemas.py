@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class ReleaseCreate(BaseModel):
@@ -12,7 +12,7 @@ class ReleaseCreate(BaseModel):
 
     kind: str = Field(description="Release kind, e.g. 'ate'", examples=["ate"])
     params: dict[str, Any] = Field(default_factory=dict)
-    fresh: bool = Field(
+    fresh: StrictBool = Field(
         default=False,
         description="Force a new, charged release even if an identical one is stored.",
     )
