@@ -13,9 +13,12 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from service.ledger import amounts
 
 NAME_PATTERN = r"^[^\x00-\x1f]{1,200}$"
 
@@ -146,6 +149,41 @@ class PublicSchema(Strict):
         return self
 
 
+# Largest magnitude of a declared bound, code or impute value accepted at upload. Mechanisms
+# square and multiply ranges (sensitivities, R_Y^2, regression designs); with |bound| <= 1e15
+# every range is at most 2e15 and its powers used downstream stay far from float overflow.
+MAX_ABS_BOUND = 1e15
+
+
+class UploadSchema(PublicSchema):
+    """The schema as checked at upload: ``PublicSchema`` plus the magnitude limit
+    ``MAX_ABS_BOUND`` on bounds, codes and impute values (a stored schema is read back as
+    ``PublicSchema``, so one stored before the limit stays readable)."""
+
+    @model_validator(mode="after")
+    def _magnitudes(self) -> Self:
+        places: list[tuple[str, float | int | None]] = []
+        for i, c in enumerate(self.covariates):
+            places += [
+                (f"covariates/{i}/lower", c.lower),
+                (f"covariates/{i}/upper", c.upper),
+                (f"covariates/{i}/impute", c.impute),
+            ]
+            places += [(f"covariates/{i}/codes", k) for k in c.codes or ()]
+        places += [
+            ("outcome/lower", self.outcome.lower),
+            ("outcome/upper", self.outcome.upper),
+            ("outcome/impute", self.outcome.impute),
+        ]
+        for where, value in places:
+            if value is not None and not abs(value) <= MAX_ABS_BOUND:
+                raise ValueError(
+                    f"{where}: declared bounds, codes and impute values must lie within "
+                    f"[-{MAX_ABS_BOUND:g}, {MAX_ABS_BOUND:g}]"
+                )
+        return self
+
+
 class IngestReport(BaseModel):
     """Shown once, to the uploading owner only; never stored, logged or shown to others."""
 
@@ -195,27 +233,50 @@ class DatasetUpdate(Strict):
     allow_paper_mode: StrictBool | None = None
 
 
+def _ledger_amount(value: float | None, field: str) -> float | None:
+    """Refuse (422) an amount the ledger cannot hold (subnormal, too large), before the ledger
+    raises ``InvalidAmount`` on it. ``field`` starting with ``epsilon`` or ``delta`` picks the
+    ledger's unit."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        raise ValueError("must be finite")
+    to_units = (
+        amounts.epsilon_total_units if field.startswith("epsilon") else amounts.delta_total_units
+    )
+    try:
+        to_units(value)
+    except amounts.InvalidAmount as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
 class BudgetUpdate(Strict):
     epsilon_total: StrictFloat = Field(gt=0, le=1e6)
     delta_total: StrictFloat = Field(ge=0, lt=1)
 
     @field_validator("epsilon_total", "delta_total")
     @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be finite")
-        return v
+    def _amount(cls, v: float, info: ValidationInfo) -> float:
+        checked = _ledger_amount(v, str(info.field_name))
+        assert checked is not None
+        return checked
 
 
 class GrantUpdate(Strict):
     epsilon_cap: StrictFloat | None = Field(default=None, gt=0, le=1e6)
     delta_cap: StrictFloat | None = Field(default=None, ge=0, lt=1)
 
+    @field_validator("epsilon_cap", "delta_cap")
+    @classmethod
+    def _amount(cls, v: float | None, info: ValidationInfo) -> float | None:
+        return _ledger_amount(v, str(info.field_name))
+
 
 class GrantRead(BaseModel):
     principal_id: str
-    epsilon_cap: StrictFloat | None
-    delta_cap: StrictFloat | None
+    epsilon_cap: float | None
+    delta_cap: float | None
     epsilon_spent: float
     delta_spent: float
     revoked: bool
