@@ -105,8 +105,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+class _BodyTooLarge(Exception):
+    """Raised into the application when the body read so far exceeds the upload limit."""
+
+
 class LimitsMiddleware:
-    """Refuse bodies declared larger than the limit (413) and mark every response no-store."""
+    """Refuse bodies larger than the limit (413) and mark every response no-store.
+
+    A declared Content-Length above the limit is refused before anything is read. A body sent
+    without one (chunked) is counted as it is read: past the limit the read fails, and whatever
+    the application would answer to that failure is replaced by the same 413 problem.
+    """
 
     def __init__(self, app: ASGIApp, max_upload_bytes: int) -> None:
         self.app = app
@@ -116,20 +125,53 @@ class LimitsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.max_upload_bytes
+
+        async def refuse() -> None:
+            problem = PayloadTooLarge(f"the limit is {limit} bytes")
+            await problem_response(problem, scope["path"])(scope, receive, send)
+
         length = Headers(scope=scope).get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_upload_bytes:
-            response = problem_response(
-                PayloadTooLarge(f"the limit is {self.max_upload_bytes} bytes"), scope["path"]
-            )
-            await response(scope, receive, send)
+        if length is not None and length.isdigit() and int(length) > limit:
+            await refuse()
             return
 
+        received = 0
+        exceeded = False  # set before the application answered: its answer is replaced
+        answered = False  # the application's response has started
+        refused = False  # the 413 was sent instead
+
+        async def receive_limited() -> Message:
+            nonlocal received, exceeded
+            if exceeded:
+                raise _BodyTooLarge
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit and not answered:
+                    exceeded = True
+                    raise _BodyTooLarge
+            return message
+
         async def send_no_store(message: Message) -> None:
+            nonlocal answered, refused
+            if exceeded:
+                if message["type"] == "http.response.start" and not refused:
+                    refused = True
+                    await refuse()
+                return  # the application's own answer to the failed read is dropped
             if message["type"] == "http.response.start":
+                answered = True
                 MutableHeaders(scope=message)["Cache-Control"] = "no-store"
             await send(message)
 
-        await self.app(scope, receive, send_no_store)
+        try:
+            await self.app(scope, receive_limited, send_no_store)
+        except _BodyTooLarge:
+            # Raised only before the application answered (see receive_limited).
+            if not refused:
+                refused = True
+                await refuse()
 
 
 def _add_problem_schema(app: FastAPI) -> None:

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
+from service.ledger.amounts import InvalidAmount
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
 
 logger = logging.getLogger("service")
@@ -231,6 +232,12 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidParameters)
     async def _invalid(request: Request, exc: InvalidParameters) -> JSONResponse:
+        return problem_response(ValidationFailed(str(exc)), request.url.path)
+
+    @app.exception_handler(InvalidAmount)
+    async def _amount(request: Request, exc: InvalidAmount) -> JSONResponse:
+        # Request models refuse amounts the ledger cannot hold; this is the backstop for any
+        # other path (the message names the amount, never data).
         return problem_response(ValidationFailed(str(exc)), request.url.path)
 
     @app.exception_handler(PaperModeDisabled)

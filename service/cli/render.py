@@ -138,6 +138,10 @@ def quote(q: Quote) -> str:
         ("epsilon remaining", q.epsilon_remaining),
         ("delta remaining", q.delta_remaining),
     ]
+    if q.cap_epsilon_remaining is not None:
+        items.append(("epsilon left under your cap", q.cap_epsilon_remaining))
+    if q.cap_delta_remaining is not None:
+        items.append(("delta left under your cap", q.cap_delta_remaining))
     for key in _QUOTE_ACCURACY_KEYS:
         if key in q.accuracy:
             value = q.accuracy[key]

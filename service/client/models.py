@@ -112,6 +112,9 @@ class Quote(Model):
     fits_budget: bool
     epsilon_remaining: float
     delta_remaining: float
+    # The caller's own per-principal cap left (None: no cap applies, or an older server).
+    cap_epsilon_remaining: float | None = None
+    cap_delta_remaining: float | None = None
     accuracy: dict[str, Any]
     mechanism: dict[str, Any]
 

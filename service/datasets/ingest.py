@@ -136,12 +136,15 @@ def _apply_policies(
     imputed: dict[str, int] = {}
     clipped: dict[str, int] = {}
 
-    # Categorical values outside the declared codes count as missing.
+    # Categorical values outside the declared codes count as missing (the missing policy
+    # applies), but a refused upload says which it was.
+    wrong_code = np.zeros(matrix.shape, dtype=bool)
     for j, cov in enumerate(schema.covariates):
         if cov.type == "categorical":
             assert cov.codes is not None
             col = matrix[:, j]
             bad = ~np.isin(col, np.asarray(cov.codes, dtype=np.float64)) & np.isfinite(col)
+            wrong_code[:, j] = bad
             col[bad] = np.nan
 
     # Missing values (NaN, empty, ±inf).
@@ -156,11 +159,19 @@ def _apply_policies(
     if missing.any():
         if schema.missing == MissingPolicy.REJECT_UPLOAD:
             r, c = np.argwhere(missing)[0]
-            raise CsvError(
-                f"missing or non-finite value in column '{names[c]}' (data row {int(r) + 1}); "
-                "the schema's missing policy is reject_upload",
-                f"#/rows/{int(r) + 1}/{names[c]}",
-            )
+            row = int(r) + 1
+            if wrong_code[r, c]:
+                detail = (
+                    f"a value in categorical column '{names[c]}' is not one of the column's "
+                    f"declared codes (data row {row}); such a value counts as missing and the "
+                    "schema's missing policy is reject_upload"
+                )
+            else:
+                detail = (
+                    f"missing or non-finite value in column '{names[c]}' (data row {row}); "
+                    "the schema's missing policy is reject_upload"
+                )
+            raise CsvError(detail, f"#/rows/{row}/{names[c]}")
         if schema.missing == MissingPolicy.REJECT_ROW:
             keep &= ~missing.any(axis=1)
         else:

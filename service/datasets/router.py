@@ -24,7 +24,7 @@ from service.datasets.schemas import (
     DatasetUpdate,
     GrantRead,
     GrantUpdate,
-    PublicSchema,
+    UploadSchema,
     VerificationRead,
 )
 from service.db.engine import SessionDep
@@ -66,7 +66,7 @@ def create_dataset(
 ) -> DatasetCreated:
     require(caller, Role.OWNER)
     try:
-        public = PublicSchema.model_validate_json(schema_text)
+        public = UploadSchema.model_validate_json(schema_text)
     except ValidationError as exc:
         errors = [
             {

@@ -6,7 +6,19 @@ import math
 from enum import StrEnum
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from service.ledger import amounts
 
 NAME_PATTERN = r"^[^\x00-\x1f]{1,200}$"
 
@@ -35,10 +47,10 @@ def _finite(value: float | None, what: str) -> None:
 class Covariate(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     type: Literal["numeric", "categorical"] = "numeric"
-    lower: float | None = None
-    upper: float | None = None
-    codes: list[int] | None = Field(default=None, min_length=2, max_length=1000)
-    impute: float | None = None
+    lower: StrictFloat | None = None
+    upper: StrictFloat | None = None
+    codes: list[StrictInt] | None = Field(default=None, min_length=2, max_length=1000)
+    impute: StrictFloat | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -84,9 +96,9 @@ class Treatment(Strict):
 
 class Outcome(Strict):
     name: str = Field(pattern=NAME_PATTERN)
-    lower: float
-    upper: float
-    impute: float | None = None
+    lower: StrictFloat
+    upper: StrictFloat
+    impute: StrictFloat | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -110,8 +122,8 @@ class PublicSchema(Strict):
     out_of_bounds: OutOfBoundsPolicy = OutOfBoundsPolicy.CLIP
     missing: MissingPolicy = MissingPolicy.REJECT_UPLOAD
     design: Literal["observational", "rct"] = "observational"
-    treatment_probability: float | None = Field(default=None, gt=0, lt=1)
-    min_propensity_clip: float = Field(default=0.01, gt=0, le=0.5)
+    treatment_probability: StrictFloat | None = Field(default=None, gt=0, lt=1)
+    min_propensity_clip: StrictFloat = Field(default=0.01, gt=0, le=0.5)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -133,6 +145,41 @@ class PublicSchema(Strict):
             if lacking:
                 raise ValueError(
                     "missing='impute' needs an impute value for: " + ", ".join(lacking)
+                )
+        return self
+
+
+# Largest magnitude of a declared bound, code or impute value accepted at upload. Mechanisms
+# square and multiply ranges (sensitivities, R_Y^2, regression designs); with |bound| <= 1e15
+# every range is at most 2e15 and its powers used downstream stay far from float overflow.
+MAX_ABS_BOUND = 1e15
+
+
+class UploadSchema(PublicSchema):
+    """The schema as checked at upload: ``PublicSchema`` plus the magnitude limit
+    ``MAX_ABS_BOUND`` on bounds, codes and impute values (a stored schema is read back as
+    ``PublicSchema``, so one stored before the limit stays readable)."""
+
+    @model_validator(mode="after")
+    def _magnitudes(self) -> Self:
+        places: list[tuple[str, float | int | None]] = []
+        for i, c in enumerate(self.covariates):
+            places += [
+                (f"covariates/{i}/lower", c.lower),
+                (f"covariates/{i}/upper", c.upper),
+                (f"covariates/{i}/impute", c.impute),
+            ]
+            places += [(f"covariates/{i}/codes", k) for k in c.codes or ()]
+        places += [
+            ("outcome/lower", self.outcome.lower),
+            ("outcome/upper", self.outcome.upper),
+            ("outcome/impute", self.outcome.impute),
+        ]
+        for where, value in places:
+            if value is not None and not abs(value) <= MAX_ABS_BOUND:
+                raise ValueError(
+                    f"{where}: declared bounds, codes and impute values must lie within "
+                    f"[-{MAX_ABS_BOUND:g}, {MAX_ABS_BOUND:g}]"
                 )
         return self
 
@@ -183,24 +230,47 @@ class DatasetCreated(DatasetRead):
 
 class DatasetUpdate(Strict):
     description: str | None = Field(default=None, max_length=10_000)
-    allow_paper_mode: bool | None = None
+    allow_paper_mode: StrictBool | None = None
+
+
+def _ledger_amount(value: float | None, field: str) -> float | None:
+    """Refuse (422) an amount the ledger cannot hold (subnormal, too large), before the ledger
+    raises ``InvalidAmount`` on it. ``field`` starting with ``epsilon`` or ``delta`` picks the
+    ledger's unit."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        raise ValueError("must be finite")
+    to_units = (
+        amounts.epsilon_total_units if field.startswith("epsilon") else amounts.delta_total_units
+    )
+    try:
+        to_units(value)
+    except amounts.InvalidAmount as exc:
+        raise ValueError(str(exc)) from None
+    return value
 
 
 class BudgetUpdate(Strict):
-    epsilon_total: float = Field(gt=0, le=1e6)
-    delta_total: float = Field(ge=0, lt=1)
+    epsilon_total: StrictFloat = Field(gt=0, le=1e6)
+    delta_total: StrictFloat = Field(ge=0, lt=1)
 
     @field_validator("epsilon_total", "delta_total")
     @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be finite")
-        return v
+    def _amount(cls, v: float, info: ValidationInfo) -> float:
+        checked = _ledger_amount(v, str(info.field_name))
+        assert checked is not None
+        return checked
 
 
 class GrantUpdate(Strict):
-    epsilon_cap: float | None = Field(default=None, gt=0, le=1e6)
-    delta_cap: float | None = Field(default=None, ge=0, lt=1)
+    epsilon_cap: StrictFloat | None = Field(default=None, gt=0, le=1e6)
+    delta_cap: StrictFloat | None = Field(default=None, ge=0, lt=1)
+
+    @field_validator("epsilon_cap", "delta_cap")
+    @classmethod
+    def _amount(cls, v: float | None, info: ValidationInfo) -> float | None:
+        return _ledger_amount(v, str(info.field_name))
 
 
 class GrantRead(BaseModel):

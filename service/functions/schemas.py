@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 
 class EvaluateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    points: list[list[float]] = Field(
+    points: list[list[StrictFloat]] = Field(
         description="Points in the dataset's covariate units, each inside the public box.",
         examples=[[[50.0, 0.5, 1.0]]],
     )

@@ -188,6 +188,23 @@ def set_grant(
     return grant
 
 
+def cap_remaining(
+    session: Session, *, dataset_id: str, principal_id: str
+) -> tuple[int | None, int | None]:
+    """(epsilon, delta) units left under the principal's grant caps; None where no cap is set.
+
+    A missing or revoked grant leaves nothing (0, 0): ``charge`` would refuse it.
+    """
+    grant = session.execute(
+        select(Grant).where(Grant.dataset_id == dataset_id, Grant.principal_id == principal_id)
+    ).scalar_one_or_none()
+    if grant is None or grant.revoked:
+        return 0, 0
+    eps = None if grant.epsilon_cap is None else max(0, grant.epsilon_cap - grant.epsilon_spent)
+    dlt = None if grant.delta_cap is None else max(0, grant.delta_cap - grant.delta_spent)
+    return eps, dlt
+
+
 def revoke_grant(session: Session, *, dataset_id: str, owner_id: str, principal_id: str) -> None:
     """Revoke a grant; what the principal spent stays spent."""
     session.execute(

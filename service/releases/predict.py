@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from service.auth.service import CurrentCaller
 from service.datasets import service as datasets
@@ -32,7 +32,7 @@ PREDICTORS = {"ebm_cate": ebm_cate.predict, "uplift_table": uplift.predict}
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    points: list[list[float]] = Field(min_length=1, max_length=MAX_POINTS)
+    points: list[list[StrictFloat]] = Field(min_length=1, max_length=MAX_POINTS)
 
 
 class PredictRead(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class ReleaseCreate(BaseModel):
@@ -12,7 +12,7 @@ class ReleaseCreate(BaseModel):
 
     kind: str = Field(description="Release kind, e.g. 'ate'", examples=["ate"])
     params: dict[str, Any] = Field(default_factory=dict)
-    fresh: bool = Field(
+    fresh: StrictBool = Field(
         default=False,
         description="Force a new, charged release even if an identical one is stored.",
     )
@@ -28,11 +28,22 @@ class QuoteCreate(BaseModel):
 class QuoteRead(BaseModel):
     kind: str
     guarantee: str
-    epsilon: float
-    delta: float
-    fits_budget: bool
-    epsilon_remaining: float
-    delta_remaining: float
+    epsilon: float = Field(description="The exact epsilon a release would charge")
+    delta: float = Field(description="The exact delta a release would charge")
+    fits_budget: bool = Field(
+        description="A release would be charged now: the dataset's budget is set, its remainder "
+        "covers (epsilon, delta), and so does the caller's own per-principal cap, if any"
+    )
+    epsilon_remaining: float = Field(description="Epsilon left in the dataset's budget")
+    delta_remaining: float = Field(description="Delta left in the dataset's budget")
+    cap_epsilon_remaining: float | None = Field(
+        description="Epsilon left under the caller's per-principal cap on this dataset; null "
+        "when no epsilon cap applies to the caller (no cap in the grant, or the owner)"
+    )
+    cap_delta_remaining: float | None = Field(
+        description="Delta left under the caller's per-principal cap on this dataset; null "
+        "when no delta cap applies to the caller"
+    )
     accuracy: dict[str, Any]
     mechanism: dict[str, Any]
 

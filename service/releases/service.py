@@ -165,6 +165,8 @@ def _replay(existing: Release, digest: str, stored_params: dict[str, Any]) -> Re
 
 
 def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreate) -> QuoteRead:
+    """Cost and accuracy for this caller: ``fits_budget`` only if both the dataset's remainder
+    and the caller's own per-principal cap (an analyst's grant) cover the cost."""
     dataset, via_grant = datasets.usable_for_release(session, caller=caller, dataset_id=dataset_id)
     kind, params, domain, record = _plan(dataset, body.kind, body.params)
     budget = datasets.budget_view(session, dataset_id)
@@ -175,6 +177,12 @@ def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreat
         and eps <= amounts.epsilon_total_units(budget.epsilon_remaining) + 1
         and dlt <= amounts.delta_total_units(budget.delta_remaining) + 1
     )
+    cap_eps = cap_dlt = None
+    if via_grant:
+        cap_eps, cap_dlt = ledger.cap_remaining(
+            session, dataset_id=dataset_id, principal_id=caller.id
+        )
+        fits = fits and (cap_eps is None or eps <= cap_eps) and (cap_dlt is None or dlt <= cap_dlt)
     return QuoteRead(
         kind=body.kind,
         guarantee=str(record.guarantee),
@@ -183,6 +191,8 @@ def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreat
         fits_budget=bool(fits),
         epsilon_remaining=budget.epsilon_remaining,
         delta_remaining=budget.delta_remaining,
+        cap_epsilon_remaining=None if cap_eps is None else amounts.epsilon_value(cap_eps),
+        cap_delta_remaining=None if cap_dlt is None else amounts.delta_value(cap_dlt),
         accuracy=kind.quote(params, domain),
         mechanism=record.to_dict(),
     )

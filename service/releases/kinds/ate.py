@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, StrictFloat, model_validator
 
 from service.mechanisms import ate_ipw, ate_privATE, ate_rct, ate_strict
 from service.mechanisms.calibration import default_delta
@@ -73,39 +73,39 @@ class AteParams(KindParams):
 
     mode: Mode = "strict"
     estimator: Estimator = "aipw"
-    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    epsilon: StrictFloat = Field(gt=0, allow_inf_nan=False)
     # None: README §1.7 default, min(1e-5, 1 / (10 * smallest fold size)); rct_difference: 0.
-    delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
-    alpha: float = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
-    propensity_clip: float = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
-    pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    delta: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    alpha: StrictFloat = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
+    propensity_clip: StrictFloat = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
+    pseudo_outcome_clip: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     # None: the design's default ((0.25, 0.25, 0.5) observational; (0.5, 0.5) RCT; (1.0,) RCT
     # with nuisance "none"; (0.5, 0.5) for ipw).
-    fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
+    fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=1, max_length=3)
     # None: the mechanism's public default (strict: 0.8, 0.9 with cross_fit; ipw: 0.8).
-    mean_share: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
-    variance_inflation: bool = False
-    alpha_v: float = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
+    mean_share: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    variance_inflation: StrictBool = False
+    alpha_v: StrictFloat = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
     # None: "dp_ebm" (strict) or "kernel" (paper).
     nuisance: Literal["dp_ebm", "dp_linear", "none", "kernel", "linear"] | None = None
     # None: the public rule ate_strict.default_cross_fit (dp_linear, observational design:
     # cross-fit when n epsilon > 5000 and no fold_fractions are given).
-    cross_fit: bool | None = None
+    cross_fit: StrictBool | None = None
     # None: the public rule clip(25000 / (n epsilon), 0.05, 0.5) (cross_fit only).
-    nuisance_share: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
-    regularization: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    nuisance_share: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    regularization: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     # strict aipw: "declared" clips the pseudo-outcome at the bound from the declared schema (or
     # pseudo_outcome_clip); "adaptive" spends a public share of the estimation budget on a DP
     # quantile that sets the clip. None: the public rule ate_strict.default_adaptive_clip.
     clip: Literal["declared", "adaptive"] | None = None
-    trim: float = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
+    trim: StrictFloat = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
     # ipw only: Horvitz-Thompson, Hajek (DP arm weights) or "auto" (public rule on the noise).
     normalization: Literal["auto", "horvitz_thompson", "hajek"] = "auto"
     variance: Literal["dp_second_moment", "public_bound"] = "dp_second_moment"
-    ate_share: float = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
+    ate_share: StrictFloat = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
     gamma_mode: Literal["optimizer", "analytic"] = "optimizer"
     # Quote only: also return the epsilon needed for this CI half-width. Ignored by a release.
-    target_half_width: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    target_half_width: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _check_combination(self) -> AteParams:

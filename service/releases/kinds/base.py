@@ -27,7 +27,15 @@ Progress = Callable[[float, str], None]
 
 
 class KindParams(BaseModel):
-    """Base of every kind's parameters: unknown fields are refused."""
+    """Base of every kind's parameters: unknown fields are refused.
+
+    Every number that shapes the privacy cost or the accuracy (epsilon, delta, alpha, clips,
+    shares, fractions, counts, sizes) is declared ``StrictFloat`` / ``StrictInt`` and every
+    switch ``StrictBool``: ``true`` is not 1.0 and ``"0.5"`` is not 0.5 (422). Per field, not
+    ``ConfigDict(strict=True)``: stored requests are re-validated from their JSON dump, where
+    tuples arrive as lists and must still validate. ``tests/unit/test_strict_params.py``
+    enumerates every field.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

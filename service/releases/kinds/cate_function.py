@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, StrictFloat, StrictInt
 
 from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.mechanisms import cate_function as mech
@@ -26,23 +26,23 @@ class CateFunctionParams(KindParams):
     """Request parameters of a ``cate_function`` release (validated again by the mechanism)."""
 
     mode: Literal["strict", "paper"] = "strict"
-    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    epsilon: StrictFloat = Field(gt=0, allow_inf_nan=False)
     # None: min(1e-5, 1 / (10 * smallest fold size)) (README §1.7).
-    delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    delta: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     learner: Literal["r", "dr"] = "r"
-    bandwidth: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    bandwidth: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     # None: the public rule (mech.DEFAULT_LAMBDA0_GRID): the smallest lambda0 whose pointwise
     # noise sd is at most 0.2 R_Y. lambda_convention applies to an explicit value only.
-    regularization: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    regularization: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     lambda_convention: Literal["normalised", "unnormalised"] = "normalised"
-    propensity_clip: float = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
-    fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
+    propensity_clip: StrictFloat = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
+    fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=1, max_length=3)
     basis: Literal["exact", "nystrom", "rff"] = "exact"
-    n_centres: int = Field(default=256, ge=1, le=mech.MAX_CENTRES)
-    n_features: int = Field(default=256, ge=1, le=mech.MAX_FEATURES)
-    t_max: int = Field(default=10000, ge=1, le=mech.MAX_T)
-    batch_max: int = Field(default=1000, ge=1, le=mech.MAX_BATCH)
-    jitter: float = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
+    n_centres: StrictInt = Field(default=256, ge=1, le=mech.MAX_CENTRES)
+    n_features: StrictInt = Field(default=256, ge=1, le=mech.MAX_FEATURES)
+    t_max: StrictInt = Field(default=10000, ge=1, le=mech.MAX_T)
+    batch_max: StrictInt = Field(default=1000, ge=1, le=mech.MAX_BATCH)
+    jitter: StrictFloat = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
     nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
 
 

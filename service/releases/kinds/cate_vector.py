@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, StrictFloat, StrictInt
 
 from service.mechanisms import cate_vector
 from service.mechanisms.domain import Arrays, PublicDomain
@@ -24,20 +24,20 @@ from service.releases.kinds.base import KindParams, Progress
 class CateVectorRequest(KindParams):
     """Request parameters of a ``cate_vector`` release."""
 
-    points: list[list[float]] = Field(min_length=1, max_length=cate_vector.MAX_POINTS)
-    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    points: list[list[StrictFloat]] = Field(min_length=1, max_length=cate_vector.MAX_POINTS)
+    epsilon: StrictFloat = Field(gt=0, allow_inf_nan=False)
     # None: README §1.7 default, min(1e-5, 1 / (10 * smallest fold size)).
-    delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    delta: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     learner: Literal["r", "dr"] = "r"
     mode: Literal["strict", "paper"] = "strict"
-    propensity_clip: float = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
-    pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    propensity_clip: StrictFloat = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
+    pseudo_outcome_clip: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     # None: strict, the public rule cate_vector.suggested_ridge (smallest of 0.1, 0.3, 1, 3 whose
     # quoted noise-sd bound is <= 0.2 R_Y); paper, 0.001.
-    ridge: float | None = Field(default=None, ge=cate_vector.MIN_RIDGE, allow_inf_nan=False)
-    n_features: int = Field(default=50, ge=1, le=cate_vector.MAX_FEATURES)
-    lengthscale: float = Field(default=0.3, gt=0, allow_inf_nan=False)
-    fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=2, max_length=3)
+    ridge: StrictFloat | None = Field(default=None, ge=cate_vector.MIN_RIDGE, allow_inf_nan=False)
+    n_features: StrictInt = Field(default=50, ge=1, le=cate_vector.MAX_FEATURES)
+    lengthscale: StrictFloat = Field(default=0.3, gt=0, allow_inf_nan=False)
+    fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=2, max_length=3)
 
 
 def check_points(points: list[list[float]], domain: PublicDomain, prefix: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, StrictFloat, StrictInt
 
 from service.mechanisms import ebm_cate
 from service.mechanisms.domain import Arrays, PublicDomain
@@ -21,17 +21,19 @@ from service.releases.kinds.base import KindParams, Progress
 class EbmCateRequest(KindParams):
     """Request parameters of an ``ebm_cate`` release."""
 
-    epsilon: float = Field(gt=0, allow_inf_nan=False)
-    delta: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    epsilon: StrictFloat = Field(gt=0, allow_inf_nan=False)
+    delta: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     learner: Literal["dr", "s", "r"] = "dr"
-    propensity_clip: float = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
-    pseudo_outcome_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    fold_fractions: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=3)
+    propensity_clip: StrictFloat = Field(default=0.05, gt=0, le=0.5, allow_inf_nan=False)
+    pseudo_outcome_clip: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
+    fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=1, max_length=3)
     # Omitted K, folds, max_bins, max_rounds: ebm_cate.service_defaults (DR: K = 0.3 R_Y, folds
     # 0.1/0.4/0.5 with at least 100 propensity records, or 0.3/0.7 in an RCT, 16 bins, 200
     # effect rounds; S and R: Niu et al.'s).
-    max_bins: int | None = Field(default=None, ge=ebm_cate.MIN_MAX_BINS, le=ebm_cate.MAX_MAX_BINS)
-    max_rounds: int | None = Field(
+    max_bins: StrictInt | None = Field(
+        default=None, ge=ebm_cate.MIN_MAX_BINS, le=ebm_cate.MAX_MAX_BINS
+    )
+    max_rounds: StrictInt | None = Field(
         default=None, ge=ebm_cate.MIN_MAX_ROUNDS, le=ebm_cate.MAX_MAX_ROUNDS
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, StrictBool, StrictFloat, StrictInt
 
 from service.mechanisms import uplift
 from service.mechanisms.domain import Arrays, PublicDomain
@@ -20,20 +20,22 @@ from service.releases.kinds.base import KindParams, Progress
 class UpliftTableRequest(KindParams):
     """Request parameters of an ``uplift_table`` release."""
 
-    epsilon: float = Field(gt=0, allow_inf_nan=False)
-    bins: list[int] | None = Field(
+    epsilon: StrictFloat = Field(gt=0, allow_inf_nan=False)
+    bins: list[StrictInt] | None = Field(
         default=None,
         min_length=1,
         description="cells per covariate of the regular grid; omitted (grid): the public "
         "partition-size rule's suggestion at this epsilon (uplift.default_bins)",
     )
-    min_count: float = Field(default=1.0, ge=1.0, allow_inf_nan=False)
-    low_count_threshold: float = Field(default=10.0, gt=0, allow_inf_nan=False)
-    adjustment_partition: bool = False
+    min_count: StrictFloat = Field(default=1.0, ge=1.0, allow_inf_nan=False)
+    low_count_threshold: StrictFloat = Field(default=10.0, gt=0, allow_inf_nan=False)
+    adjustment_partition: StrictBool = False
     partition: Literal["grid", "kmeans"] = "grid"
-    clusters: int | None = Field(default=None, ge=1, description="k-means cells (kmeans only)")
-    kmeans_share: float = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
-    kmeans_iterations: int = Field(default=5, ge=1, le=20)
+    clusters: StrictInt | None = Field(
+        default=None, ge=1, description="k-means cells (kmeans only)"
+    )
+    kmeans_share: StrictFloat = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
+    kmeans_iterations: StrictInt = Field(default=5, ge=1, le=20)
 
 
 def to_mechanism_params(params: UpliftTableRequest, domain: PublicDomain) -> uplift.UpliftParams:

@@ -1,0 +1,293 @@
+"""Issue 13 over HTTP: strictly typed privacy parameters, ledger amounts the ledger cannot hold,
+chunked uploads over the limit, schema bounds that overflow, quotes that answer for the caller's
+cap, and the message for a categorical value outside its codes."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.test_datasets import problem
+from tests.api.test_releases import post_release
+from tests.conftest import RCT_SCHEMA, SCHEMA, Api, synthetic_csv
+
+KIND_PARAMS: dict[str, dict[str, Any]] = {
+    "ate": {"nuisance": "none"},
+    "cate_vector": {"points": [[50.0, 0.5, 1.0]]},
+    "cate_function": {},
+    "ebm_cate": {},
+    "uplift_table": {},
+}
+
+
+def _spent_and_charges(client: TestClient, owner: dict[str, Any], ds: dict[str, Any]) -> Any:
+    key = Api.auth(owner["api_key"])
+    budget = client.get(f"/v1/datasets/{ds['id']}/budget", headers=key).json()
+    entries = client.get(f"/v1/datasets/{ds['id']}/ledger", headers=key).json()["entries"]
+    charges = [e for e in entries if e["entry_type"] == "charge"]
+    return budget["epsilon_spent"], budget["delta_spent"], charges
+
+
+@pytest.mark.parametrize("bad", [True, "0.5", "1e0"], ids=["true", "str-0.5", "str-1e0"])
+@pytest.mark.parametrize("kind", sorted(KIND_PARAMS))
+def test_wrongly_typed_epsilon_is_422_and_charges_nothing(
+    client: TestClient, api: Api, kind: str, bad: Any
+) -> None:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"])
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    params = {**KIND_PARAMS[kind], "epsilon": bad}
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": kind, "params": params},
+        headers=Api.auth(analyst["api_key"]),
+    )
+    body = problem(quote, 422, "validation-failed")
+    assert [e["pointer"] for e in body["errors"]] == ["#/params/epsilon"]
+    release = post_release(client, analyst["api_key"], ds["id"], params, kind=kind)
+    body = problem(release, 422, "validation-failed")
+    assert [e["pointer"] for e in body["errors"]] == ["#/params/epsilon"]
+    assert _spent_and_charges(client, owner, ds) == (0.0, 0.0, [])
+
+
+def test_wrongly_typed_fold_fractions_and_counts_are_422(client: TestClient, api: Api) -> None:
+    owner = api.principal("owner")
+    ds = api.dataset(owner["api_key"])
+    for kind, params, pointer in [
+        ("ate", {"epsilon": 1.0, "fold_fractions": ["0.5", 0.5]}, "#/params/fold_fractions/0"),
+        ("uplift_table", {"epsilon": 1.0, "bins": [2, True, 2]}, "#/params/bins/1"),
+        ("cate_function", {"epsilon": 1.0, "t_max": "100"}, "#/params/t_max"),
+        ("ate", {"epsilon": 1.0, "cross_fit": "true"}, "#/params/cross_fit"),
+    ]:
+        r = post_release(client, owner["api_key"], ds["id"], params, kind=kind)
+        body = problem(r, 422, "validation-failed")
+        assert [e["pointer"] for e in body["errors"]] == [pointer], kind
+    assert _spent_and_charges(client, owner, ds) == (0.0, 0.0, [])
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        ({"epsilon_total": 5e-324, "delta_total": 1e-5}, "#/epsilon_total"),
+        ({"epsilon_total": 1e-320, "delta_total": 1e-5}, "#/epsilon_total"),
+        ({"epsilon_total": 1.0, "delta_total": 5e-324}, "#/delta_total"),
+        ({"epsilon_total": 1.0, "delta_total": 1e-320}, "#/delta_total"),
+        ({"epsilon_total": True, "delta_total": 1e-5}, "#/epsilon_total"),
+        ({"epsilon_total": "5", "delta_total": 1e-5}, "#/epsilon_total"),
+        ({"epsilon_total": 1.0, "delta_total": "0.001"}, "#/delta_total"),
+    ],
+)
+def test_budget_the_ledger_cannot_hold_is_422(
+    client: TestClient, api: Api, body: dict[str, Any], pointer: str
+) -> None:
+    owner = api.principal("owner")
+    ds = api.dataset(owner["api_key"], epsilon_total=3.0, delta_total=1e-4)
+    key = Api.auth(owner["api_key"])
+    r = client.put(f"/v1/datasets/{ds['id']}/budget", json=body, headers=key)
+    refused = problem(r, 422, "validation-failed")
+    assert [e["pointer"] for e in refused["errors"]] == [pointer]
+    budget = client.get(f"/v1/datasets/{ds['id']}/budget", headers=key).json()
+    assert (budget["epsilon_total"], budget["delta_total"]) == (3.0, 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        ({"epsilon_cap": 5e-324}, "#/epsilon_cap"),
+        ({"epsilon_cap": 1e-320}, "#/epsilon_cap"),
+        ({"delta_cap": 5e-324}, "#/delta_cap"),
+        ({"epsilon_cap": True}, "#/epsilon_cap"),
+        ({"epsilon_cap": "1"}, "#/epsilon_cap"),
+    ],
+)
+def test_grant_cap_the_ledger_cannot_hold_is_422(
+    client: TestClient, api: Api, body: dict[str, Any], pointer: str
+) -> None:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"])
+    key = Api.auth(owner["api_key"])
+    r = client.put(f"/v1/datasets/{ds['id']}/grants/{analyst['id']}", json=body, headers=key)
+    refused = problem(r, 422, "validation-failed")
+    assert [e["pointer"] for e in refused["errors"]] == [pointer]
+    assert client.get(f"/v1/datasets/{ds['id']}/grants", headers=key).json() == []
+
+
+def _multipart(csv_text: str, schema: dict[str, Any]) -> tuple[bytes, str]:
+    request = httpx.Request(
+        "POST",
+        "http://testserver/v1/datasets",
+        data={"name": "chunked", "schema": json.dumps(schema)},
+        files={"file": ("rows.csv", io.BytesIO(csv_text.encode()), "text/csv")},
+    )
+    return request.read(), request.headers["content-type"]
+
+
+def _chunks(body: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
+
+
+def test_chunked_upload_over_the_limit_is_413(
+    api: Api, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.config import get_settings
+    from service.main import create_app
+
+    owner = api.principal("owner")
+    monkeypatch.setenv("CURATOR_MAX_UPLOAD_BYTES", str(100 * 1024))
+    get_settings.cache_clear()
+    big, content_type = _multipart(synthetic_csv(140_000), SCHEMA)
+    assert len(big) > 4 * 1024 * 1024
+    small, small_type = _multipart(synthetic_csv(200), SCHEMA)
+    headers = Api.auth(owner["api_key"])
+    with TestClient(create_app(), raise_server_exceptions=False) as limited:
+        r = limited.post(
+            "/v1/datasets",
+            content=_chunks(big),
+            headers=headers | {"content-type": content_type},
+        )
+        assert r.request.headers.get("content-length") is None  # really sent chunked
+        body = problem(r, 413, "payload-too-large")
+        assert body["detail"] == f"the limit is {100 * 1024} bytes"
+        assert r.headers["cache-control"] == "no-store"
+        assert limited.get("/v1/datasets", headers=headers).json() == []
+        # A chunked upload under the limit goes through.
+        ok = limited.post(
+            "/v1/datasets", content=_chunks(small), headers=headers | {"content-type": small_type}
+        )
+        assert ok.status_code == 201, ok.text
+        assert ok.json()["n"] == 200
+
+
+def _schema_with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    schema = copy.deepcopy(SCHEMA)
+    target: Any = schema
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return schema
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "pointer"),
+    [
+        (("outcome", "upper"), 1e308, "outcome/lower"),  # lower is set to -1e308 too
+        (("outcome", "lower"), -1e308, "outcome/lower"),
+        (("outcome", "upper"), 1.5e15, "outcome/upper"),
+        (("covariates", 0, "lower"), -1e300, "covariates/0/lower"),
+        (("covariates", 2, "codes"), [0, 10**400], "covariates/2/codes"),
+    ],
+)
+def test_schema_bounds_beyond_the_limit_are_422(
+    api: Api, path: tuple[Any, ...], value: Any, pointer: str
+) -> None:
+    owner = api.principal("owner")
+    schema = _schema_with(path, value)
+    if path == ("outcome", "upper") and value == 1e308:
+        schema["outcome"]["lower"] = -1e308  # the range overflows to inf
+    r = api.upload(owner["api_key"], synthetic_csv(50), schema)
+    body = problem(r, 422, "invalid-schema")
+    (error,) = body["errors"]
+    assert pointer in error["detail"]
+    assert "1e+15" in error["detail"]
+
+
+def test_schema_bounds_at_the_limit_are_accepted_and_quote(client: TestClient, api: Api) -> None:
+    owner = api.principal("owner")
+    schema = copy.deepcopy(RCT_SCHEMA)
+    schema["outcome"] = {"name": "outcome", "lower": -1e15, "upper": 1e15}
+    r = api.upload(owner["api_key"], synthetic_csv(400), schema)
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    client.put(
+        f"/v1/datasets/{ds['id']}/budget",
+        json={"epsilon_total": 10.0, "delta_total": 1e-4},
+        headers=Api.auth(owner["api_key"]),
+    )
+    q = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}},
+        headers=Api.auth(owner["api_key"]),
+    )
+    assert q.status_code == 200, q.text
+
+
+def _quote(client: TestClient, key: str, dataset_id: str, **params: Any) -> dict[str, Any]:
+    r = client.post(
+        f"/v1/datasets/{dataset_id}/quotes",
+        json={"kind": "ate", "params": {"nuisance": "none", **params}},
+        headers=Api.auth(key),
+    )
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def test_quote_answers_for_the_callers_cap(client: TestClient, api: Api) -> None:
+    owner, analyst, uncapped = (
+        api.principal("owner"),
+        api.principal("analyst"),
+        api.principal("analyst"),
+    )
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA, epsilon_total=3.0, delta_total=1e-4)
+    api.grant(owner["api_key"], ds["id"], analyst["id"], epsilon_cap=1.0, delta_cap=2e-5)
+    api.grant(owner["api_key"], ds["id"], uncapped["id"])
+
+    over = _quote(client, analyst["api_key"], ds["id"], epsilon=2.0)
+    assert over["fits_budget"] is False
+    assert (over["epsilon_remaining"], over["cap_epsilon_remaining"]) == (3.0, 1.0)
+    assert over["cap_delta_remaining"] == 2e-5
+    # The quote's answer is the release's: refused by the cap, nothing charged.
+    r = post_release(client, analyst["api_key"], ds["id"], {"epsilon": 2.0, "nuisance": "none"})
+    problem(r, 409, "principal-cap-exceeded")
+    assert _spent_and_charges(client, owner, ds) == (0.0, 0.0, [])
+
+    within = _quote(client, analyst["api_key"], ds["id"], epsilon=1.0)
+    assert within["fits_budget"] is True
+    # The delta cap counts too: 5e-5 fits the dataset's 1e-4 but not the cap's 2e-5.
+    over_delta = _quote(client, analyst["api_key"], ds["id"], epsilon=0.5, delta=5e-5)
+    assert over_delta["fits_budget"] is False
+    assert over_delta["delta"] > over_delta["cap_delta_remaining"]
+    assert over_delta["delta"] < over_delta["delta_remaining"]
+
+    # Without a cap (uncapped analyst, owner) only the dataset's remainder counts.
+    for key in (uncapped["api_key"], owner["api_key"]):
+        free = _quote(client, key, ds["id"], epsilon=2.0)
+        assert free["fits_budget"] is True
+        assert (free["cap_epsilon_remaining"], free["cap_delta_remaining"]) == (None, None)
+
+    # A charge lowers the cap's remainder.
+    done = post_release(client, analyst["api_key"], ds["id"], {"epsilon": 0.75, "nuisance": "none"})
+    assert done.status_code == 202, done.text
+    after = _quote(client, analyst["api_key"], ds["id"], epsilon=0.5)
+    assert after["cap_epsilon_remaining"] == pytest.approx(0.25)
+    assert after["epsilon_remaining"] == pytest.approx(2.25)
+    assert after["fits_budget"] is False
+
+
+def test_categorical_value_outside_its_codes_names_the_column(api: Api) -> None:
+    owner = api.principal("owner")
+    rows = synthetic_csv(20).splitlines()
+    fields = rows[3].split(",")
+    fields[3] = "7"  # sex, declared codes [0, 1]
+    rows[3] = ",".join(fields)
+    r = api.upload(owner["api_key"], "\n".join(rows) + "\n", SCHEMA)
+    body = problem(r, 422, "invalid-csv")
+    assert "categorical column 'sex'" in body["detail"]
+    assert "not one of the column's declared codes" in body["detail"]
+    assert "missing or non-finite" not in body["detail"]
+    assert "7" not in body["detail"]  # the value itself is never echoed
+    assert body["errors"] == [{"pointer": "#/rows/3/sex", "detail": body["detail"]}]
+    # A truly missing value keeps its own message.
+    fields[3] = ""
+    rows[3] = ",".join(fields)
+    r = api.upload(owner["api_key"], "\n".join(rows) + "\n", SCHEMA)
+    body = problem(r, 422, "invalid-csv")
+    assert "missing or non-finite value in column 'sex'" in body["detail"]
