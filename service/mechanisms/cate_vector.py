@@ -451,6 +451,26 @@ def quote(domain: PublicDomain, params: CateVectorParams) -> dict[str, Any]:
     return out
 
 
+def rms_noise_sd(domain: PublicDomain, params: CateVectorParams) -> float:
+    """Root-mean-square privacy-noise sd over the query points, from public inputs only.
+
+    Strict: coordinate j's noise is ``phi(x_j)' N(0, sigma^2 I)``; over the public random
+    feature draw ``E ||phi(x)||^2 = 2 + ||2u - 1||^2 / q`` (intercept 1, linear part, and D cosines
+    of uniform phase with weight 2 / D each), so the RMS sd is
+    ``sigma sqrt(2 + mean_j ||2 u_j - 1||^2 / q)``. Paper: the public lower bound ``c R_Y``-type
+    bound of ``quote`` (the realised sd is data-dependent and never released).
+    """
+    state = make_plan(domain, params)
+    if state.theta is None:
+        return float(quote(domain, params)["noise_sd_lower_bound"])
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    points = np.clip(np.asarray(params.points, dtype=np.float64), lower, upper)
+    u = (points - lower) / (upper - lower)
+    linear = float(np.mean(np.sum((2.0 * u - 1.0) ** 2, axis=1))) / domain.q
+    return state.theta.sigma * math.sqrt(2.0 + linear)
+
+
 # ---- second stage and the paper-mode sensitivity (pure helpers, tested directly) ----------
 
 

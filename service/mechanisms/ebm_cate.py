@@ -401,6 +401,13 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
     }
 
 
+def prediction_noise_sd(domain: PublicDomain, quoted: dict[str, Any]) -> float:
+    """A public scale of one prediction's privacy noise: the approximate per-bin noise sd of a
+    shape function times sqrt(number of covariates) (a prediction sums one bin of each shape
+    function, with independent noise). Rough, like ``approx_shape_noise_sd`` itself."""
+    return float(quoted["approx_shape_noise_sd"]) * math.sqrt(domain.q)
+
+
 # ---- running ---------------------------------------------------------------------------------
 
 

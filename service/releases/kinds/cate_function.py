@@ -15,7 +15,7 @@ from pydantic import Field, StrictFloat, StrictInt
 
 from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.mechanisms import cate_function as mech
-from service.mechanisms import gp
+from service.mechanisms import gp, versus_ate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
@@ -44,6 +44,9 @@ class CateFunctionParams(KindParams):
     batch_max: StrictInt = Field(default=1000, ge=1, le=mech.MAX_BATCH)
     jitter: StrictFloat = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
     nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
+    # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
+    # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
+    expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 def to_mechanism_params(
@@ -87,7 +90,17 @@ class CateFunctionKind:
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
         """Public preview: constants and the pointwise noise sd."""
-        return mech.quote(domain, to_mechanism_params(_as_params(params), domain))
+        request = _as_params(params)
+        out = mech.quote(domain, to_mechanism_params(request, domain))
+
+        def noise_sd_at(epsilon: float) -> float:
+            at = to_mechanism_params(request.model_copy(update={"epsilon": epsilon}), domain)
+            return float(mech.quote(domain, at)["pointwise_noise_sd"])
+
+        out["versus_ate"] = versus_ate.quote_block(
+            noise_sd_at, domain, request.epsilon, request.expected_heterogeneity_sd
+        )
+        return out
 
     def run(
         self,

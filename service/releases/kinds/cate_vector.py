@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt
 
-from service.mechanisms import cate_vector
+from service.mechanisms import cate_vector, versus_ate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
@@ -38,6 +38,9 @@ class CateVectorRequest(KindParams):
     n_features: StrictInt = Field(default=50, ge=1, le=cate_vector.MAX_FEATURES)
     lengthscale: StrictFloat = Field(default=0.3, gt=0, allow_inf_nan=False)
     fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=2, max_length=3)
+    # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
+    # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
+    expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 def check_points(points: list[list[float]], domain: PublicDomain, prefix: str) -> None:
@@ -89,7 +92,17 @@ class CateVectorKind:
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
         """Public accuracy preview (no data access): strict, an upper bound on every
         coordinate's noise sd; paper, public lower and upper bounds on its data-dependent sd."""
-        return cate_vector.quote(domain, to_mechanism_params(_as_params(params), domain))
+        request = _as_params(params)
+        out = cate_vector.quote(domain, to_mechanism_params(request, domain))
+
+        def noise_sd_at(epsilon: float) -> float:
+            at = to_mechanism_params(request.model_copy(update={"epsilon": epsilon}), domain)
+            return cate_vector.rms_noise_sd(domain, at)
+
+        out["versus_ate"] = versus_ate.quote_block(
+            noise_sd_at, domain, request.epsilon, request.expected_heterogeneity_sd
+        )
+        return out
 
     def run(
         self,

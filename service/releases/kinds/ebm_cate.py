@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt
 
-from service.mechanisms import ebm_cate
+from service.mechanisms import ebm_cate, versus_ate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
@@ -36,6 +36,9 @@ class EbmCateRequest(KindParams):
     max_rounds: StrictInt | None = Field(
         default=None, ge=ebm_cate.MIN_MAX_ROUNDS, le=ebm_cate.MAX_MAX_ROUNDS
     )
+    # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
+    # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
+    expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cate.EbmCateParams:
@@ -66,7 +69,17 @@ class EbmCateKind:
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
         """Public accuracy preview."""
-        return ebm_cate.quote(domain, to_mechanism_params(_as_params(params), domain))
+        request = _as_params(params)
+        out = ebm_cate.quote(domain, to_mechanism_params(request, domain))
+
+        def noise_sd_at(epsilon: float) -> float:
+            at = to_mechanism_params(request.model_copy(update={"epsilon": epsilon}), domain)
+            return ebm_cate.prediction_noise_sd(domain, ebm_cate.quote(domain, at))
+
+        out["versus_ate"] = versus_ate.quote_block(
+            noise_sd_at, domain, request.epsilon, request.expected_heterogeneity_sd
+        )
+        return out
 
     def run(
         self,

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictBool, StrictFloat, StrictInt
 
-from service.mechanisms import uplift
+from service.mechanisms import uplift, versus_ate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
@@ -36,6 +36,9 @@ class UpliftTableRequest(KindParams):
     )
     kmeans_share: StrictFloat = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
     kmeans_iterations: StrictInt = Field(default=5, ge=1, le=20)
+    # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
+    # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
+    expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 def to_mechanism_params(params: UpliftTableRequest, domain: PublicDomain) -> uplift.UpliftParams:
@@ -67,7 +70,17 @@ class UpliftTableKind:
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
         """Noise scales, expected per-cell uplift sd, and the partition-size heuristic."""
-        return uplift.quote(domain, to_mechanism_params(_as_params(params), domain))
+        request = _as_params(params)
+        out = uplift.quote(domain, to_mechanism_params(request, domain))
+
+        def noise_sd_at(epsilon: float) -> float:
+            at = to_mechanism_params(request.model_copy(update={"epsilon": epsilon}), domain)
+            return float(uplift.quote(domain, at)["approx_uplift_sd_per_cell"])
+
+        out["versus_ate"] = versus_ate.quote_block(
+            noise_sd_at, domain, request.epsilon, request.expected_heterogeneity_sd
+        )
+        return out
 
     def run(
         self,

@@ -1,0 +1,153 @@
+"""Is a CATE release expected to beat the constant ATE? A verdict from public quantities only.
+
+A CATE release answers with ``tau_hat(x) = (learned effect) + (privacy noise)``, the noise
+independent of the data given its public scale ``s`` (per point). Whatever the learner, its
+PEHE satisfies ``PEHE^2 >= s^2``; predicting one constant (the ATE) for everyone has PEHE
+``sd(tau)`` (plus the ATE's own error). So a CATE can only be more accurate than the ATE where
+``s < sd(tau)``, and is worth its budget only where ``s`` is well below it.
+
+``sd(tau)`` is unknown before the data is read; the quote uses the analyst's
+``expected_heterogeneity_sd`` or the public default ``R_Y / 24`` (half an outcome sd when, as
+with honest declared bounds, ``R_Y`` is about 12 sd(Y); the "strong heterogeneity" of issue 12).
+
+Verdicts (``s`` against ``h``, the assumed sd(tau)):
+
+* ``not_expected`` (``s >= h``): the noise alone is at least the heterogeneity; the constant ATE
+  is expected to be more accurate for a typical patient. Recommend the ATE, or the epsilon at
+  which ``s = h / 2``.
+* ``marginal`` (``h / 2 <= s < h``): at best a small gain (PEHE >= s >= h / 2).
+* ``possible`` (``s < h / 2``): the noise leaves room; the learner's own error (not included:
+  it depends on the data) decides.
+
+Pure: no I/O, no data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from service.mechanisms.domain import PublicDomain
+
+DEFAULT_HETEROGENEITY_RANGE_RATIO = 24.0
+WORTH_IT_RATIO = 0.5  # s <= WORTH_IT_RATIO * h: the noise leaves room for a real gain
+
+
+def default_heterogeneity_sd(domain: PublicDomain) -> float:
+    """The public default assumption ``sd(tau) = R_Y / 24``."""
+    return domain.outcome_range / DEFAULT_HETEROGENEITY_RANGE_RATIO
+
+
+def epsilon_for_noise_sd(
+    noise_sd_at: Callable[[float], float],
+    target: float,
+    *,
+    minimum: float,
+    maximum: float,
+) -> float | None:
+    """Smallest epsilon in [minimum, maximum] with ``noise_sd_at(epsilon) <= target`` (the noise
+    sd is non-increasing in epsilon), to 3 significant digits rounded up; None if unreachable.
+    """
+    if noise_sd_at(maximum) > target:
+        return None
+    if noise_sd_at(minimum) <= target:
+        return minimum
+    low, high = minimum, maximum
+    for _ in range(60):
+        if high / low <= 1.0 + 1e-4:
+            break
+        middle = math.sqrt(low * high)
+        if noise_sd_at(middle) <= target:
+            high = middle
+        else:
+            low = middle
+    digits = 2 - math.floor(math.log10(high))
+    rounded = min(math.ceil(high * 10.0**digits) / 10.0**digits, maximum)
+    return rounded if noise_sd_at(rounded) <= target else high
+
+
+def versus_ate(
+    noise_sd: float,
+    domain: PublicDomain,
+    epsilon: float,
+    *,
+    heterogeneity_sd: float | None,
+    epsilon_worth_it: float | None,
+) -> dict[str, Any]:
+    """The quote's ``versus_ate`` block (module docstring)."""
+    assumed = heterogeneity_sd is None
+    h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
+    if noise_sd >= h:
+        verdict = "not_expected"
+    elif noise_sd >= WORTH_IT_RATIO * h:
+        verdict = "marginal"
+    else:
+        verdict = "possible"
+    basis = (
+        f"the default assumption sd(tau) = R_Y / {DEFAULT_HETEROGENEITY_RANGE_RATIO:g}"
+        if assumed
+        else "your expected_heterogeneity_sd"
+    )
+    where = f"at n = {domain.n}, epsilon = {epsilon:g}"
+    if verdict == "possible":
+        message = (
+            f"{where} the privacy noise per prediction (sd {noise_sd:.3g}) is well below the "
+            f"heterogeneity ({h:.3g}, {basis}); whether this CATE beats the ATE then depends on "
+            "how well the learner fits, which the quote cannot know."
+        )
+    else:
+        fix = (
+            f"request the ATE instead, or epsilon >= {epsilon_worth_it:g} for this CATE"
+            if epsilon_worth_it is not None
+            else "request the ATE instead (no epsilon up to the maximum makes the noise small "
+            "enough)"
+        )
+        lead = "is at least" if verdict == "not_expected" else "is more than half of"
+        message = (
+            f"{where} the privacy noise per prediction alone (sd {noise_sd:.3g}) {lead} the "
+            f"heterogeneity it would resolve ({h:.3g}, {basis}): a constant ATE is expected to "
+            f"be {'more' if verdict == 'not_expected' else 'about as'} accurate for a typical "
+            f"patient; {fix}."
+        )
+    return {
+        "verdict": verdict,
+        "expected_pehe_lower_bound": noise_sd,
+        "heterogeneity_sd": h,
+        "heterogeneity_sd_assumed": assumed,
+        "constant_ate_pehe_approx": h,
+        "epsilon_worth_it": epsilon_worth_it,
+        "message": message,
+    }
+
+
+# The epsilon range searched for ``epsilon_worth_it`` (the strict kinds' usual limits).
+SEARCH_MIN_EPSILON = 0.01
+SEARCH_MAX_EPSILON = 100.0
+
+
+def quote_block(
+    noise_sd_at: Callable[[float], float],
+    domain: PublicDomain,
+    epsilon: float,
+    heterogeneity_sd: float | None,
+) -> dict[str, Any]:
+    """``versus_ate`` for a kind whose public per-prediction noise sd at epsilon is
+    ``noise_sd_at(epsilon)``; epsilons the kind refuses count as unreachable."""
+
+    def safe(value: float) -> float:
+        try:
+            return float(noise_sd_at(value))
+        except Exception:  # an epsilon outside the kind's limits: not a candidate
+            return math.inf
+
+    h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
+    noise_sd = float(noise_sd_at(epsilon))
+    worth_it = None
+    if noise_sd >= WORTH_IT_RATIO * h:
+        worth_it = epsilon_for_noise_sd(
+            safe, WORTH_IT_RATIO * h, minimum=SEARCH_MIN_EPSILON, maximum=SEARCH_MAX_EPSILON
+        )
+    return versus_ate(
+        noise_sd, domain, epsilon, heterogeneity_sd=heterogeneity_sd, epsilon_worth_it=worth_it
+    )

@@ -1,0 +1,122 @@
+"""The CATE quotes' verdict against the constant ATE (service.mechanisms.versus_ate)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.mechanisms import versus_ate
+from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.releases.kinds import REGISTRY
+
+
+def _domain(n: int, design: StudyDesign = StudyDesign.OBSERVATIONAL) -> PublicDomain:
+    return PublicDomain(
+        x_lower=np.zeros(3),
+        x_upper=np.ones(3),
+        y_lower=0.0,
+        y_upper=48.0,
+        n=n,
+        design=design,
+        treatment_probability=0.5 if design == StudyDesign.RCT else None,
+    )
+
+
+def test_verdict_thresholds_and_default_assumption() -> None:
+    domain = _domain(5000)
+    h = versus_ate.default_heterogeneity_sd(domain)
+    assert h == 48.0 / 24.0
+    cases = (
+        (h, "not_expected"),
+        (0.99 * h, "marginal"),
+        (0.5 * h, "marginal"),
+        (0.49 * h, "possible"),
+    )
+    for noise, verdict in cases:
+        out = versus_ate.versus_ate(noise, domain, 1.0, heterogeneity_sd=None, epsilon_worth_it=3.0)
+        assert out["verdict"] == verdict
+        assert out["heterogeneity_sd_assumed"] is True
+        assert out["expected_pehe_lower_bound"] == noise
+    stated = versus_ate.versus_ate(1.0, domain, 1.0, heterogeneity_sd=5.0, epsilon_worth_it=None)
+    assert stated["verdict"] == "possible"
+    assert stated["heterogeneity_sd"] == 5.0
+    assert stated["heterogeneity_sd_assumed"] is False
+    refused = versus_ate.versus_ate(9.0, domain, 1.0, heterogeneity_sd=None, epsilon_worth_it=4.2)
+    assert "request the ATE instead, or epsilon >= 4.2" in refused["message"]
+
+
+def test_epsilon_search_finds_the_smallest_epsilon_that_is_enough() -> None:
+    def noise(epsilon: float) -> float:
+        return 10.0 / epsilon
+
+    found = versus_ate.epsilon_for_noise_sd(noise, 1.0, minimum=0.01, maximum=100.0)
+    assert found is not None
+    assert noise(found) <= 1.0
+    assert 10.0 <= found <= 10.0 * 1.001
+    assert versus_ate.epsilon_for_noise_sd(noise, 0.01, minimum=0.01, maximum=100.0) is None
+    assert versus_ate.epsilon_for_noise_sd(noise, 5000.0, minimum=0.01, maximum=100.0) == 0.01
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra"),
+    [
+        ("cate_function", {}),
+        ("cate_vector", {"points": [[0.2, 0.5, 0.9], [0.7, 0.1, 0.3], [0.5, 0.5, 0.5]]}),
+        ("ebm_cate", {}),
+        ("uplift_table", {}),
+    ],
+)
+def test_every_cate_quote_states_its_verdict_and_worsens_as_epsilon_falls(
+    kind: str, extra: dict[str, object]
+) -> None:
+    domain = _domain(20_000, StudyDesign.RCT)
+    release_kind = REGISTRY[kind]
+    quotes = {
+        epsilon: release_kind.quote(
+            release_kind.Params.model_validate({"epsilon": epsilon, **extra}), domain
+        )["versus_ate"]
+        for epsilon in (0.05, 50.0)
+    }
+    low, high = quotes[0.05], quotes[50.0]
+    # cate_vector's public ridge rule caps the noise by shrinking harder, so at tiny epsilon it
+    # is "marginal" rather than "not_expected"; never "possible"
+    assert low["verdict"] in ("not_expected", "marginal")
+    assert low["expected_pehe_lower_bound"] >= 0.5 * low["heterogeneity_sd"]
+    assert high["expected_pehe_lower_bound"] < low["expected_pehe_lower_bound"]
+    if low["epsilon_worth_it"] is not None:
+        worth = release_kind.quote(
+            release_kind.Params.model_validate({"epsilon": low["epsilon_worth_it"], **extra}),
+            domain,
+        )["versus_ate"]
+        assert worth["expected_pehe_lower_bound"] <= 0.5 * worth["heterogeneity_sd"] * (1 + 1e-9)
+    stated = release_kind.quote(
+        release_kind.Params.model_validate(
+            {"epsilon": 0.05, "expected_heterogeneity_sd": 1e6, **extra}
+        ),
+        domain,
+    )["versus_ate"]
+    assert stated["verdict"] == "possible"
+    assert stated["heterogeneity_sd_assumed"] is False
+
+
+def test_cate_vector_noise_is_the_expected_rms_over_the_feature_draw() -> None:
+    """The quoted RMS noise matches a Monte Carlo over the public random-feature draw."""
+    from service.mechanisms import cate_vector
+    from service.releases.kinds.cate_vector import CateVectorRequest, to_mechanism_params
+
+    domain = _domain(20_000, StudyDesign.RCT)
+    points = [[0.2, 0.5, 0.9], [0.7, 0.1, 0.3], [0.0, 1.0, 0.5]]
+    params = to_mechanism_params(CateVectorRequest(points=points, epsilon=1.0), domain)
+    sigma = cate_vector.make_plan(domain, params).theta.sigma  # type: ignore[union-attr]
+    rng = np.random.default_rng(4)
+    squares = []
+    for _ in range(400):
+        feature_map = cate_vector.FeatureMap.draw(
+            domain, params.n_features, params.lengthscale, rng
+        )
+        phi = feature_map(np.asarray(points))
+        squares.append(np.mean(np.sum(phi * phi, axis=1)))
+    expected = sigma * math.sqrt(float(np.mean(squares)))
+    assert cate_vector.rms_noise_sd(domain, params) == pytest.approx(expected, rel=0.02)
