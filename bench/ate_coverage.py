@@ -582,9 +582,9 @@ def _source_hashes() -> dict[str, str]:
 
     root = Path(__file__).resolve().parents[1] / "service" / "mechanisms"
     return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-        for p in sorted(root.glob("*.py"))
-        if p.name.startswith(("ate_", "dp_linear", "noise", "calibration"))
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+        for p in sorted(root.rglob("*.py"))
+        if p.relative_to(root).as_posix().startswith(("ate_", "dp_linear", "noise", "calibration"))
     }
 
 

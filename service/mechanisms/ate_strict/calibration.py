@@ -1,0 +1,465 @@
+"""The privacy map of the strict ATE: from public inputs to the calibrated noise and the
+mechanism record (the cost the ledger charges). Touches no data.
+
+Proof: ``docs/proofs/ate_strict.md`` (steps are labelled ``# proof step N`` / ``proof §N``);
+charged adaptive clipping is §13.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.mechanisms import dp_linear
+from service.mechanisms.ate_strict.rules import (
+    MAX_EPSILON,
+    MECHANISM,
+    MIN_EPSILON,
+    VERSION,
+    AteStrictParams,
+    Nuisance,
+    module_names,
+    resolved_shares,
+    split_share,
+    validate_cross_fit,
+    validate_domain,
+    validate_fractions,
+)
+from service.mechanisms.calibration import (
+    validate_alpha,
+    validate_delta,
+    validate_epsilon,
+    validate_finite_positive,
+)
+from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.dp_ebm import (
+    DpEbmAccounting,
+    nuisance_event,
+    solve_dp_ebm_epsilon_p,
+)
+from service.mechanisms.errors import InvalidParameters
+from service.mechanisms.noise import (
+    GaussianCalibration,
+    calibrate_gaussian,
+)
+from service.mechanisms.partition import (
+    fold_sizes,
+)
+from service.mechanisms.records import (
+    Composition,
+    Guarantee,
+    MechanismRecord,
+    NoiseEvent,
+)
+
+# Float summation slack (module helper ``float_slack``): fsum and one division add at most
+# about 2.01 * 2^-53 * B of error on each side of a mean of values in [-B, B].
+FLOAT_SLACK_BITS = 50
+
+
+# Charged adaptive clipping (proof §13): a public share of the estimation budget buys an
+# epsilon-DP quantile Q of |Gamma| on a public geometric grid in [B / RANGE, B]; the clip is then
+# K = min(B, kappa(n2) Q) with the public inflation kappa(n2) = 2 + 0.5 log10(n2).
+ADAPTIVE_CLIP_SHARE = 0.1
+
+
+ADAPTIVE_CLIP_LEVEL = 0.9
+
+
+ADAPTIVE_CLIP_CANDIDATES = 200
+
+
+ADAPTIVE_CLIP_RANGE = 1000.0
+
+
+def adaptive_clip_inflation(n2: int) -> float:
+    """The public inflation kappa(n2) = 2 + 0.5 log10(n2) of the DP quantile (proof §13)."""
+    return 2.0 + 0.5 * math.log10(float(n2))
+
+
+def adaptive_clip_candidates(bound: float) -> NDArray[np.float64]:
+    """The public quantile grid: ``ADAPTIVE_CLIP_CANDIDATES`` geometric points in
+    ``[bound / ADAPTIVE_CLIP_RANGE, bound]`` (both ends included)."""
+    grid = np.geomspace(bound / ADAPTIVE_CLIP_RANGE, bound, ADAPTIVE_CLIP_CANDIDATES)
+    grid[-1] = bound
+    return np.asarray(grid, dtype=np.float64)
+
+
+def adaptive_clip_bound(quantile: float, bound: float, n2: int) -> float:
+    """``K = min(B, kappa(n2) Q)``: post-processing of the DP quantile Q and public values."""
+    return min(bound, adaptive_clip_inflation(n2) * quantile)
+
+
+def float_slack(nominal: float, n2: int) -> float:
+    """Nominal sensitivity inflated for the float rounding of fsum and the division by n2."""
+    return math.nextafter(nominal * (1.0 + (n2 + 8) * 2.0**-FLOAT_SLACK_BITS), math.inf)
+
+
+@dataclass(frozen=True)
+class Plan:
+    params: AteStrictParams
+    design: StudyDesign
+    nuisance: Nuisance
+    modules: tuple[str, ...]  # fold names, in partition order
+    fold_sizes: tuple[int, ...]
+    bound: float  # B (or K)
+    bound_natural: float  # R / c, R / min(p, 1 - p) or R / (2 min(p, 1 - p))
+    propensity: float | None  # RCT: p; observational: None
+    dp_ebm: DpEbmAccounting | None
+    dp_logistic: dp_linear.DpLogistic | None
+    dp_ridge: dp_linear.DpRidge | None
+    cross_fit: bool
+    mean_share: float  # resolved f (explicit or the public default)
+    nuisance_share: float | None  # resolved cross-fitting share (None without cross-fitting)
+    mean: GaussianCalibration  # at B (adaptive clipping: the largest possible noise)
+    second_moment: GaussianCalibration
+    record: MechanismRecord
+    quantile_epsilon: float | None = None  # adaptive clipping only
+
+    @property
+    def n2(self) -> int:
+        """Records averaged by the estimation stage (all n with cross-fitting)."""
+        return sum(self.fold_sizes) if self.cross_fit else self.fold_sizes[-1]
+
+
+def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
+    """Validate everything and compute the calibration and the record. Touches no data."""
+    nuisance = params.nuisance
+    validate_domain(domain, nuisance)
+    cross_fit = params.cross_fit
+    validate_cross_fit(nuisance, cross_fit, params.fold_fractions)
+    epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    fractions = validate_fractions(domain, nuisance, params.fold_fractions, cross_fit, epsilon)
+    modules = module_names(domain, nuisance, cross_fit)
+    sizes = fold_sizes(domain.n, fractions)
+    delta = validate_delta(params.delta, n_min=min(sizes))
+    if params.regularization is not None:
+        validate_finite_positive(params.regularization, "regularization")
+        if nuisance != "dp_linear":
+            raise InvalidParameters("regularization is only used with nuisance='dp_linear'")
+    validate_alpha(params.alpha)
+    validate_alpha(params.alpha_v, name="alpha_v")
+    if not isinstance(params.variance_inflation, bool):
+        raise InvalidParameters("variance_inflation must be a boolean")
+    if not isinstance(params.adaptive_clip, bool):
+        raise InvalidParameters("adaptive_clip must be a boolean")
+    if params.adaptive_clip and params.pseudo_outcome_clip is not None:
+        raise InvalidParameters(
+            "pseudo_outcome_clip and adaptive clipping exclude each other: give a public clip "
+            "or let a DP quantile choose it"
+        )
+    n2 = domain.n if cross_fit else sizes[-1]
+    big_r = domain.outcome_range
+
+    # proof step 1: the public bound B on |Gamma| (ate_ci.md §3.3).
+    propensity: float | None
+    if domain.design == StudyDesign.RCT:
+        p = float(domain.treatment_probability)  # type: ignore[arg-type]
+        propensity = p
+        smaller_arm = min(p, 1.0 - p)
+        bound_natural = big_r / (2.0 * smaller_arm) if nuisance == "none" else big_r / smaller_arm
+    else:
+        propensity = None
+        clip = validate_finite_positive(params.propensity_clip, "propensity_clip")
+        if clip < domain.min_propensity_clip:
+            raise InvalidParameters(
+                f"propensity_clip must be at least the dataset's minimum "
+                f"{domain.min_propensity_clip}"
+            )
+        if clip > 0.5:
+            raise InvalidParameters("propensity_clip must be at most 0.5")
+        bound_natural = big_r / clip
+    bound = bound_natural
+    if params.pseudo_outcome_clip is not None:
+        clip_k = validate_finite_positive(params.pseudo_outcome_clip, "pseudo_outcome_clip")
+        if not clip_k < bound_natural:
+            raise InvalidParameters(
+                f"pseudo_outcome_clip must be below the natural bound {bound_natural:.6g}"
+            )
+        bound = clip_k
+    validate_finite_positive(bound, "pseudo-outcome bound")
+    nuisance_share_value, mean_share_value = resolved_shares(domain, epsilon, delta, bound, params)
+    mean_share = validate_alpha(mean_share_value, name="mean_share")  # in (0, 1)
+
+    # proof step 2: nuisance modules (DP-EBM) at (epsilon, delta) each under replace-one.
+    dp_ebm = solve_dp_ebm_epsilon_p(epsilon, delta) if nuisance == "dp_ebm" else None
+    # proof step 8 (dp_linear, §10-§12): budgets of the linear nuisance fits.
+    observational = domain.design == StudyDesign.OBSERVATIONAL
+    epsilon_stat, delta_stat = epsilon, delta
+    epsilon_pi = epsilon_mu = epsilon
+    delta_pi = delta_mu = delta
+    share: float | None = None
+    if cross_fit:
+        share = validate_alpha(nuisance_share_value, name="nuisance_share")  # in (0, 1)
+        epsilon_nuis, epsilon_stat = split_share(epsilon, share)
+        delta_nuis, delta_stat = split_share(delta, share)
+        epsilon_pi = epsilon_mu = epsilon_nuis
+        delta_pi = delta_mu = delta_nuis
+        if observational:
+            epsilon_pi, epsilon_mu = split_share(epsilon_nuis, 0.5)
+            delta_pi, delta_mu = split_share(delta_nuis, 0.5)
+    dp_logistic: dp_linear.DpLogistic | None = None
+    dp_ridge: dp_linear.DpRidge | None = None
+    if nuisance == "dp_linear":
+        # calibrate for the smallest fold a fit runs on: calibrating for the smallest m is
+        # conservative for a larger fold (sensitivity decreases in m, proof §10).
+        if cross_fit:
+            m_pi = m_mu = min(sizes)
+        else:
+            m_pi = sizes[modules.index("propensity")] if observational else 0
+            m_mu = sizes[modules.index("outcome")]
+        d = domain.q + 1
+        if observational:
+            lam_pi = params.regularization or dp_linear.default_regularization(m_pi)
+            dp_logistic = dp_linear.DpLogistic.plan(m_pi, d, epsilon_pi, delta_pi, lam_pi)
+        # the ridge floor defaults to the public noise sd of Gram / m (dp_linear).
+        dp_ridge = dp_linear.DpRidge.plan(m_mu, d, epsilon_mu, delta_mu, params.regularization)
+
+    # proof §13: adaptive clipping takes a public share of the estimation epsilon (delta 0).
+    quantile_epsilon: float | None = None
+    if params.adaptive_clip:
+        quantile_epsilon, epsilon_stat = split_share(epsilon_stat, ADAPTIVE_CLIP_SHARE)
+    # proof step 3: estimation budget split, sensitivities and lattice Gaussian calibration.
+    epsilon_theta, epsilon_v = split_share(epsilon_stat, mean_share)
+    delta_theta, delta_v = split_share(delta_stat, mean_share)
+    sensitivity_theta = float_slack(2.0 * bound / n2, n2)
+    sensitivity_m2 = float_slack(bound * bound / n2, n2)
+    mean = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity_theta)
+    second_moment = calibrate_gaussian(epsilon_v, delta_v, sensitivity_m2)
+
+    events: list[NoiseEvent] = []
+    q = domain.q
+    if dp_ebm is not None:
+        if "propensity" in modules:
+            events.append(nuisance_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
+        events.append(nuisance_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r))
+    nuisance_module = "nuisance" if cross_fit else None
+    if dp_logistic is not None:
+        events.append(
+            dp_linear_event(
+                nuisance_module or "propensity",
+                "dp_logistic_regression_weights",
+                dp_logistic,
+                cross_fit,
+            )
+        )
+    if dp_ridge is not None:
+        events.append(
+            dp_linear_event(
+                nuisance_module or "outcome",
+                "per_arm_ridge_sufficient_statistics",
+                dp_ridge,
+                cross_fit,
+            )
+        )
+    if quantile_epsilon is not None:
+        events.append(quantile_event(quantile_epsilon, bound, n2))
+        events.append(adaptive_gaussian_event("mean_pseudo_outcome", "2 K / n2", mean, bound))
+        events.append(
+            adaptive_gaussian_event(
+                "second_moment_pseudo_outcome", "K^2 / n2", second_moment, bound
+            )
+        )
+    else:
+        events.append(gaussian_event("mean_pseudo_outcome", 2.0 * bound / n2, mean, bound))
+        events.append(
+            gaussian_event("second_moment_pseudo_outcome", bound * bound / n2, second_moment, bound)
+        )
+    # proof step 6: within a module, sequential composition; across modules, the max.
+    # Cross-fitting (proof §12): every event composes sequentially; each nuisance event is one
+    # mechanism run in parallel on the two disjoint halves, so it is counted once.
+    # Sums are exact-then-rounded (fsum): every split above adds up exactly, so the exact sum
+    # of the shares is the requested total.
+    per_module: dict[str, list[NoiseEvent]] = {}
+    for event in events:
+        per_module.setdefault("all" if cross_fit else event.module, []).append(event)
+    cost_epsilon = max(math.fsum(e.epsilon for e in group) for group in per_module.values())
+    cost_delta = max(math.fsum(e.delta for e in group) for group in per_module.values())
+    if cost_epsilon != epsilon or cost_delta != delta:  # pragma: no cover - guarded by the split
+        raise InvalidParameters("internal budget accounting mismatch")
+    record = MechanismRecord(
+        mechanism=MECHANISM,
+        version=VERSION,
+        guarantee=Guarantee.STRICT,
+        n=domain.n,
+        fold_sizes=dict(zip(modules, sizes, strict=True)),
+        composition=(
+            Composition.THEOREM6_MAX
+            if len(modules) > 1 and not cross_fit
+            else Composition.SEQUENTIAL
+        ),
+        events=tuple(events),
+        epsilon=cost_epsilon,
+        delta=cost_delta,
+    )
+    return Plan(
+        params=params,
+        design=domain.design,
+        nuisance=nuisance,
+        modules=modules,
+        fold_sizes=sizes,
+        bound=bound,
+        bound_natural=bound_natural,
+        propensity=propensity,
+        dp_ebm=dp_ebm,
+        dp_logistic=dp_logistic,
+        dp_ridge=dp_ridge,
+        cross_fit=cross_fit,
+        mean_share=mean_share,
+        nuisance_share=share,
+        mean=mean,
+        second_moment=second_moment,
+        record=record,
+        quantile_epsilon=quantile_epsilon,
+    )
+
+
+def dp_linear_event(
+    module: str,
+    statistic: str,
+    model: dp_linear.DpLogistic | dp_linear.DpRidge,
+    cross_fit: bool,
+) -> NoiseEvent:
+    """The Gaussian event of a DP logistic (weights) or ridge (sufficient statistics) fit."""
+    calibration = model.calibration
+    return NoiseEvent(
+        type="gaussian",
+        module=module,
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": statistic,
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "parallel_folds": 2 if cross_fit else 1,
+            "fit_size": model.m,
+            "regularization": model.regularization,
+            "intercept": dp_linear.INTERCEPT,
+            "dim": calibration.dim,
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "mu": calibration.mu,
+        },
+    )
+
+
+def gaussian_event(
+    statistic: str, nominal_sensitivity: float, calibration: GaussianCalibration, bound: float
+) -> NoiseEvent:
+    return NoiseEvent(
+        type="gaussian",
+        module="estimation",
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": statistic,
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "bound": bound,
+            "sensitivity_l2_nominal": nominal_sensitivity,
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "mu": calibration.mu,
+        },
+    )
+
+
+def quantile_event(epsilon: float, bound: float, n2: int) -> NoiseEvent:
+    """The pure-DP quantile of |Gamma| that sets the adaptive clip (proof §13)."""
+    grid = adaptive_clip_candidates(bound)
+    return NoiseEvent(
+        type="exponential_quantile",
+        module="estimation",
+        epsilon=epsilon,
+        delta=0.0,
+        params={
+            "statistic": "quantile_abs_pseudo_outcome",
+            "sampler": "opendp make_private_quantile (replace-one, sized)",
+            "level": ADAPTIVE_CLIP_LEVEL,
+            "candidates": int(grid.size),
+            "candidate_min": float(grid[0]),
+            "candidate_max": float(grid[-1]),
+            "inflation": adaptive_clip_inflation(n2),
+            "share_of_estimation_epsilon": ADAPTIVE_CLIP_SHARE,
+        },
+    )
+
+
+def adaptive_gaussian_event(
+    statistic: str, sensitivity_rule: str, calibration: GaussianCalibration, bound: float
+) -> NoiseEvent:
+    """A Gaussian whose sensitivity follows the released clip K <= B (proof §13): its
+    (epsilon, delta) and noise multiplier are fixed here; sigma is at most ``sigma_max``."""
+    return NoiseEvent(
+        type="gaussian",
+        module="estimation",
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": statistic,
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "bound": "adaptive",
+            "bound_max": bound,
+            "sensitivity_l2_rule": sensitivity_rule,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma_max": calibration.sigma,
+        },
+    )
+
+
+def plan(domain: PublicDomain, params: AteStrictParams) -> MechanismRecord:
+    """Validate the request and compute its mechanism record (the cost) without data.
+
+    Raises:
+        InvalidParameters: any invalid parameter (before any charge).
+    """
+    return make_plan(domain, params).record
+
+
+def public_parameters(state: Plan) -> dict[str, Any]:
+    params = state.params
+    return {
+        "mode": "strict",
+        "guarantee": str(Guarantee.STRICT),
+        "estimator": "aipw",
+        "design": str(state.design),
+        "nuisance": state.nuisance,
+        "cross_fit": state.cross_fit,
+        "nuisance_share": state.nuisance_share,
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "alpha": params.alpha,
+        "propensity_clip": params.propensity_clip if state.propensity is None else None,
+        "treatment_probability": state.propensity,
+        "pseudo_outcome_clip": params.pseudo_outcome_clip,
+        "bound": state.bound,
+        "fold_sizes": dict(state.record.fold_sizes),
+        "mean_share": state.mean_share,
+        "variance_inflation": params.variance_inflation,
+        "alpha_v": params.alpha_v,
+        "clip": "adaptive" if state.quantile_epsilon is not None else "declared",
+        "bound_max": state.bound,
+    }
+
+
+def adaptive_calibrations(
+    state: Plan, clip: float
+) -> tuple[GaussianCalibration, GaussianCalibration]:
+    """proof §13: the mean and second-moment Gaussians at the clip K, with the (epsilon, delta)
+    fixed by the plan: sensitivities ``2K / n2`` and ``K^2 / n2`` plus the float slack."""
+    n2 = state.n2
+    mean = calibrate_gaussian(
+        state.mean.epsilon, state.mean.delta, float_slack(2.0 * clip / n2, n2)
+    )
+    second = calibrate_gaussian(
+        state.second_moment.epsilon, state.second_moment.delta, float_slack(clip * clip / n2, n2)
+    )
+    return mean, second

@@ -1,0 +1,190 @@
+"""Public accuracy previews of the strict ATE (no data, no charge): the expected CI half-width
+and the epsilon needed for a target half-width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from scipy.special import ndtri
+
+from service.mechanisms.ate_strict.calibration import (
+    ADAPTIVE_CLIP_LEVEL,
+    ADAPTIVE_CLIP_SHARE,
+    Plan,
+    adaptive_calibrations,
+    adaptive_clip_bound,
+    adaptive_clip_candidates,
+    float_slack,
+    make_plan,
+    public_parameters,
+)
+from service.mechanisms.ate_strict.rules import (
+    DEFAULT_FOLDS_OBSERVATIONAL,
+    DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR,
+    DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON,
+    MAX_EPSILON,
+    MIN_EPSILON,
+    AteStrictParams,
+    resolved_shares,
+    small_folds_fit,
+    split_share,
+)
+from service.mechanisms.calibration import (
+    round_up_significant,
+    validate_finite_positive,
+)
+from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.noise import (
+    calibrate_gaussian,
+)
+
+# Quote only: the pseudo-outcome sd assumed for the expected half-width is R / this (public).
+ADAPTIVE_QUOTE_RANGE_RATIO = 6.0
+
+
+def assumed_pseudo_outcome_sd(domain: PublicDomain) -> float:
+    """Quote only: the public scale assumption R / ``ADAPTIVE_QUOTE_RANGE_RATIO``."""
+    return domain.outcome_range / ADAPTIVE_QUOTE_RANGE_RATIO
+
+
+def assumed_clip(domain: PublicDomain, state: Plan) -> float:
+    """The clip K the quote expects: kappa(n2) times the 0.9-quantile of |N(0, sd^2)|."""
+    quantile = float(ndtri(0.5 + ADAPTIVE_CLIP_LEVEL / 2.0)) * assumed_pseudo_outcome_sd(domain)
+    return adaptive_clip_bound(quantile, state.bound, state.n2)
+
+
+def quote(
+    domain: PublicDomain, params: AteStrictParams, *, target_half_width: float | None = None
+) -> dict[str, Any]:
+    """Public accuracy preview (ate_ci.md §3.6): no data, no charge.
+
+    The CI half-width is at least ``z_{1 - alpha/2} s_theta``. With ``target_half_width``, also
+    returns the smallest epsilon (other parameters fixed) whose minimum half-width is at most the
+    target, or None if no epsilon up to ``MAX_EPSILON`` reaches it.
+
+    Raises:
+        InvalidParameters: invalid parameters.
+    """
+    state = make_plan(domain, params)
+    z = float(ndtri(1.0 - state.params.alpha / 2.0))
+    out: dict[str, Any] = {
+        **public_parameters(state),
+        "ci_level": 1.0 - state.params.alpha,
+        "min_half_width": z * state.mean.sigma,
+        "expected_half_width": z * state.mean.sigma,
+        "half_width_basis": "noise_only",
+        "s_theta": state.mean.sigma,
+        "s_2": state.second_moment.sigma,
+        "n2": state.n2,
+    }
+    if state.quantile_epsilon is not None:
+        # proof §13: the noise follows the released clip K; the quote assumes a public scale.
+        smallest = adaptive_clip_bound(
+            float(adaptive_clip_candidates(state.bound)[0]), state.bound, state.n2
+        )
+        assumed_sd = assumed_pseudo_outcome_sd(domain)
+        clip = assumed_clip(domain, state)
+        expected_mean, expected_second = adaptive_calibrations(state, clip)
+        out.update(
+            {
+                "min_half_width": z * adaptive_calibrations(state, smallest)[0].sigma,
+                "max_noise_half_width": z * state.mean.sigma,
+                "expected_half_width": z
+                * math.sqrt(assumed_sd**2 / state.n2 + expected_mean.sigma**2),
+                "half_width_basis": "assumed_scale",
+                "assumed_pseudo_outcome_sd": assumed_sd,
+                "expected_clip": clip,
+                "s_theta": expected_mean.sigma,
+                "s_2": expected_second.sigma,
+            }
+        )
+    if target_half_width is not None:
+        out["target_half_width"] = target_half_width
+        out["epsilon_for_target_half_width"] = epsilon_for_half_width(
+            domain, params, target_half_width
+        )
+    return out
+
+
+def epsilon_for_half_width(
+    domain: PublicDomain, params: AteStrictParams, half_width: float
+) -> float | None:
+    """Smallest epsilon (rounded up) with ``z_{1-alpha/2} s_theta(epsilon) <= half_width``.
+
+    Bisection on the public formula, all other parameters (delta, folds, shares) fixed.
+
+    Returns:
+        epsilon in [MIN_EPSILON, MAX_EPSILON], or None if unreachable at MAX_EPSILON.
+
+    Raises:
+        InvalidParameters: invalid parameters or half-width.
+    """
+    target = validate_finite_positive(half_width, "target_half_width")
+    make_plan(domain, params)  # validate the request as given
+    if (
+        params.nuisance == "dp_linear"
+        and not params.cross_fit
+        and params.fold_fractions is None
+        and domain.design == StudyDesign.OBSERVATIONAL
+        and small_folds_fit(domain.n)
+    ):
+        # The default folds switch from (0.2, 0.2, 0.6) to (0.25, 0.25, 0.5) above
+        # n eps = DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON, where the half-width jumps up: solve with
+        # each fold set pinned; the small folds' answer counts only below the switch.
+        switch = DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON / domain.n
+        small = _epsilon_for_half_width_pinned(
+            domain, replace(params, fold_fractions=DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR), target
+        )
+        if small is not None and small <= switch:
+            return small
+        return _epsilon_for_half_width_pinned(
+            domain, replace(params, fold_fractions=DEFAULT_FOLDS_OBSERVATIONAL), target
+        )
+    return _epsilon_for_half_width_pinned(domain, params, target)
+
+
+def _epsilon_for_half_width_pinned(
+    domain: PublicDomain, params: AteStrictParams, target: float
+) -> float | None:
+    base = make_plan(domain, params)
+    z = float(ndtri(1.0 - base.params.alpha / 2.0))
+    sensitivity = base.mean.sensitivity_l2
+    delta = base.record.delta
+    sampling_variance = 0.0
+    if base.quantile_epsilon is not None:
+        sensitivity = float_slack(2.0 * assumed_clip(domain, base) / base.n2, base.n2)
+        sampling_variance = assumed_pseudo_outcome_sd(domain) ** 2 / base.n2
+
+    def reaches(epsilon: float) -> bool:
+        # the shares may depend on epsilon (public cross-fitting rule): re-resolve them and
+        # split epsilon and delta exactly as make_plan does.
+        nuisance_share, share = resolved_shares(domain, epsilon, delta, base.bound, base.params)
+        delta_stat = delta
+        if nuisance_share is not None:
+            _, epsilon = split_share(epsilon, nuisance_share)
+            _, delta_stat = split_share(delta, nuisance_share)
+        if base.quantile_epsilon is not None:
+            _, epsilon = split_share(epsilon, ADAPTIVE_CLIP_SHARE)
+        epsilon_theta, _ = split_share(epsilon, share)
+        delta_theta, _ = split_share(delta_stat, share)
+        sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity).sigma
+        return z * math.sqrt(sampling_variance + sigma * sigma) <= target
+
+    if not reaches(MAX_EPSILON):
+        return None
+    if reaches(MIN_EPSILON):
+        return MIN_EPSILON
+    lower, upper = MIN_EPSILON, MAX_EPSILON
+    for _ in range(200):
+        if upper - lower <= 1e-12 * upper:
+            break
+        middle = math.sqrt(lower * upper)
+        if reaches(middle):
+            upper = middle
+        else:
+            lower = middle
+    rounded = min(round_up_significant(upper, 10), MAX_EPSILON)
+    return rounded if reaches(rounded) else upper

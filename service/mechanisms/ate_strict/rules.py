@@ -1,0 +1,360 @@
+"""Public rules of the strict ATE: parameters, validation, fold layouts, budget shares and
+defaults. Every rule reads public inputs only (n, epsilon, delta, the public schema), never data.
+
+Proof of the mechanism: ``docs/proofs/ate_strict.md``; the rules are §1, §6 and §10–§13 there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from service.mechanisms.calibration import (
+    analytic_gaussian_multiplier,
+    default_delta,
+    validate_alpha,
+    validate_finite_positive,
+)
+from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters
+from service.mechanisms.partition import (
+    MIN_FOLD_SIZE,
+    checked_fractions,
+    fold_sizes,
+)
+
+MECHANISM = "ate_strict"
+
+
+VERSION = "3"  # 2: public default rules (issue 3); 3: charged adaptive clipping (issue 12)
+
+
+Nuisance = Literal["dp_ebm", "dp_linear", "none"]
+
+
+NUISANCES: tuple[str, ...] = ("dp_ebm", "dp_linear", "none")
+
+
+Progress = Callable[[float, str], None]
+
+
+MIN_EPSILON = 0.01
+
+
+MAX_EPSILON = 100.0
+
+
+# Minimum-n guard: every fold (each module's input) has at least this many records.
+DEFAULT_FOLDS_OBSERVATIONAL = (0.25, 0.25, 0.5)  # propensity, outcome, estimation
+
+
+# dp_linear preset (observational, no cross-fitting), public rule: where the privacy noise
+# dominates (n * epsilon <= DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON) the nuisance folds shrink to
+# 0.2 n each, so n2 = 0.6 n narrows the noise-only CI by 1/6; the low-dimensional DP fits lose
+# little there. Above it (and when epsilon is not given) the spec's (0.25, 0.25, 0.5).
+DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR = (0.2, 0.2, 0.6)
+
+
+DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON = 5000.0
+
+
+DEFAULT_FOLDS_RCT = (0.5, 0.5)  # outcome, estimation
+
+
+DEFAULT_FOLDS_RCT_NO_NUISANCE = (1.0,)  # estimation
+
+
+DEFAULT_NUISANCE_SHARE = (
+    0.5  # cross-fitting: largest default share of (epsilon, delta) for nuisances
+)
+
+
+# Cross-fitting default nuisance share (public rule, proof §12): clip(K / (n epsilon), MIN, MAX):
+# the nuisance fits get at least about K "record-epsilons" n * epsilon_nuis while that costs
+# at most half the budget; at large n epsilon almost all of it goes to the DP mean.
+CROSS_FIT_SHARE_RECORD_EPSILONS = 50_000.0
+
+
+MIN_NUISANCE_SHARE = 0.05
+
+
+DEFAULT_MEAN_SHARE = 0.8  # sample splitting: share f of the D_2 budget for the mean
+
+
+# Cross-fitting default mean share (public rule, proof §12): HIGH when the second moment's noise
+# sd at the HIGH share, s_2 = B^2 sigma_G((1 - HIGH) eps_stat, (1 - HIGH) delta_stat) / n, is at
+# most SECOND_MOMENT_NOISE_LIMIT (R/2)^2 (the variance of an outcome spread over its public
+# range), else DEFAULT_MEAN_SHARE: a noisy V_hat under-covers when sampling variance dominates.
+CROSS_FIT_MEAN_SHARE_HIGH = 0.9
+
+
+SECOND_MOMENT_NOISE_LIMIT = 0.05
+
+
+CROSS_FIT_FOLDS = (0.5, 0.5)  # cross-fitting: two halves
+
+
+@dataclass(frozen=True)
+class AteStrictParams:
+    """Public request parameters of the strict ATE (ate_ci.md §3.1).
+
+    Attributes:
+        epsilon: total epsilon of the release.
+        delta: total delta of the release (0 < delta < 1 / smallest fold).
+        alpha: miscoverage of the CI.
+        propensity_clip: c_pi; pi_hat is clipped to [c_pi, 1 - c_pi] (observational only).
+        pseudo_outcome_clip: optional public K < B; pseudo-outcomes are clipped to [-K, K].
+        fold_fractions: fractions of n per fold; None means the design's default
+            ((0.25, 0.25, 0.5) observational, (0.2, 0.2, 0.6) observational with
+            ``dp_linear`` when n epsilon <= 5000, (0.5, 0.5) RCT, (1.0,) RCT without nuisance).
+        mean_share: f, the share of the estimation budget spent on the mean; None means the
+            public default (``DEFAULT_MEAN_SHARE``; with cross-fitting the rule of
+            ``cross_fit_mean_share``).
+        variance_inflation: use V_hat + z_{1 - alpha_v} s_2 in the CI (§3.2 step 9).
+        alpha_v: level of the variance inflation.
+        nuisance: ``"dp_ebm"``, ``"dp_linear"`` or ``"none"`` (RCT only: mu_hat = midpoint
+            of the bounds).
+        cross_fit: 2-fold cross-fitting (``dp_linear`` only; fold_fractions must be None).
+        nuisance_share: cross-fitting only: the share of (epsilon, delta) spent on the
+            nuisance fits; the rest goes to the DP mean and second moment over all n. None
+            means the public rule ``default_nuisance_share(n, epsilon)``.
+        regularization: ``dp_linear`` ridge lambda (logistic and outcome); None means the
+            public rules ``m^(-1/3)`` (logistic) and ``min(m^(-1/2), sqrt(d) sigma / m)`` (ridge
+            floor; sigma the public noise sd of the ridge statistics) for m fit records.
+        adaptive_clip: charged adaptive clipping (proof §13): spend ``ADAPTIVE_CLIP_SHARE`` of
+            the estimation budget on a DP quantile of |Gamma| and clip at
+            ``K = min(B, kappa(n2) Q)`` instead of B. Excludes ``pseudo_outcome_clip``.
+    """
+
+    epsilon: float
+    delta: float
+    alpha: float = 0.05
+    propensity_clip: float = 0.1
+    pseudo_outcome_clip: float | None = None
+    fold_fractions: tuple[float, ...] | None = None
+    mean_share: float | None = None
+    variance_inflation: bool = False
+    alpha_v: float = 0.05
+    nuisance: Nuisance = "dp_ebm"
+    cross_fit: bool = False
+    nuisance_share: float | None = None
+    regularization: float | None = None
+    adaptive_clip: bool = False
+
+
+def default_adaptive_clip(domain: PublicDomain, pseudo_outcome_clip: float | None) -> bool:
+    """Public rule for an omitted clip choice: adaptive on randomised designs unless a public
+    ``pseudo_outcome_clip`` was given (proof §13; bench/results/realistic-*.json)."""
+    return pseudo_outcome_clip is None and domain.design == StudyDesign.RCT
+
+
+def default_nuisance_share(n: int, epsilon: float) -> float:
+    """Cross-fitting's public default nuisance share: ``clip(K / (n epsilon), 0.05, 0.5)``.
+
+    K = ``CROSS_FIT_SHARE_RECORD_EPSILONS`` (50,000). A function of the public n and the
+    requested epsilon only (never of the data), so the budget split is public (proof §12). At
+    n = 10^6, epsilon = 1 it is 0.05; for n epsilon <= 100,000 it is 0.5 (the former default).
+    """
+    share = CROSS_FIT_SHARE_RECORD_EPSILONS / (float(n) * float(epsilon))
+    return min(DEFAULT_NUISANCE_SHARE, max(MIN_NUISANCE_SHARE, share))
+
+
+def cross_fit_mean_share(
+    n: int, bound: float, outcome_range: float, epsilon_stat: float, delta_stat: float
+) -> float:
+    """Cross-fitting's public default mean share f (constants above; proof §12).
+
+    ``CROSS_FIT_MEAN_SHARE_HIGH`` if ``B^2 sigma_G((1 - f) eps, (1 - f) delta) / n <=
+    SECOND_MOMENT_NOISE_LIMIT (R / 2)^2`` at that f, else ``DEFAULT_MEAN_SHARE``. Inputs are
+    public (n, B, R and the estimation budget).
+    """
+    high = CROSS_FIT_MEAN_SHARE_HIGH
+    _, epsilon_v = split_share(epsilon_stat, high)
+    _, delta_v = split_share(delta_stat, high)
+    s_2 = bound * bound * analytic_gaussian_multiplier(epsilon_v, delta_v) / n
+    half_range = outcome_range / 2.0
+    return (
+        high if s_2 <= SECOND_MOMENT_NOISE_LIMIT * half_range * half_range else DEFAULT_MEAN_SHARE
+    )
+
+
+def resolved_shares(
+    domain: PublicDomain, epsilon: float, delta: float, bound: float, params: AteStrictParams
+) -> tuple[float | None, float]:
+    """The (nuisance_share, mean_share) a request uses: explicit values, else the public rules.
+
+    nuisance_share is None without cross-fitting. Pure function of public inputs.
+    """
+    if not params.cross_fit:
+        mean_share = DEFAULT_MEAN_SHARE if params.mean_share is None else params.mean_share
+        return None, mean_share
+    nuisance_share = (
+        default_nuisance_share(domain.n, epsilon)
+        if params.nuisance_share is None
+        else params.nuisance_share
+    )
+    if params.mean_share is not None:
+        return nuisance_share, params.mean_share
+    share = validate_alpha(nuisance_share, name="nuisance_share")
+    _, epsilon_stat = split_share(epsilon, share)
+    _, delta_stat = split_share(delta, share)
+    mean_share = cross_fit_mean_share(
+        domain.n, bound, domain.outcome_range, epsilon_stat, delta_stat
+    )
+    return nuisance_share, mean_share
+
+
+def default_fold_fractions(
+    domain: PublicDomain,
+    nuisance: Nuisance,
+    cross_fit: bool = False,
+    epsilon: float | None = None,
+) -> tuple[float, ...]:
+    """The design's default fold fractions (cross-fitting: two halves).
+
+    ``dp_linear`` (observational) uses (0.2, 0.2, 0.6) when ``n epsilon <=
+    DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON`` (public n and requested epsilon), else the spec's
+    (0.25, 0.25, 0.5); without epsilon, the spec's.
+    """
+    if cross_fit:
+        return CROSS_FIT_FOLDS
+    if domain.design == StudyDesign.RCT:
+        return DEFAULT_FOLDS_RCT_NO_NUISANCE if nuisance == "none" else DEFAULT_FOLDS_RCT
+    if (
+        nuisance == "dp_linear"
+        and epsilon is not None
+        and domain.n * epsilon <= DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON
+        and small_folds_fit(domain.n)
+    ):
+        return DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR
+    return DEFAULT_FOLDS_OBSERVATIONAL
+
+
+def default_cross_fit(
+    domain: PublicDomain,
+    nuisance: Nuisance,
+    fold_fractions: tuple[float, ...] | None,
+    epsilon: float,
+) -> bool:
+    """Public rule for an omitted ``cross_fit``: ``dp_linear`` on an observational design
+    cross-fits above ``n epsilon = DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON``, unless fold fractions
+    were given. Below it the split estimator (small folds) covers and is narrower; above it the
+    split estimator under-covers (0.918-0.926 at n epsilon >= 25000) while cross-fitting stays in
+    [0.93, 0.97] (bench/results/ate_coverage-grid-rules.json, 500 reps per cell).
+    """
+    return (
+        nuisance == "dp_linear"
+        and fold_fractions is None
+        and domain.design != StudyDesign.RCT
+        and domain.n * epsilon > DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON
+    )
+
+
+def small_folds_fit(n: int) -> bool:
+    """Whether dp_linear's small default folds all reach the minimum fold size."""
+    sizes = fold_sizes(n, DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR)
+    return min(sizes) >= MIN_FOLD_SIZE
+
+
+def module_names(
+    domain: PublicDomain, nuisance: Nuisance, cross_fit: bool = False
+) -> tuple[str, ...]:
+    if cross_fit:
+        return ("half_1", "half_2")
+    if domain.design == StudyDesign.RCT:
+        return ("estimation",) if nuisance == "none" else ("outcome", "estimation")
+    return ("propensity", "outcome", "estimation")
+
+
+def default_delta_for(
+    domain: PublicDomain,
+    fold_fractions: tuple[float, ...] | None = None,
+    nuisance: Nuisance = "dp_ebm",
+    cross_fit: bool = False,
+    epsilon: float | None = None,
+) -> float:
+    """README §1.7 default delta, ``min(1e-5, 1 / (10 n_min))`` over this release's folds."""
+    validate_domain(domain, nuisance)
+    validate_cross_fit(nuisance, cross_fit, fold_fractions)
+    fractions = validate_fractions(domain, nuisance, fold_fractions, cross_fit, epsilon)
+    return default_delta(min(fold_sizes(domain.n, fractions)))
+
+
+def validate_domain(domain: PublicDomain, nuisance: Nuisance) -> None:
+    """Reject an unusable public schema or nuisance choice (shared with ``cate_function``)."""
+    if isinstance(domain.n, bool) or not isinstance(domain.n, int) or domain.n < 1:
+        raise InvalidParameters("the dataset size n must be a positive integer")
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    if lower.ndim != 1 or lower.shape != upper.shape or lower.size == 0:
+        raise InvalidParameters("covariate bounds must be two vectors of the same length q >= 1")
+    if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper)) and np.all(lower < upper)):
+        raise InvalidParameters("covariate bounds must be finite with lower < upper")
+    if not (math.isfinite(domain.y_lower) and math.isfinite(domain.y_upper)):
+        raise InvalidParameters("outcome bounds must be finite")
+    if not domain.y_lower < domain.y_upper:
+        raise InvalidParameters("outcome bounds must satisfy y_lower < y_upper")
+    validate_finite_positive(domain.outcome_range, "outcome range")
+    if nuisance not in NUISANCES:
+        raise InvalidParameters("nuisance must be 'dp_ebm', 'dp_linear' or 'none'")
+    if domain.design == StudyDesign.RCT:
+        p = domain.treatment_probability
+        if p is None or isinstance(p, bool) or not isinstance(p, int | float):
+            raise InvalidParameters("an RCT needs a declared treatment_probability")
+        if not (math.isfinite(p) and 0.0 < p < 1.0):
+            raise InvalidParameters("treatment_probability must be in (0, 1)")
+    elif domain.design == StudyDesign.OBSERVATIONAL:
+        if nuisance == "none":
+            raise InvalidParameters("nuisance='none' is only valid for an RCT design")
+    else:
+        raise InvalidParameters("unknown study design")
+
+
+def validate_cross_fit(
+    nuisance: Nuisance, cross_fit: object, fold_fractions: tuple[float, ...] | None
+) -> None:
+    if not isinstance(cross_fit, bool):
+        raise InvalidParameters("cross_fit must be a boolean")
+    if cross_fit and nuisance != "dp_linear":
+        raise InvalidParameters("cross_fit=true needs nuisance='dp_linear'")
+    if cross_fit and fold_fractions is not None:
+        raise InvalidParameters("fold_fractions must be omitted with cross_fit=true (two halves)")
+
+
+def validate_fractions(
+    domain: PublicDomain,
+    nuisance: Nuisance,
+    fold_fractions: tuple[float, ...] | None,
+    cross_fit: bool = False,
+    epsilon: float | None = None,
+) -> tuple[float, ...]:
+    """The fold fractions (given or default), checked: one per module, sum 1, every fold at
+    least ``MIN_FOLD_SIZE`` records (shared with ``cate_function``)."""
+    modules = module_names(domain, nuisance, cross_fit)
+    fractions = (
+        default_fold_fractions(domain, nuisance, cross_fit, epsilon)
+        if fold_fractions is None
+        else fold_fractions
+    )
+    return checked_fractions(domain.n, modules, fractions)
+
+
+def split_share(total: float, share: float) -> tuple[float, float]:
+    """Split ``total`` into (share * total, rest) with ``first + second == total`` exactly.
+
+    The larger part is the rounded product; the smaller is ``total - larger``, which is exact by
+    Sterbenz's lemma (larger >= total / 2), so the float sum is exactly ``total``.
+    """
+    if share >= 0.5:
+        first = total * share
+        second = total - first
+    else:
+        second = total * (1.0 - share)
+        first = total - second
+    if first + second != total or first <= 0.0 or second <= 0.0:
+        raise InvalidParameters("the budget split does not add up exactly")
+    return first, second
