@@ -55,6 +55,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from service.mechanisms import ate_strict, versus_ate
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
     default_delta,
@@ -72,7 +73,12 @@ from service.mechanisms.dp_ebm import (
     solve_dp_ebm_epsilon_p,
 )
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
-from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
+from service.mechanisms.noise import (
+    GaussianCalibration,
+    NoiseSampler,
+    calibrate_gaussian,
+    release_gaussian,
+)
 from service.mechanisms.partition import checked_fractions, fold_sizes, prepare_arrays, random_folds
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
@@ -98,6 +104,8 @@ MIN_RIDGE = 1e-3
 STRICT_RIDGE_GRID = (0.1, 0.3, 1.0, 3.0)
 RIDGE_RULE_FRACTION = 0.2
 PAPER_RIDGE = 1e-3
+# proof step 7: the anchor ATE's share of the estimation budget (public).
+ANCHOR_SHARE = 0.2
 _FD_STEP = 1e-8  # finite-difference step of the sup search (scipy's L-BFGS-B default)
 
 
@@ -118,6 +126,10 @@ class CateVectorParams:
         lengthscale: l of the Gaussian kernel on unit-scaled covariates.
         fold_fractions: per module; default (0.25, 0.25, 0.5) strict observational,
             (0.5, 0.5) strict RCT, (0.5, 0.5) paper (nuisances, estimation).
+        anchor: strict only (proof step 7): spend ``ANCHOR_SHARE`` of the estimation budget on
+            a DP ATE of the estimation fold (adaptive clip, as ``ate_strict``), fit the second
+            stage on targets centred at it (so the ridge shrinks toward the ATE, not toward 0)
+            and shrink the released deviations toward it (James–Stein, public noise variances).
     """
 
     points: tuple[tuple[float, ...], ...]
@@ -131,6 +143,7 @@ class CateVectorParams:
     n_features: int = 50
     lengthscale: float = 0.3
     fold_fractions: tuple[float, ...] | None = None
+    anchor: bool = False
 
 
 def modules(domain: PublicDomain, mode: Mode) -> tuple[str, ...]:
@@ -189,6 +202,17 @@ def theta_sensitivity(bound_r: float, ridge: float, n2: int, feature_norm: float
 
 
 @dataclass(frozen=True)
+class AnchorPlan:
+    """The anchor ATE of the estimation fold (proof step 7): a DP quantile sets the clip K of
+    the anchor pseudo-outcomes (bound ``bound``), then a Gaussian mean at (epsilon, delta)."""
+
+    bound: float
+    quantile_epsilon: float
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
 class Plan:
     params: CateVectorParams
     guarantee: Guarantee
@@ -201,6 +225,7 @@ class Plan:
     theta: GaussianCalibration | None  # strict only
     record: MechanismRecord
     cate_bound: float  # R_Y: tau = mu_1 - mu_0 lies in [-R_Y, R_Y]
+    anchor: AnchorPlan | None = None
 
     @property
     def n2(self) -> int:
@@ -255,6 +280,9 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
     events: list[NoiseEvent] = []
     accounting: DpEbmAccounting | None = None
     theta: GaussianCalibration | None = None
+    anchor: AnchorPlan | None = None
+    if params.anchor and params.mode != "strict":
+        raise InvalidParameters("the ATE anchor (shrinkage='ate') is available in strict mode only")
     if params.mode == "strict":
         guarantee = Guarantee.STRICT
         accounting = solve_dp_ebm_epsilon_p(epsilon, delta)
@@ -289,15 +317,36 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         nominal = theta_sensitivity(bound_r, ridge, sizes[-1], input_norm)
         radius = bound_r / math.sqrt(ridge)
         sensitivity = math.nextafter(nominal + 2.0 * _SOLVE_SLACK * radius, math.inf)
+        epsilon_theta, delta_theta = epsilon, delta
+        if params.anchor:
+            # proof step 7: the anchor ATE takes ANCHOR_SHARE of the estimation budget: its
+            # quantile (delta 0) and its mean; the ridge stage keeps the rest (exact splits).
+            epsilon_anchor, epsilon_theta = ate_strict.split_share(epsilon, ANCHOR_SHARE)
+            delta_anchor, delta_theta = ate_strict.split_share(delta, ANCHOR_SHARE)
+            epsilon_q, epsilon_mean = ate_strict.split_share(
+                epsilon_anchor, ate_strict.ADAPTIVE_CLIP_SHARE
+            )
+            # |Gamma_R| = |a - pi||y - m| / (pi (1 - pi)) <= R / c; DR: the targets' bound.
+            anchor_bound = big_r / clip if params.learner == "r" else bound_r
+            anchor = AnchorPlan(anchor_bound, epsilon_q, epsilon_mean, delta_anchor)
+            mean_worst = calibrate_gaussian(
+                epsilon_mean, delta_anchor, 2.0 * anchor_bound / sizes[-1]
+            )
+            events.append(ate_strict.quantile_event(epsilon_q, anchor_bound, sizes[-1]))
+            events.append(
+                ate_strict.adaptive_gaussian_event(
+                    "anchor_ate_mean", "2 K / n2", mean_worst, anchor_bound
+                )
+            )
         theta = calibrate_gaussian(
-            epsilon, delta, sensitivity, dim=params.n_features + 1 + domain.q
+            epsilon_theta, delta_theta, sensitivity, dim=params.n_features + 1 + domain.q
         )
         events.append(
             NoiseEvent(
                 type="gaussian",
                 module="estimation",
-                epsilon=epsilon,
-                delta=delta,
+                epsilon=epsilon_theta,
+                delta=delta_theta,
                 params={
                     "statistic": "ridge coefficients on random Fourier features",
                     "sampler": "opendp discrete gaussian on 2^k lattice",
@@ -341,8 +390,8 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         fold_sizes=dict(zip(names, sizes, strict=True)),
         composition=composition,
         events=tuple(events),
-        epsilon=max(e.epsilon for e in events),
-        delta=max(e.delta for e in events),
+        epsilon=_module_max(events, "epsilon"),
+        delta=_module_max(events, "delta"),
     )
     return Plan(
         params,
@@ -356,7 +405,16 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         theta,
         record,
         cate_bound=big_r,
+        anchor=anchor,
     )
+
+
+def _module_max(events: list[NoiseEvent], field: str) -> float:
+    """Theorem 6: the max over modules of each module's sequential (exact) sum."""
+    totals: dict[str, list[float]] = {}
+    for event in events:
+        totals.setdefault(event.module, []).append(float(getattr(event, field)))
+    return max(math.fsum(values) for values in totals.values())
 
 
 def plan(domain: PublicDomain, params: CateVectorParams) -> MechanismRecord:
@@ -535,17 +593,93 @@ def second_stage_data(
     mu0: NDArray[np.float64],
     mu1: NDArray[np.float64],
     bound_r: float,
+    offset: float = 0.0,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Row-wise features and targets of the second stage, with |r| <= B_r and ||v|| <= C.
 
     R (Robinson form): ``r = y - m``, ``m = pi mu1 + (1 - pi) mu0``, ``v = (a - pi) phi``.
-    DR: ``r = clip(psi_AIPW, -K, K)``, ``v = phi``.
+    DR: ``r = clip(psi_AIPW, -K, K)``, ``v = phi``. With an ``offset`` (the DP anchor ATE, proof
+    step 7) the targets are centred at it, ``r - (a - pi) offset`` (R) or ``psi - offset`` (DR),
+    and clipped again to [-B_r, B_r]: a row-wise map with public (or DP) constants.
     """
     if learner == "r":
         m = pi_hat * mu1 + (1.0 - pi_hat) * mu0
-        targets = np.clip(y - m, -bound_r, bound_r)
+        targets = np.clip(y - m - (a - pi_hat) * offset, -bound_r, bound_r)
         return (a - pi_hat)[:, None] * phi, targets
-    return phi, pseudo_outcomes(a, y, pi_hat, mu0, mu1, bound=bound_r)
+    psi = pseudo_outcomes(a, y, pi_hat, mu0, mu1, bound=bound_r)
+    return phi, np.asarray(np.clip(psi - offset, -bound_r, bound_r), dtype=np.float64)
+
+
+def anchor_pseudo_outcomes(
+    learner: Learner,
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    pi_hat: NDArray[np.float64],
+    mu0: NDArray[np.float64],
+    mu1: NDArray[np.float64],
+    bound: float,
+) -> NDArray[np.float64]:
+    """Row-wise pseudo-outcomes of the anchor ATE, in [-bound, bound] (proof step 7).
+
+    R: ``(a - pi)(y - m) / (pi (1 - pi))`` (its conditional mean is tau(x) when pi is right;
+    ``|.| <= R / c``); DR: the AIPW pseudo-outcome clipped to the public K.
+    """
+    if learner == "dr":
+        return pseudo_outcomes(a, y, pi_hat, mu0, mu1, bound=bound)
+    m = pi_hat * mu1 + (1.0 - pi_hat) * mu0
+    with np.errstate(all="ignore"):
+        gamma = (a - pi_hat) * (y - m) / (pi_hat * (1.0 - pi_hat))
+    gamma = np.where(np.isfinite(gamma), gamma, 0.0)
+    return np.asarray(np.clip(gamma, -bound, bound), dtype=np.float64)
+
+
+def release_anchor(gamma: NDArray[np.float64], state: Plan, noise: NoiseSampler) -> float:
+    """proof step 7: the DP anchor ATE, as ``ate_strict``'s adaptive clipping (proof §13 there):
+    an epsilon_q-DP quantile of |Gamma| sets K, then the mean of Gamma clipped to K plus a
+    lattice Gaussian calibrated at 2K / n2; clipped to the public CATE range."""
+    anchor = state.anchor
+    if anchor is None:
+        raise ValueError("no anchor in this plan")
+    n2 = int(gamma.size)
+    quantile = noise.quantile(
+        np.abs(gamma),
+        candidates=ate_strict.adaptive_clip_candidates(anchor.bound),
+        level=ate_strict.ADAPTIVE_CLIP_LEVEL,
+        epsilon=anchor.quantile_epsilon,
+    )
+    clip = ate_strict.adaptive_clip_bound(quantile, anchor.bound, n2)
+    mean, _ = ate_strict.d2_statistics(gamma, bound=clip)
+    calibration = calibrate_gaussian(
+        anchor.epsilon, anchor.delta, ate_strict.float_slack(2.0 * clip / n2, n2)
+    )
+    value = float(release_gaussian(np.array([mean]), calibration, noise)[0])
+    return float(np.clip(value, -state.cate_bound, state.cate_bound))
+
+
+def james_stein_factor(
+    deviations: NDArray[np.float64],
+    noise_trace: float,
+    noise_trace_squared: float,
+    prior_sd: float,
+) -> float:
+    """The factor lambda of ``anchor + lambda * deviation`` (post-processing, proof step 7).
+
+    ``noise_trace`` and ``noise_trace_squared`` are ``tr(Sigma)`` and ``tr(Sigma^2)`` of the
+    deviations' public noise covariance. With at least 3 points, a positive-part James–Stein
+    factor that keeps only the spread the noise cannot explain with a 2-sd margin:
+    ``max(0, 1 - (tr Sigma + 2 sqrt(2 tr Sigma^2)) / sum(dev^2))`` (under pure noise
+    ``sum(dev^2)`` has mean ``tr Sigma`` and sd ``sqrt(2 tr Sigma^2)``, so the release falls
+    back to the anchor unless heterogeneity is detectable; correlated noise across points has
+    fewer effective dimensions, and the margin scales with it). With fewer points, the
+    prior-based ``prior^2 / (prior^2 + tr Sigma / d)``.
+    """
+    d = int(deviations.size)
+    if d >= 3:
+        spread = float(np.sum(deviations * deviations))
+        margin = noise_trace + 2.0 * math.sqrt(2.0 * noise_trace_squared)
+        return max(0.0, 1.0 - margin / spread) if spread > 0.0 else 0.0
+    noise = noise_trace / max(d, 1)
+    return prior_sd * prior_sd / (prior_sd * prior_sd + noise)
 
 
 Nuisance = Callable[[NDArray[np.float64]], tuple[NDArray[np.float64], ...]]
@@ -628,7 +762,7 @@ def run(
     """Release the vector after the charge; ``ReleaseFailed`` on any data-time failure."""
     state = make_plan(domain, params)
     try:
-        fitted = fit(arrays, domain, state, rng=rng, progress=progress)
+        fitted = fit(arrays, domain, state, rng=rng, progress=progress, noise=noise)
         out = release(fitted, state, noise=noise)
         progress(1.0, "done")
         return out
@@ -649,6 +783,7 @@ class VectorFit:
     theta: NDArray[np.float64]
     phi_points: NDArray[np.float64]
     gamma_hat: float | None
+    anchor: float | None = None  # the DP anchor ATE (strict with anchor; public once drawn)
 
 
 def fit(
@@ -658,8 +793,10 @@ def fit(
     *,
     rng: np.random.Generator,
     progress: Progress,
+    noise: NoiseSampler | None = None,
 ) -> VectorFit:
-    """Partition, nuisances, second stage and (paper) gamma_hat; no noise yet.
+    """Partition, nuisances, second stage and (paper) gamma_hat; no noise yet, except the
+    anchor ATE's (strict with ``anchor``: it must precede the centred second stage).
 
     Nothing here depends on epsilon in paper mode, so the benchmark harness reuses one fit for
     several epsilons (``release`` with each plan); the service always calls ``run``.
@@ -681,8 +818,15 @@ def fit(
     x2, a2, y2 = x[rows], a[rows], y[rows]
     pi2, mu02, mu12 = nuisance(x2)
     phi2 = feature_map(x2)
+    anchor: float | None = None
+    if state.anchor is not None:
+        if noise is None:
+            raise ValueError("the anchor ATE needs the noise sampler")
+        gamma = anchor_pseudo_outcomes(params.learner, a2, y2, pi2, mu02, mu12, state.anchor.bound)
+        anchor = release_anchor(gamma, state, noise)
+        del gamma
     features, targets = second_stage_data(
-        params.learner, phi2, a2, y2, pi2, mu02, mu12, state.bound_r
+        params.learner, phi2, a2, y2, pi2, mu02, mu12, state.bound_r, offset=anchor or 0.0
     )
     theta = ridge_fit(features, targets, params.ridge, state.bound_r)
     del x2, a2, y2, features, targets
@@ -700,7 +844,7 @@ def fit(
         overlap = float(np.mean(pi2 * (1.0 - pi2))) if params.learner == "r" else 1.0
         gamma_hat = influence_sup(params.learner, nuisance, g, domain, overlap=overlap, rng=rng)
     progress(0.9, "second stage")
-    return VectorFit(estimates, theta, phi_points, gamma_hat)
+    return VectorFit(estimates, theta, phi_points, gamma_hat, anchor)
 
 
 def paper_noise_sd(fitted: VectorFit, state: Plan) -> float:
@@ -719,6 +863,29 @@ def release(fitted: VectorFit, state: Plan, *, noise: NoiseSampler) -> dict[str,
             fitted.theta, sigma=state.theta.sigma, sensitivity_l2=state.theta.sensitivity_l2
         )
         values = fitted.phi_points @ theta_dp
+        if fitted.anchor is not None:
+            # proof step 7 (post-processing): the centred fit's deviations, shrunk toward the
+            # anchor given their exact public noise covariance.
+            # Sigma = sigma^2 Phi Phi': tr = sigma^2 |Phi|_F^2, tr(Sigma^2) = sigma^4 |Phi'Phi|_F^2
+            phi = fitted.phi_points
+            variance = state.theta.sigma**2
+            gram = phi.T @ phi
+            prior = state.cate_bound / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
+            factor = james_stein_factor(
+                values,
+                variance * float(np.sum(phi * phi)),
+                variance * variance * float(np.sum(gram * gram)),
+                prior,
+            )
+            shrunk = np.clip(fitted.anchor + factor * values, -bound, bound)
+            if not np.all(np.isfinite(shrunk)):
+                raise ValueError("non-finite release")
+            return {
+                **_public(state),
+                "estimates": [float(v) for v in shrunk],
+                "ate_anchor": fitted.anchor,
+                "shrinkage_factor": factor,
+            }
     else:
         r = paper_noise_sd(fitted, state)
         # r is data-dependent and never released; the sampler's check uses r as its own scale.

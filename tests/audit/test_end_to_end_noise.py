@@ -22,7 +22,7 @@ import pytest
 from numpy.typing import NDArray
 
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
-from service.mechanisms.noise import OpenDPSampler
+from service.mechanisms.noise import OpenDPSampler, calibrate_gaussian
 from service.mechanisms.records import MechanismRecord, NoiseEvent
 from service.releases.kinds import REGISTRY
 
@@ -91,6 +91,15 @@ def _matches(draw: dict[str, Any], event: NoiseEvent) -> bool:
         return False
     if draw["type"] == "exponential_quantile":
         return bool(draw["epsilon"] == event.epsilon)
+    if draw["type"] == "gaussian" and params.get("bound") == "adaptive":
+        # the scale follows the released clip K (ate_strict proof §13): the draw must be the
+        # event's own calibration at the draw's sensitivity, and at most the planned maximum
+        expected = calibrate_gaussian(event.epsilon, event.delta, draw["sensitivity"])
+        return bool(
+            draw["scale"] == expected.sigma
+            and draw["scale"] <= float(params["sigma_max"])
+            and draw["dim"] == 1
+        )
     if draw["type"] == "gaussian":
         scale, sensitivity = params.get("sigma"), params.get("sensitivity_l2")
     else:
@@ -109,11 +118,17 @@ CASES = [
     ("ate", {"epsilon": 1.0, "estimator": "ipw"}, StudyDesign.OBSERVATIONAL),
     ("ate", {"epsilon": 1.0, "estimator": "rct_difference"}, StudyDesign.RCT),
     ("ate", {"epsilon": 1.0, "nuisance": "none", "clip": "declared"}, StudyDesign.RCT),
+    ("ate", {"epsilon": 1.0}, StudyDesign.RCT),  # adaptive clipping (the RCT default)
     ("uplift_table", {"epsilon": 1.0}, StudyDesign.RCT),
     (
         "cate_vector",
         {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8], [0.9, 0.1, 0.4]]},
         StudyDesign.RCT,
+    ),
+    (
+        "cate_vector",
+        {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]], "shrinkage": "none", "learner": "dr"},
+        StudyDesign.OBSERVATIONAL,
     ),
 ]
 

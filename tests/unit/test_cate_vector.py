@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -413,3 +414,63 @@ def test_suggested_ridge_is_public_and_the_adapter_default(
         allow_paper_mode=True,
     )
     assert kind.quote(paper, paper_domain)["ridge"] == cv.PAPER_RIDGE
+
+
+# ---- ATE anchor and James–Stein shrinkage (proof step 7) -------------------------------------
+
+
+def test_anchor_splits_the_estimation_budget_exactly() -> None:
+    params = cv.CateVectorParams(points=POINTS, epsilon=1.0, delta=1e-6, ridge=0.3, anchor=True)
+    record = cv.plan(domain(), params)
+    estimation = [e for e in record.events if e.module == "estimation"]
+    assert [e.type for e in estimation] == ["exponential_quantile", "gaussian", "gaussian"]
+    assert math.fsum(e.epsilon for e in estimation) == 1.0
+    assert math.fsum(e.delta for e in estimation) == 1e-6
+    assert (record.epsilon, record.delta) == (1.0, 1e-6)
+    assert estimation[0].epsilon + estimation[1].epsilon == pytest.approx(cv.ANCHOR_SHARE)
+    with pytest.raises(InvalidParameters, match="strict mode only"):
+        cv.plan(domain(paper=True), replace(params, mode="paper"))
+
+
+def test_james_stein_factor_falls_back_to_the_anchor_on_noise_and_keeps_signal() -> None:
+    rng = np.random.default_rng(0)
+    trace, trace_squared = 200 * 4.0, 200 * 16.0  # independent noise, variance 4 per point
+    for seed in range(20):  # pure noise: lambda is 0 unless the spread beats the 2-sd margin
+        noise_only = np.random.default_rng(seed).normal(0.0, 2.0, 200)
+        assert cv.james_stein_factor(noise_only, trace, trace_squared, prior_sd=1.0) < 0.05
+    signal = np.linspace(-20.0, 20.0, 200) + rng.normal(0.0, 2.0, 200)
+    assert cv.james_stein_factor(signal, trace, trace_squared, prior_sd=1.0) > 0.95
+    # fewer than 3 points: the prior-based factor prior^2 / (prior^2 + tr / d)
+    assert cv.james_stein_factor(np.array([5.0]), 3.0, 9.0, prior_sd=1.0) == 0.25
+
+
+def test_anchored_release_is_never_far_from_the_ate_on_a_constant_effect() -> None:
+    """True CATE = 1 everywhere (RCT): the anchored vector sits near 1; the raw one does not."""
+    n = 4000
+    dom = domain(n, rct=True)
+    truth = 1.0
+    errors: dict[bool, list[float]] = {True: [], False: []}
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        x = rng.uniform(0.0, 1.0, size=(n, 2))
+        a = (rng.uniform(size=n) < 0.5).astype(np.float64)
+        y = np.clip(x[:, 0] + truth * a + rng.normal(0.0, 0.5, n), -2.0, 5.0)
+        for anchor in (True, False):
+            params = cv.CateVectorParams(
+                points=POINTS, epsilon=1.0, delta=1e-6, ridge=0.3, anchor=anchor
+            )
+            out = cv.run(
+                Arrays(x=x, a=a, y=y),
+                dom,
+                params,
+                rng=np.random.default_rng(100 + seed),
+                noise=SeededSampler(np.random.default_rng(200 + seed)),
+                progress=lambda f, s: None,
+            )
+            values = np.asarray(out["estimates"])
+            errors[anchor].append(float(np.sqrt(np.mean((values - truth) ** 2))))
+            if anchor:
+                assert 0.0 <= out["shrinkage_factor"] <= 1.0
+                assert abs(out["ate_anchor"] - truth) < 0.5
+    assert max(errors[True]) < 0.5
+    assert np.mean(errors[True]) < np.mean(errors[False])

@@ -38,6 +38,10 @@ class CateVectorRequest(KindParams):
     n_features: StrictInt = Field(default=50, ge=1, le=cate_vector.MAX_FEATURES)
     lengthscale: StrictFloat = Field(default=0.3, gt=0, allow_inf_nan=False)
     fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=2, max_length=3)
+    # "ate" (strict default): spend 20 % of the estimation budget on a DP ATE, fit the CATE as
+    # deviations from it and shrink them toward it (James–Stein with the public noise
+    # variances), so a noisy CATE falls back to the ATE. "none": the raw ridge release.
+    shrinkage: Literal["ate", "none"] | None = None
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -73,6 +77,7 @@ def to_mechanism_params(
         n_features=params.n_features,
         lengthscale=params.lengthscale,
         fold_fractions=params.fold_fractions,
+        anchor=(params.shrinkage or ("ate" if params.mode == "strict" else "none")) == "ate",
     )
     if params.ridge is not None:
         return replace(mech, ridge=params.ridge)
