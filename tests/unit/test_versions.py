@@ -19,3 +19,13 @@ def test_client_version_is_the_api_version() -> None:
     """
     committed = json.loads((ROOT / "openapi" / "openapi.json").read_text())["info"]["version"]
     assert dpcurator.__version__ == service.__version__ == committed
+
+
+def test_cli_reports_the_api_version() -> None:
+    from click.testing import CliRunner
+
+    from dpcurator.cli import cli
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == service.__version__
