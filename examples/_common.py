@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python examples/<name>.py` from a checkout
-    sys.path.insert(0, str(ROOT))
+from dpcurator import CuratorClient, Release
+from dpcurator.client import DEFAULT_URL
 
-from service.client import CuratorClient, Release  # noqa: E402
-from service.client.client import DEFAULT_URL  # noqa: E402
-
-DATA = ROOT / "examples" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def arguments(description: str) -> argparse.Namespace:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from _common import DATA, arguments, progress, roles
 
-from service.client import AteResult
-from service.client.plots import plot_ate, plot_budget_spend
+from dpcurator import AteResult
+from dpcurator.plots import plot_ate, plot_budget_spend
 
 TARGET_HALF_WIDTH = 0.5
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from _common import DATA, arguments, progress, roles
 
-from service.client import AteResult, UpliftTable
-from service.client.plots import plot_ate, plot_budget_spend
+from dpcurator import AteResult, UpliftTable
+from dpcurator.plots import plot_ate, plot_budget_spend
 
 
 def main() -> None:

@@ -27,8 +27,8 @@ import time
 
 from _common import DATA, arguments, client_key, progress, roles
 
-from service.client import CuratorClient, FunctionEvaluation
-from service.client.plots import plot_budget_spend, plot_cate_slice
+from dpcurator import CuratorClient, FunctionEvaluation
+from dpcurator.plots import plot_budget_spend, plot_cate_slice
 
 EPSILON = 1.0
 TARGET_NOISE_SD = 0.4  # the pointwise noise sd the analyst accepts (public)

@@ -19,7 +19,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from service.cli import cli
+from dpcurator.cli import cli
 from tests.api.test_client import module_server
 from tests.conftest import ADMIN_KEY
 
@@ -282,7 +282,7 @@ def test_release_predict(run: Dpcurator, study: dict[str, str], tmp_path: Path) 
 
 def test_entry_point_never_prints_a_traceback(live_url: str) -> None:
     env = {**os.environ, "CURATOR_URL": live_url, "CURATOR_KEY": "wrong-key"}
-    cmd = [sys.executable, "-m", "service.cli"]
+    cmd = [sys.executable, "-m", "dpcurator.cli"]
     proc = subprocess.run(
         [*cmd, "dataset", "list"], env=env, capture_output=True, text=True, timeout=60
     )

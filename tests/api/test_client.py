@@ -17,7 +17,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
-from service.client import (
+from dpcurator import (
     PROBLEM_CLASSES,
     AteResult,
     BudgetExhausted,
@@ -41,7 +41,7 @@ from service.client import (
     UpliftTable,
     ValidationFailed,
 )
-from service.client.errors import problem_from_body
+from dpcurator.errors import problem_from_body
 from service.problems import ALL_PROBLEMS
 from tests.conftest import ADMIN_KEY, _truncate
 from tests.live import live_server

@@ -94,3 +94,11 @@ def test_observational_data_is_reproducible(tmp_path: Path) -> None:
     assert make_observational.generate() == committed
     schema = json.loads((EXAMPLES / "data" / "observational_schema.json").read_text())
     assert schema == make_observational.SCHEMA
+
+
+def test_readme_installs_the_client_before_running_the_examples() -> None:
+    """The examples need the client distribution; the server's install does not bring it."""
+    block = (EXAMPLES / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [ln.split("#")[0].strip() for ln in block.splitlines()]
+    install = lines.index('pip install "./clients/python[plots]"')
+    assert install < min(i for i, ln in enumerate(lines) if ln.startswith("python examples/"))

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from service.client.models import LedgerEntry, Release
-from service.client.plots import plot_ate, plot_budget_spend, plot_cate_slice, plot_shape_functions
-from service.client.results import (
+from dpcurator.models import LedgerEntry, Release
+from dpcurator.plots import plot_ate, plot_budget_spend, plot_cate_slice, plot_shape_functions
+from dpcurator.results import (
     AteResult,
     CateVectorResult,
     EbmShapeResult,

@@ -17,12 +17,12 @@ from typing import Any, NoReturn
 
 import click
 
-from service import __version__
-from service.cli import render
-from service.client.client import DEFAULT_URL, CuratorClient
-from service.client.errors import CuratorError, ProblemError
-from service.client.models import Release
-from service.client.results import AteResult
+from dpcurator import __version__
+from dpcurator.cli import render
+from dpcurator.client import DEFAULT_URL, CuratorClient
+from dpcurator.errors import CuratorError, ProblemError
+from dpcurator.models import Release
+from dpcurator.results import AteResult
 
 ROLES = ("owner", "analyst", "client")
 
@@ -47,6 +47,8 @@ class CuratorGroup(click.Group):
         except ProblemError as exc:
             raise CliError(exc.one_line()) from None
         except CuratorError as exc:
+            raise CliError(str(exc)) from None
+        except ImportError as exc:  # an optional extra is missing (plots: matplotlib)
             raise CliError(str(exc)) from None
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
@@ -468,7 +470,7 @@ def ledger_verify(state: State, dataset_id: str) -> None:
 @pass_state
 def ledger_plot(state: State, dataset_id: str, output: Path) -> None:
     """Plot ε spent over time against the total, to a PNG."""
-    from service.client.plots import plot_budget_spend
+    from dpcurator.plots import plot_budget_spend
 
     entries = state.client.ledger(dataset_id)
     plot_budget_spend(entries, output, title=f"Privacy budget of {dataset_id}")
@@ -633,7 +635,7 @@ def release_plot(
     state: State, release_ids: tuple[str, ...], output: Path, reference: float | None
 ) -> None:
     """Plot ATE releases with their confidence intervals, to a PNG."""
-    from service.client.plots import plot_ate
+    from dpcurator.plots import plot_ate
 
     results: list[AteResult] = []
     labels = []

@@ -1,18 +1,24 @@
 """Python client of the DP causal curator: typed, retrying, problem+json as exceptions.
 
-    from service.client import CuratorClient
+    from dpcurator import CuratorClient
 
     with CuratorClient("http://127.0.0.1:8000", api_key) as curator:
         release = curator.release(dataset_id, "ate", {"epsilon": 1.0}, on_progress=print)
         ate = curator.result(release)   # AteResult(estimate=..., ci_lower=..., ci_upper=...)
 
-Plots live in ``service.client.plots`` (matplotlib, the ``client`` extra).
+Plots live in ``dpcurator.plots`` (matplotlib: ``pip install "dpcurator[plots]"``). The
+command line is ``dpcurator`` (``dpcurator.cli``). The distribution needs none of the server's
+packages; its version is the version of the HTTP API it speaks (the server's ``info.version``).
 """
 
 from __future__ import annotations
 
-from service.client.client import DEFAULT_URL, CuratorClient, Retry
-from service.client.errors import (
+# The API version this client speaks: equal to the server's ``service.__version__`` (and so to
+# ``info.version`` of openapi/openapi.json); tests/unit/test_versions.py checks that they match.
+__version__ = "0.1.0"
+
+from dpcurator.client import DEFAULT_URL, CuratorClient, Retry
+from dpcurator.errors import (
     PROBLEM_CLASSES,
     BudgetBelowSpent,
     BudgetExhausted,
@@ -40,7 +46,7 @@ from service.client.errors import (
     ValidationFailed,
     WaitTimeout,
 )
-from service.client.models import (
+from dpcurator.models import (
     Budget,
     Dataset,
     DatasetCreated,
@@ -53,7 +59,7 @@ from service.client.models import (
     Release,
     Verification,
 )
-from service.client.results import (
+from dpcurator.results import (
     AteResult,
     CateVectorResult,
     EbmShapeResult,
@@ -69,6 +75,7 @@ from service.client.results import (
 )
 
 __all__ = [
+    "__version__",
     "DEFAULT_URL",
     "PROBLEM_CLASSES",
     "AteResult",

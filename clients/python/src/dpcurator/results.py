@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Protocol
 
-from service.client.models import Release
+from dpcurator.models import Release
 
 
 def _floats(value: Any, what: str) -> list[float]:

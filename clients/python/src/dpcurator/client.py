@@ -3,7 +3,7 @@
 Retries are safe by construction: reads and ``PUT``/``DELETE`` are idempotent; a release request
 generates one ``Idempotency-Key`` and sends the same key on every retry, so the server charges it
 at most once; uploads and principal creation are retried only when the connection was never made.
-Errors come back as the exception classes of ``service.client.errors``, one per problem type.
+Errors come back as the exception classes of ``dpcurator.errors``, one per problem type.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import IO, Any, Self, TypeVar
 import httpx2 as httpx
 from pydantic import BaseModel, TypeAdapter
 
-from service.client.errors import (
+from dpcurator.errors import (
     IdempotencyKeyInFlight,
     ProblemError,
     ReleaseFailed,
@@ -29,7 +29,7 @@ from service.client.errors import (
     WaitTimeout,
     problem_from_body,
 )
-from service.client.models import (
+from dpcurator.models import (
     Budget,
     Dataset,
     DatasetCreated,
@@ -41,7 +41,7 @@ from service.client.models import (
     Release,
     Verification,
 )
-from service.client.results import (
+from dpcurator.results import (
     FunctionEvaluation,
     FunctionHandle,
     FunctionInfo,

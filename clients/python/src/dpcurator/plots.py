@@ -1,7 +1,8 @@
 """Plots of released data only: budget spend, ATE intervals, CATE slices, EBM shape functions.
 
 Each function takes typed results (never rows: the client never has any) and writes a PNG with
-matplotlib's Agg canvas, without touching pyplot's global state. Needs the ``client`` extra.
+matplotlib's Agg canvas, without touching pyplot's global state. Needs matplotlib, the ``plots``
+extra (``pip install "dpcurator[plots]"``); without it every plot raises ``ImportError`` saying so.
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from service.client.models import LedgerEntry
-from service.client.results import AteResult, EbmShapeResult, FunctionEvaluation
+from dpcurator.models import LedgerEntry
+from dpcurator.results import AteResult, EbmShapeResult, FunctionEvaluation
 
 
 def _figure(width: float = 7.0, height: float = 4.0) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError(
+            'plots need matplotlib: pip install "dpcurator[plots]"', name=exc.name
+        ) from exc
 
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from service.client.models import Budget, Dataset, LedgerEntry, Quote, Release
-from service.client.results import (
+from dpcurator.models import Budget, Dataset, LedgerEntry, Quote, Release
+from dpcurator.results import (
     AteResult,
     CateVectorResult,
     EbmShapeResult,
