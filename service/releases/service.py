@@ -122,9 +122,13 @@ def create(
             # the race; it has committed (its insert held ours). Look again, from a new snapshot.
             session.rollback()
         except (BudgetExhausted, PrincipalCapExceeded):
-            # The winner of a race of identical requests may have spent the last of the budget;
-            # then this request is still answered by its release. Otherwise the refusal stands.
+            # The winner of a race of identical requests (or of retries with this key) may have
+            # spent the last of the budget; then this request is still answered by its release.
+            # Otherwise the refusal stands.
             session.rollback()
+            existing = _by_key(session, dataset_id, caller.id, idempotency_key)
+            if existing is not None:
+                return _replay(existing, digest, stored_params), False
             if not body.fresh:
                 reusable = _reusable(session, dataset_id, caller.id, digest)
                 if reusable is not None:

@@ -40,16 +40,16 @@ def _charges(client: TestClient, owner: dict[str, Any], dataset_id: str) -> list
     return [e["release_id"] for e in entries if e["entry_type"] == "charge"]
 
 
-def _stale_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The next reuse lookup misses, as if it ran before the winner committed."""
-    real = service._reusable
+def _stale_once(monkeypatch: pytest.MonkeyPatch, lookup: str = "_reusable") -> None:
+    """The next ``lookup`` misses, as if it ran before the winner committed."""
+    real = getattr(service, lookup)
     calls = [0]
 
     def stale(*args: Any) -> Release | None:
         calls[0] += 1
-        return None if calls[0] == 1 else real(*args)
+        return None if calls[0] == 1 else real(*args)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(service, "_reusable", stale)
+    monkeypatch.setattr(service, lookup, stale)
 
 
 def test_identical_request_is_reused_and_charges_nothing(
@@ -103,6 +103,19 @@ def test_loser_finding_the_budget_spent_by_the_winner_is_reused(
     # A request that is not identical is still refused.
     r = post_release(client, analyst["api_key"], dataset, {**FAST, "epsilon": 0.5})
     assert r.status_code == 409
+
+
+def test_retry_finding_the_budget_spent_by_its_own_key_is_replayed(
+    api: Api, client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner, analyst = setup
+    dataset = _dataset(api, owner, analyst, 1.0)
+    a = post_release(client, analyst["api_key"], dataset, FAST, idem="k", fresh=True)
+    _stale_once(monkeypatch, "_by_key")
+    b = post_release(client, analyst["api_key"], dataset, FAST, idem="k", fresh=True)
+    assert (a.status_code, b.status_code) == (202, 200), b.text
+    assert b.json()["id"] == a.json()["id"]
+    assert _charges(client, owner, dataset) == [a.json()["id"]]
 
 
 def test_fresh_releases_hold_no_reuse_key_and_failed_ones_free_it(
