@@ -8,8 +8,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 
@@ -72,3 +74,32 @@ def live_server(
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def post_burst(
+    bases: list[str],
+    path: str,
+    body: dict[str, Any],
+    headers: list[dict[str, str]],
+    start_at: float,
+    threads: int,
+) -> list[tuple[int, dict[str, Any]]]:
+    """POST ``body`` once per header set, ``threads`` at a time, round-robin over ``bases``.
+
+    Waits until wall time ``start_at`` first, so that bursts fired from several processes (this
+    function is picklable by name for a process pool) overlap. Returns (status, JSON body) per
+    request, in order.
+    """
+
+    def one(i: int) -> tuple[int, dict[str, Any]]:
+        r = client.post(
+            f"{bases[i % len(bases)]}{path}", json=body, headers=headers[i], timeout=120
+        )
+        return r.status_code, r.json()
+
+    limits = httpx.Limits(max_connections=threads, max_keepalive_connections=threads)
+    with httpx.Client(limits=limits) as client:
+        client.get(f"{bases[0]}/readyz")  # warm up before the start line
+        time.sleep(max(0.0, start_at - time.time()))
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            return list(pool.map(one, range(len(headers))))

@@ -19,8 +19,10 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.elements import TextClause
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -29,6 +31,10 @@ NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+
+# The rows of ``uq_release_reuse_key``: releases that may answer an identical request.
+REUSABLE: TextClause = text("reuse_key IS NOT NULL AND status != 'failed'")
 
 
 class Base(DeclarativeBase):
@@ -176,6 +182,10 @@ class Release(Base):
     kind: Mapped[str] = mapped_column(String(32))
     params_json: Mapped[str] = mapped_column(Text)
     request_hash: Mapped[str] = mapped_column(String(64))
+    # The request's hash when it may be reused (no ``fresh``), else NULL. A partial unique index
+    # admits one live (not failed) release per (dataset, principal, reuse_key): concurrent
+    # identical requests cannot each be charged, the losers' inserts fail and they are reused.
+    reuse_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     idempotency_key: Mapped[str] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)
@@ -201,6 +211,15 @@ class Release(Base):
         CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status_valid"),
         Index("ix_release_status", "status"),
         Index("ix_release_dataset_hash", "dataset_id", "request_hash"),
+        Index(
+            "uq_release_reuse_key",
+            "dataset_id",
+            "principal_id",
+            "reuse_key",
+            unique=True,
+            sqlite_where=REUSABLE,
+            postgresql_where=REUSABLE,
+        ),
     )
 
 

@@ -14,7 +14,10 @@ class ReleaseCreate(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     fresh: StrictBool = Field(
         default=False,
-        description="Force a new, charged release even if an identical one is stored.",
+        description="Force a new, charged release even if an identical one is stored. Without "
+        "it, a request identical to one of yours (same dataset version, kind and parameters) "
+        "is answered with the newest such release that has not failed, free of charge (200, "
+        "cached); concurrent identical requests are charged once.",
     )
 
 

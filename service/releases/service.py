@@ -22,10 +22,12 @@ from service.ledger.chain import canonical_json
 from service.mechanisms.domain import PublicDomain
 from service.mechanisms.records import MechanismRecord
 from service.problems import (
+    BudgetExhausted,
     DatasetUnavailable,
     IdempotencyKeyInFlight,
     IdempotencyKeyReused,
     NotFound,
+    PrincipalCapExceeded,
     ReleaseFailedProblem,
     UnknownKind,
     ValidationFailed,
@@ -79,7 +81,15 @@ def request_hash(dataset: Dataset, kind: str, params: KindParams) -> str:
 def create(
     session: Session, *, caller: Caller, dataset_id: str, body: ReleaseCreate, idempotency_key: str
 ) -> tuple[Release, bool]:
-    """Return (release, created). ``created`` is False for an idempotent replay or a cache hit."""
+    """Return (release, created). ``created`` is False for an idempotent replay or a reuse.
+
+    Without ``fresh`` an identical request (same dataset version, kind and parameters, same
+    principal) is answered with the newest release of it that has not failed. Reuse is atomic:
+    a new reusable release carries ``reuse_key`` under a partial unique index, inserted in the
+    transaction of its charge, so of concurrent identical requests exactly one is charged; the
+    others' inserts (or, once the budget is spent, their charges) fail, their transactions roll
+    back with nothing charged, and they are answered with the winner's release.
+    """
     dataset, via_grant = datasets.usable_for_release(session, caller=caller, dataset_id=dataset_id)
     if dataset.status != "ready":
         raise DatasetUnavailable("the dataset's rows were deleted")
@@ -87,65 +97,108 @@ def create(
     digest = request_hash(dataset, body.kind, params)
     stored_params = {"params": params.model_dump(mode="json"), "fresh": body.fresh}
 
-    existing = _by_key(session, dataset_id, caller.id, idempotency_key)
-    if existing is not None:
-        return _replay(existing, digest, stored_params), False
-    if not body.fresh:
-        cached = session.execute(
-            select(Release)
-            .where(
-                Release.dataset_id == dataset_id,
-                Release.principal_id == caller.id,
-                Release.request_hash == digest,
-                Release.status != "failed",
-            )
-            .order_by(Release.created_at.desc())
-            .limit(1)
-        ).scalar_one_or_none()
-        if cached is not None:
-            return cached, False
-
-    release_id = uuid.uuid4().hex
-    try:
-        with session.begin_nested():
-            charged = ledger.charge(
-                session,
-                dataset_id=dataset_id,
-                principal_id=caller.id,
-                release_id=release_id,
-                record=record,
-                request_hash=digest,
-                idempotency_key=idempotency_key,
-                via_grant=via_grant,
-            )
-            release = Release(
-                id=release_id,
-                dataset_id=dataset_id,
-                principal_id=caller.id,
-                kind=body.kind,
-                params_json=canonical_json(stored_params),
-                request_hash=digest,
-                idempotency_key=idempotency_key,
-                status="queued",
-                progress=0.0,
-                stage="queued",
-                guarantee=str(record.guarantee),
-                epsilon=charged.epsilon,
-                delta=charged.delta,
-                record_json=canonical_json(record.to_dict()),
-                created_at=ledger.now_iso(),
-                ledger_seq=charged.seq,
-            )
-            session.add(release)
-            session.flush()
-    except IntegrityError:
-        # A concurrent request with the same key won the race; it has committed or will.
-        session.rollback()
+    for _attempt in range(3):
         existing = _by_key(session, dataset_id, caller.id, idempotency_key)
-        if existing is None:
-            raise IdempotencyKeyInFlight() from None
-        return _replay(existing, digest, stored_params), False
-    return release, True
+        if existing is not None:
+            return _replay(existing, digest, stored_params), False
+        if not body.fresh:
+            reusable = _reusable(session, dataset_id, caller.id, digest)
+            if reusable is not None:
+                return reusable, False
+        try:
+            return _charge_and_record(
+                session,
+                caller=caller,
+                dataset_id=dataset_id,
+                body=body,
+                idempotency_key=idempotency_key,
+                record=record,
+                digest=digest,
+                stored_params=stored_params,
+                via_grant=via_grant,
+            ), True
+        except IntegrityError:
+            # A concurrent request with the same key, or an identical reusable request, won
+            # the race; it has committed (its insert held ours). Look again, from a new snapshot.
+            session.rollback()
+        except (BudgetExhausted, PrincipalCapExceeded):
+            # The winner of a race of identical requests (or of retries with this key) may have
+            # spent the last of the budget; then this request is still answered by its release.
+            # Otherwise the refusal stands.
+            session.rollback()
+            existing = _by_key(session, dataset_id, caller.id, idempotency_key)
+            if existing is not None:
+                return _replay(existing, digest, stored_params), False
+            if not body.fresh:
+                reusable = _reusable(session, dataset_id, caller.id, digest)
+                if reusable is not None:
+                    return reusable, False
+            raise
+    raise IdempotencyKeyInFlight()
+
+
+def _charge_and_record(
+    session: Session,
+    *,
+    caller: Caller,
+    dataset_id: str,
+    body: ReleaseCreate,
+    idempotency_key: str,
+    record: MechanismRecord,
+    digest: str,
+    stored_params: dict[str, Any],
+    via_grant: bool,
+) -> Release:
+    """Charge, then insert the release, in one savepoint: both or neither."""
+    release_id = uuid.uuid4().hex
+    with session.begin_nested():
+        charged = ledger.charge(
+            session,
+            dataset_id=dataset_id,
+            principal_id=caller.id,
+            release_id=release_id,
+            record=record,
+            request_hash=digest,
+            idempotency_key=idempotency_key,
+            via_grant=via_grant,
+        )
+        release = Release(
+            id=release_id,
+            dataset_id=dataset_id,
+            principal_id=caller.id,
+            kind=body.kind,
+            params_json=canonical_json(stored_params),
+            request_hash=digest,
+            reuse_key=None if body.fresh else digest,
+            idempotency_key=idempotency_key,
+            status="queued",
+            progress=0.0,
+            stage="queued",
+            guarantee=str(record.guarantee),
+            epsilon=charged.epsilon,
+            delta=charged.delta,
+            record_json=canonical_json(record.to_dict()),
+            created_at=ledger.now_iso(),
+            ledger_seq=charged.seq,
+        )
+        session.add(release)
+        session.flush()
+    return release
+
+
+def _reusable(session: Session, dataset_id: str, principal_id: str, digest: str) -> Release | None:
+    """The newest release of this request (fresh or not) that has not failed."""
+    return session.execute(
+        select(Release)
+        .where(
+            Release.dataset_id == dataset_id,
+            Release.principal_id == principal_id,
+            Release.request_hash == digest,
+            Release.status != "failed",
+        )
+        .order_by(Release.created_at.desc())
+        .limit(1)
+    ).scalar_one_or_none()
 
 
 def _by_key(session: Session, dataset_id: str, principal_id: str, key: str) -> Release | None:

@@ -1,0 +1,142 @@
+"""Reuse of an identical release: free, per principal, atomic, and never of a failed release.
+
+The races are replayed deterministically by making the reuse lookup stale once (as it is for
+a request whose lookup ran before a concurrent identical request committed); the burst from
+many processes is in ``tests/db/test_reuse_concurrency.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+from service.db.engine import get_sessionmaker
+from service.db.models import Release
+from service.releases import service
+from tests.api.test_releases import FAST, post_release
+from tests.conftest import RCT_SCHEMA, Api
+
+
+@pytest.fixture
+def setup(api: Api, client: TestClient) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An owner and an analyst; the job runner is stopped, so releases stay queued."""
+    client.app.state.runner.stop()  # type: ignore[attr-defined]
+    return api.principal("owner"), api.principal("analyst")
+
+
+def _dataset(api: Api, owner: dict[str, Any], analyst: dict[str, Any], eps: float) -> str:
+    ds = api.dataset(owner["api_key"], n=500, schema=RCT_SCHEMA, epsilon_total=eps)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    return str(ds["id"])
+
+
+def _charges(client: TestClient, owner: dict[str, Any], dataset_id: str) -> list[str]:
+    h = Api.auth(owner["api_key"])
+    assert client.get(f"/v1/datasets/{dataset_id}/ledger/verify", headers=h).json()["valid"]
+    entries = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=h).json()["entries"]
+    return [e["release_id"] for e in entries if e["entry_type"] == "charge"]
+
+
+def _stale_once(monkeypatch: pytest.MonkeyPatch, lookup: str = "_reusable") -> None:
+    """The next ``lookup`` misses, as if it ran before the winner committed."""
+    real = getattr(service, lookup)
+    calls = [0]
+
+    def stale(*args: Any) -> Release | None:
+        calls[0] += 1
+        return None if calls[0] == 1 else real(*args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(service, lookup, stale)
+
+
+def test_identical_request_is_reused_and_charges_nothing(
+    api: Api, client: TestClient, setup: Any
+) -> None:
+    owner, analyst = setup
+    dataset = _dataset(api, owner, analyst, 10.0)
+    a = post_release(client, analyst["api_key"], dataset, FAST)
+    b = post_release(client, analyst["api_key"], dataset, FAST)
+    assert (a.status_code, b.status_code) == (202, 200)
+    assert b.json()["id"] == a.json()["id"]
+    assert b.headers["location"] == a.headers["location"]
+    assert (a.json()["cached"], b.json()["cached"]) == (False, True)
+    assert _charges(client, owner, dataset) == [a.json()["id"]]
+    # Reuse is per principal and per request: another analyst, or other parameters, are charged.
+    other = api.principal("analyst")
+    api.grant(owner["api_key"], dataset, other["id"])
+    c = post_release(client, other["api_key"], dataset, FAST)
+    d = post_release(client, analyst["api_key"], dataset, {**FAST, "epsilon": 0.5})
+    assert (c.status_code, d.status_code) == (202, 202)
+    assert len(_charges(client, owner, dataset)) == 3
+
+
+def test_loser_of_the_reuse_key_rolls_back_and_is_reused(
+    api: Api, client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner, analyst = setup
+    dataset = _dataset(api, owner, analyst, 10.0)
+    a = post_release(client, analyst["api_key"], dataset, FAST)
+    _stale_once(monkeypatch)
+    b = post_release(client, analyst["api_key"], dataset, FAST)
+    assert b.status_code == 200, b.text
+    assert b.json()["id"] == a.json()["id"]
+    assert b.json()["cached"] is True
+    assert _charges(client, owner, dataset) == [a.json()["id"]]
+    budget = client.get(f"/v1/datasets/{dataset}/budget", headers=Api.auth(owner["api_key"]))
+    assert budget.json()["epsilon_spent"] == pytest.approx(1.0)
+
+
+def test_loser_finding_the_budget_spent_by_the_winner_is_reused(
+    api: Api, client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner, analyst = setup
+    dataset = _dataset(api, owner, analyst, 1.0)  # exactly one release of FAST
+    a = post_release(client, analyst["api_key"], dataset, FAST)
+    _stale_once(monkeypatch)
+    b = post_release(client, analyst["api_key"], dataset, FAST)
+    assert b.status_code == 200, b.text
+    assert b.json()["id"] == a.json()["id"]
+    assert _charges(client, owner, dataset) == [a.json()["id"]]
+    # A request that is not identical is still refused.
+    r = post_release(client, analyst["api_key"], dataset, {**FAST, "epsilon": 0.5})
+    assert r.status_code == 409
+
+
+def test_retry_finding_the_budget_spent_by_its_own_key_is_replayed(
+    api: Api, client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner, analyst = setup
+    dataset = _dataset(api, owner, analyst, 1.0)
+    a = post_release(client, analyst["api_key"], dataset, FAST, idem="k", fresh=True)
+    _stale_once(monkeypatch, "_by_key")
+    b = post_release(client, analyst["api_key"], dataset, FAST, idem="k", fresh=True)
+    assert (a.status_code, b.status_code) == (202, 200), b.text
+    assert b.json()["id"] == a.json()["id"]
+    assert _charges(client, owner, dataset) == [a.json()["id"]]
+
+
+def test_fresh_releases_hold_no_reuse_key_and_failed_ones_free_it(
+    api: Api, client: TestClient, setup: Any
+) -> None:
+    owner, analyst = setup
+    dataset = _dataset(api, owner, analyst, 10.0)
+    a = post_release(client, analyst["api_key"], dataset, FAST).json()
+    f = post_release(client, analyst["api_key"], dataset, FAST, fresh=True).json()
+    with get_sessionmaker()() as s:
+        rows = {r.id: r for r in s.execute(select(Release)).scalars()}
+        assert rows[a["id"]].reuse_key == rows[a["id"]].request_hash
+        assert rows[f["id"]].reuse_key is None
+        assert rows[f["id"]].request_hash == rows[a["id"]].request_hash
+        # Both fail (as a job failure or the stale sweep would mark them).
+        s.execute(update(Release).values(status="failed", stage="failed"))
+        s.commit()
+    # A failed release is never reused: the next identical request is charged anew and takes
+    # the key, and the one after it is reused.
+    b = post_release(client, analyst["api_key"], dataset, FAST)
+    c = post_release(client, analyst["api_key"], dataset, FAST)
+    assert (b.status_code, c.status_code) == (202, 200)
+    assert c.json()["id"] == b.json()["id"] not in (a["id"], f["id"])
+    assert _charges(client, owner, dataset) == [a["id"], f["id"], b.json()["id"]]
