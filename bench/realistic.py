@@ -557,7 +557,7 @@ def _run(
             "cells": cells,
             "seconds": round(_clock() - started, 1),
         }
-        return write_result(args.name, payload, quick=quick)
+        return write_result(args.name, payload, quick=quick, module="bench.realistic")
 
     # n outer, heterogeneity inner: an interrupted run still has every level at the smaller n
     # (the file is rewritten after each cell, "complete": false until the end).
