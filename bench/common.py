@@ -49,13 +49,18 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_result(name: str, payload: dict[str, Any], *, quick: bool) -> Path:
-    """Write bench/results/<name>[-quick].json with the command, date and machine facts."""
+def write_result(
+    name: str, payload: dict[str, Any], *, quick: bool, module: str | None = None
+) -> Path:
+    """Write bench/results/<name>[-quick].json with the command, date and machine facts.
+
+    ``module``: the benchmark's module when the result name differs (``bench.<name>`` if None).
+    """
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{name}{'-quick' if quick else ''}.json"
     doc = {
-        "benchmark": name,
-        "command": "python -m " + " ".join([f"bench.{name}", *sys.argv[1:]]),
+        "benchmark": module or name,
+        "command": "python -m " + " ".join([module or f"bench.{name}", *sys.argv[1:]]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         **payload,

@@ -16,6 +16,7 @@ BENCHES = (
     "bench.ate_coverage",
     "bench.ate_service",
     "bench.lee",
+    "bench.realistic",
 )
 
 

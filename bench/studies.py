@@ -78,7 +78,9 @@ def coefficients() -> Coefficients:
     return Coefficients(prevalence, beta_b, beta_c, gamma_b, gamma_c, het_b, het_c)
 
 
-def _covariates(n: int, rng: np.random.Generator) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def _covariates(
+    n: int, rng: np.random.Generator
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Raw covariates (binary, continuous in natural units), clipped to the declared box."""
     c = coefficients()
     binary = (rng.uniform(size=(n, N_BINARY)) < c.prevalence).astype(np.float64)
@@ -121,7 +123,9 @@ def _propensity(binary: NDArray[np.float64], z: NDArray[np.float64]) -> NDArray[
 
 def _mu0(binary: NDArray[np.float64], z: NDArray[np.float64]) -> NDArray[np.float64]:
     c = coefficients()
-    return np.asarray(6.0 + binary @ c.gamma_b + z @ c.gamma_c + 0.5 * z[:, 0] ** 2, dtype=np.float64)
+    return np.asarray(
+        6.0 + binary @ c.gamma_b + z @ c.gamma_c + 0.5 * z[:, 0] ** 2, dtype=np.float64
+    )
 
 
 @dataclass(frozen=True)
@@ -132,8 +136,14 @@ class Study:
 
     def _raw(
         self, n: int, rng: np.random.Generator
-    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64],
-               NDArray[np.float64], NDArray[np.float64]]:
+    ) -> tuple[
+        NDArray[np.float64],
+        NDArray[np.float64],
+        NDArray[np.float64],
+        NDArray[np.float64],
+        NDArray[np.float64],
+        NDArray[np.float64],
+    ]:
         binary, cont = _covariates(n, rng)
         z = _standardised(cont)
         pi = _propensity(binary, z)
@@ -188,7 +198,8 @@ class Study:
 
     @property
     def facts(self) -> dict[str, float]:
-        """Population facts: true ATE, sd(Y), sd(tau), R_Y / sd(Y), treated share, propensity range."""
+        """Population facts: true ATE, sd(Y), sd(tau), R_Y / sd(Y), treated share, propensity
+        range."""
         return dict(_reference(self.heterogeneity))
 
 

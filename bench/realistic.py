@@ -1,0 +1,619 @@
+"""Realistic observational studies: DP ATE and CATE releases at the service's defaults (issue 12).
+
+Data: ``bench.studies`` (36 mixed covariates, confounded ~40 % treated, right-skewed outcome,
+honest declared bounds R_Y ~ 8-13 sd(Y); heterogeneity none / moderate / strong). Every release
+goes through its kind's adapter (``service.releases.kinds``), so "defaults" are the service's
+defaults, with the production noise (``OpenDPSampler``) and partition generator
+(``secure_rng``); only the benchmark's data come from a seeded numpy generator.
+
+Per cell (n, epsilon, heterogeneity):
+
+* ATE, ``--reps`` releases, a fresh sample per repetition (sampling and privacy noise both
+  count). Non-private baseline: cross-fitted AIPW (``--folds`` folds) with histogram gradient
+  boosting (per-arm outcome regressors, propensity classifier clipped to [0.01, 0.99]), CI
+  ``+- 1.96 sd(Gamma) / sqrt(n)``. DP estimators (kind ``ate``): ``strict_aipw`` =
+  ``AteParams(epsilon)`` (strict AIPW, DP-EBM nuisances), ``strict_dp_linear`` (``nuisance=
+  "dp_linear"``), ``strict_ipw`` (``estimator="ipw"``). Figures: mean CI width and its ratio
+  to the non-private width, bias, coverage of the true (population) ATE, RMSE, the quote's
+  ``expected_half_width`` over the realised mean half-width, mean fit seconds. The non-private
+  fit is shared by the epsilons of a repetition (the same sample).
+* CATE, ``--cate-reps`` releases: PEHE = sqrt(mean((tau_hat(x) - tau(x))^2)) over a fresh test
+  sample of ``--test-n`` rows from the same study, for each CATE kind at its defaults, read the
+  way a client reads it: ``cate_function`` evaluated at the test points as the function
+  endpoint does (exact basis: one GP sample path drawn in batches of ``batch_max``, rounded to
+  the output lattice); ``cate_vector`` with the test points as its query points;
+  ``ebm_cate`` / ``uplift_table`` through the predict endpoint's post-processing
+  (``ebm_cate.predict`` / ``uplift.predict``). Next to them: the constant true ATE (PEHE =
+  sd(tau) on the test rows), the constant DP ATE (the strict default ``ate`` release on the same
+  training sample) and a non-private T-learner (histogram gradient boosting per arm).
+  A kind that raises is recorded with its error; a kind whose repetition takes longer than
+  ``--slow-seconds`` is not run at larger n for the same (epsilon, heterogeneity).
+
+    python -m bench.realistic --quick                  # CI smoke: n 1000, 2000, eps 1,
+                                                       # het none, strong, 6 reps (strict
+                                                       # default 1), CATE 1 rep at n 1000
+    python -m bench.realistic                          # full grid (hours)
+    python -m bench.realistic --n 1000,5000,20000 --eps 1,4 --het none,strong \\
+        --reps 50 --cate-reps 2 --name realistic-before
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from threadpoolctl import threadpool_limits
+
+from bench.common import write_result
+from bench.studies import STUDIES, Study
+from service.functions.payload import SECRET_KEY, FunctionSecret
+from service.mechanisms import cate_function as cf
+from service.mechanisms import ebm_cate, gp, uplift
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.noise import OpenDPSampler, secure_rng
+from service.releases.kinds.ate import AteKind, AteParams
+from service.releases.kinds.cate_function import CateFunctionKind, CateFunctionParams
+from service.releases.kinds.cate_vector import CateVectorKind, CateVectorRequest
+from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
+from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequest
+
+Z95 = 1.959963984540054
+FULL_N = (1000, 2000, 5000, 20000, 100000)
+FULL_EPS = (0.5, 1.0, 4.0)
+FULL_HET = ("none", "moderate", "strong")
+ATE_ESTIMATORS: dict[str, dict[str, Any]] = {
+    "strict_aipw": {},
+    "strict_dp_linear": {"nuisance": "dp_linear"},
+    "strict_ipw": {"estimator": "ipw"},
+}
+CATE_KINDS = ("cate_function", "cate_vector", "ebm_cate", "uplift_table")
+FloatArray = NDArray[np.float64]
+
+
+def _quiet(_fraction: float, _stage: str) -> None:
+    return None
+
+
+def _clock() -> float:
+    return time.perf_counter()
+
+
+# ---- non-private baselines --------------------------------------------------------------------
+
+
+def _hgb_regressor(seed: int) -> Any:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return HistGradientBoostingRegressor(random_state=seed)
+
+
+def nonprivate_aipw(arrays: Arrays, *, folds: int, seed: int) -> tuple[float, float]:
+    """Cross-fitted AIPW with gradient boosting: (estimate, sd(Gamma) / sqrt(n))."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    x, a, y = arrays.x, arrays.a, arrays.y
+    n = x.shape[0]
+    perm = np.random.default_rng(seed).permutation(n)
+    chunks = np.array_split(perm, folds)
+    gamma = np.empty(n)
+    for k, est in enumerate(chunks):
+        fit = np.concatenate([c for j, c in enumerate(chunks) if j != k])
+        prop = HistGradientBoostingClassifier(random_state=seed).fit(x[fit], a[fit])
+        pi = np.clip(prop.predict_proba(x[est])[:, 1], 0.01, 0.99)
+        mu = {}
+        for arm in (0.0, 1.0):
+            rows = fit[a[fit] == arm]
+            mu[arm] = _hgb_regressor(seed).fit(x[rows], y[rows]).predict(x[est])
+        ae, ye = a[est], y[est]
+        gamma[est] = (
+            mu[1.0] - mu[0.0] + ae * (ye - mu[1.0]) / pi - (1 - ae) * (ye - mu[0.0]) / (1 - pi)
+        )
+    return float(gamma.mean()), float(gamma.std(ddof=1) / math.sqrt(n))
+
+
+def t_learner(arrays: Arrays, x_test: FloatArray, *, seed: int) -> FloatArray:
+    """Non-private T-learner: one gradient-boosting regressor per arm."""
+    x, a, y = arrays.x, arrays.a, arrays.y
+    mu = {}
+    for arm in (0.0, 1.0):
+        rows = a == arm
+        mu[arm] = _hgb_regressor(seed).fit(x[rows], y[rows]).predict(x_test)
+    return np.asarray(mu[1.0] - mu[0.0], dtype=np.float64)
+
+
+def pehe(estimate: FloatArray, truth: FloatArray) -> float:
+    return float(np.sqrt(np.mean((np.asarray(estimate, np.float64) - truth) ** 2)))
+
+
+# ---- DP releases through the kinds' adapters ----------------------------------------------------
+
+
+def ate_release(
+    arrays: Arrays, domain: PublicDomain, params: AteParams
+) -> tuple[float, float, float]:
+    """(estimate, half_width, seconds) of one ``ate`` release."""
+    started = _clock()
+    out = AteKind().run(
+        arrays, domain, params, rng=secure_rng(), noise=OpenDPSampler(), progress=_quiet
+    )
+    return float(out["estimate"]), float(out["half_width"]), _clock() - started
+
+
+def _evaluate_function(secret: FunctionSecret, domain: PublicDomain, x: FloatArray) -> FloatArray:
+    """The function endpoint's answers at the (distinct) test points, in batches of batch_max."""
+    fitted = secret.fitted
+    lower = np.asarray(domain.x_lower, np.float64)
+    upper = np.asarray(domain.x_upper, np.float64)
+    codes, canonical = cf.canonicalise(cf.scale_to_unit(x, lower, upper))
+    _, first, inverse = np.unique(codes, axis=0, return_index=True, return_inverse=True)
+    distinct = canonical[first]
+    if fitted.kind != "gp":
+        values = fitted.round_output(fitted.mean(distinct))
+        return np.asarray(values[inverse.reshape(-1)], np.float64)
+    path = gp.GpPath(secret.q, fitted.bandwidth, capacity=secret.t_max, max_capacity=secret.t_max)
+    values = np.empty(distinct.shape[0])
+    for start in range(0, distinct.shape[0], secret.batch_max):
+        batch = distinct[start : start + secret.batch_max]
+        draw = path.draw(batch, rng=secure_rng(), jitter=secret.jitter)
+        values[start : start + batch.shape[0]] = fitted.round_output(
+            fitted.mean(batch) + fitted.r0 * draw.values
+        )
+        path.append(draw)
+    return np.asarray(values[inverse.reshape(-1)], np.float64)
+
+
+def cate_release(
+    kind: str, arrays: Arrays, domain: PublicDomain, epsilon: float, x_test: FloatArray
+) -> FloatArray:
+    """Per-point CATE at x_test from one release of ``kind`` at its defaults."""
+    options: dict[str, Any] = {"rng": secure_rng(), "noise": OpenDPSampler(), "progress": _quiet}
+    if kind == "cate_function":
+        out = CateFunctionKind().run(arrays, domain, CateFunctionParams(epsilon=epsilon), **options)
+        return _evaluate_function(out[SECRET_KEY], domain, x_test)
+    if kind == "cate_vector":
+        request = CateVectorRequest(points=x_test.tolist(), epsilon=epsilon)
+        out = CateVectorKind().run(arrays, domain, request, **options)
+        return np.asarray(out["estimates"], np.float64)
+    if kind == "ebm_cate":
+        out = EbmCateKind().run(arrays, domain, EbmCateRequest(epsilon=epsilon), **options)
+        return ebm_cate.predict(out, x_test)
+    if kind == "uplift_table":
+        # The default (adjustment_partition=false) is refused on an observational design; the
+        # owner must assert that the grid cells are a valid adjustment set.
+        request = UpliftTableRequest(
+            epsilon=epsilon,
+            adjustment_partition=domain.design != StudyDesign.RCT,
+        )
+        out = UpliftTableKind().run(arrays, domain, request, **options)
+        return uplift.predict(out, x_test)
+    raise ValueError(f"unknown CATE kind {kind}")
+
+
+# ---- one cell ---------------------------------------------------------------------------------
+
+
+def _seed(*parts: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([20261125, *parts]))
+
+
+def _sample_seed(het_index: int, n: int, rep: int) -> np.random.Generator:
+    """The training sample of repetition ``rep`` (shared by the ATE and CATE parts)."""
+    return _seed(1, het_index, n, rep)
+
+
+def _summary(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def run_ate(
+    study: Study,
+    het_index: int,
+    n: int,
+    epsilons: tuple[float, ...],
+    reps: int,
+    folds: int,
+    estimators: tuple[str, ...],
+    caps: dict[str, int],
+) -> tuple[dict[float, dict[str, Any]], dict[float, list[float | None]]]:
+    """ATE figures for every epsilon of (study, n): one sample per repetition, shared by eps.
+
+    ``caps[name]``: the estimator runs in the first ``caps[name]`` repetitions only. Also
+    returns the strict default's estimate per repetition (for the CATE's constant DP ATE).
+    """
+    truth = study.true_ate
+    domain = study.domain(n)
+    np_est: list[float] = []
+    np_sd: list[float] = []
+    np_sec: list[float] = []
+    dp: dict[tuple[float, str], dict[str, list[Any]]] = {
+        (e, name): {"est": [], "hw": [], "sec": [], "errors": []}
+        for e in epsilons
+        for name in estimators
+    }
+    default_estimates: dict[float, list[float | None]] = {e: [] for e in epsilons}
+    for rep in range(reps):
+        arrays, _ = study.sample(n, _sample_seed(het_index, n, rep))
+        started = _clock()
+        est, sd = nonprivate_aipw(arrays, folds=folds, seed=rep)
+        np_sec.append(_clock() - started)
+        np_est.append(est)
+        np_sd.append(sd)
+        for e in epsilons:
+            default_estimates[e].append(None)
+            for name in estimators:
+                if rep >= caps.get(name, reps):
+                    continue
+                slot = dp[(e, name)]
+                try:
+                    estimate, half, seconds = ate_release(
+                        arrays, domain, AteParams(epsilon=e, **ATE_ESTIMATORS[name])
+                    )
+                except Exception as exc:  # a failed release is a result, not a crash
+                    slot["errors"].append(f"{type(exc).__name__}: {exc}")
+                    continue
+                if not ATE_ESTIMATORS[name]:
+                    default_estimates[e][-1] = estimate
+                slot["est"].append(estimate)
+                slot["hw"].append(half)
+                slot["sec"].append(seconds)
+    est_a, sd_a = np.asarray(np_est), np.asarray(np_sd)
+    np_width = float(np.mean(2.0 * Z95 * sd_a))
+    nonprivate = {
+        "estimator": f"AIPW, {folds}-fold cross-fit, HistGradientBoosting (not private)",
+        "reps": reps,
+        "mean_width": np_width,
+        "bias": float(np.mean(est_a) - truth),
+        "rmse": float(np.sqrt(np.mean((est_a - truth) ** 2))),
+        "coverage": float(np.mean(np.abs(est_a - truth) <= Z95 * sd_a)),
+        "mean_seconds": _summary(np_sec),
+    }
+    out: dict[float, dict[str, Any]] = {}
+    for e in epsilons:
+        cell: dict[str, Any] = {"nonprivate_aipw": nonprivate}
+        for name in estimators:
+            slot = dp[(e, name)]
+            params = AteParams(epsilon=e, **ATE_ESTIMATORS[name])
+            try:
+                quoted: float | None = float(AteKind().quote(params, domain)["expected_half_width"])
+            except Exception:
+                quoted = None
+            est = np.asarray(slot["est"], np.float64)
+            hw = np.asarray(slot["hw"], np.float64)
+            row: dict[str, Any] = {
+                "params": params.model_dump(exclude_defaults=True),
+                "reps": int(est.size),
+                "failures": len(slot["errors"]),
+                "errors": sorted(set(slot["errors"]))[:3],
+                "quoted_half_width": quoted,
+            }
+            if est.size:
+                width = float(np.mean(2.0 * hw))
+                covered = float(np.mean(np.abs(est - truth) <= hw))
+                row |= {
+                    "mean_width": width,
+                    "width_ratio": width / np_width,
+                    "bias": float(np.mean(est) - truth),
+                    "rmse": float(np.sqrt(np.mean((est - truth) ** 2))),
+                    "coverage": covered,
+                    "coverage_se": math.sqrt(covered * (1.0 - covered) / est.size),
+                    "quote_over_realised_half_width": (
+                        quoted / float(np.mean(hw)) if quoted is not None else None
+                    ),
+                    "mean_seconds": float(np.mean(slot["sec"])),
+                }
+            cell[name] = row
+        out[e] = cell
+    return out, default_estimates
+
+
+def run_cate(
+    study: Study,
+    het_index: int,
+    n: int,
+    epsilon: float,
+    reps: int,
+    kinds: tuple[str, ...],
+    test_n: int,
+    skip: dict[str, str],
+    default_estimates: list[float | None],
+) -> dict[str, Any]:
+    """PEHE of each kind at its defaults and the baselines over ``reps`` training samples.
+
+    The training samples are the ATE part's first ``reps`` samples; the constant DP ATE reuses
+    that part's strict default release on the sample when there is one.
+    """
+    domain = study.domain(n)
+    figures: dict[str, dict[str, list[Any]]] = {
+        name: {"pehe": [], "sec": [], "errors": []}
+        for name in ("constant_true_ate", "constant_dp_ate", "t_learner", *kinds)
+    }
+    for rep in range(reps):
+        arrays, _ = study.sample(n, _sample_seed(het_index, n, rep))
+        test, _ = study.sample(test_n, _seed(3, het_index, n, round(epsilon * 1000), rep))
+        truth = study.tau_true(test.x)
+        figures["constant_true_ate"]["pehe"].append(pehe(np.full(test_n, study.true_ate), truth))
+        dp_ate = default_estimates[rep] if rep < len(default_estimates) else None
+        if dp_ate is None:
+            try:
+                dp_ate, _, seconds = ate_release(arrays, domain, AteParams(epsilon=epsilon))
+                figures["constant_dp_ate"]["sec"].append(seconds)
+            except Exception as exc:
+                figures["constant_dp_ate"]["errors"].append(f"{type(exc).__name__}: {exc}")
+        if dp_ate is not None:
+            figures["constant_dp_ate"]["pehe"].append(pehe(np.full(test_n, dp_ate), truth))
+        started = _clock()
+        figures["t_learner"]["pehe"].append(pehe(t_learner(arrays, test.x, seed=rep), truth))
+        figures["t_learner"]["sec"].append(_clock() - started)
+        for kind in kinds:
+            if kind in skip:
+                continue
+            started = _clock()
+            try:
+                estimate = cate_release(kind, arrays, domain, epsilon, test.x)
+                figures[kind]["pehe"].append(pehe(estimate, truth))
+            except Exception as exc:
+                line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+                figures[kind]["errors"].append(line)
+            seconds = _clock() - started
+            figures[kind]["sec"].append(seconds)
+    out: dict[str, Any] = {"reps": reps, "test_n": test_n}
+    for name, slot in figures.items():
+        if name in skip:
+            out[name] = {"skipped": skip[name]}
+            continue
+        out[name] = {
+            "pehe": _summary(slot["pehe"]),
+            "pehe_values": slot["pehe"],
+            "mean_seconds": _summary(slot["sec"]),
+            "failures": len(slot["errors"]),
+            "errors": sorted(set(slot["errors"]))[:3],
+        }
+    return out
+
+
+# ---- tables -----------------------------------------------------------------------------------
+
+
+def _f(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def ate_table(cells: list[dict[str, Any]], estimators: tuple[str, ...]) -> str:
+    head = ["n", "eps", "het", "np width", "np cov"]
+    for name in estimators:
+        short = name.replace("strict_", "")
+        head += [f"{short} ratio", f"{short} cov", f"{short} bias", f"{short} q/r", f"{short} s"]
+    lines = ["\t".join(head)]
+    for c in cells:
+        ate = c["ate"]
+        row = [str(c["n"]), _f(c["epsilon"]), c["heterogeneity"]]
+        row += [_f(ate["nonprivate_aipw"]["mean_width"]), _f(ate["nonprivate_aipw"]["coverage"])]
+        for name in estimators:
+            r = ate[name]
+            row += [
+                _f(r.get("width_ratio")),
+                _f(r.get("coverage")),
+                _f(r.get("bias")),
+                _f(r.get("quote_over_realised_half_width")),
+                _f(r.get("mean_seconds"), 2),
+            ]
+        lines.append("\t".join(row))
+    return "\n".join(lines)
+
+
+def cate_table(cells: list[dict[str, Any]], kinds: tuple[str, ...]) -> str:
+    names = ("constant_true_ate", "constant_dp_ate", "t_learner", *kinds)
+    head = ["n", "eps", "het", *names, *(f"{k} s" for k in kinds)]
+    lines = ["\t".join(head)]
+    for c in cells:
+        cate = c.get("cate")
+        if cate is None:
+            continue
+        row = [str(c["n"]), _f(c["epsilon"]), c["heterogeneity"]]
+        for name in names:
+            fig = cate[name]
+            if "skipped" in fig:
+                row.append("skip")
+            elif fig["pehe"] is None:
+                row.append("FAIL")
+            else:
+                row.append(_f(fig["pehe"]))
+        row += [_f(cate[k].get("mean_seconds"), 2) for k in kinds]
+        lines.append("\t".join(row))
+    return "\n".join(lines)
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(",") if v)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v)
+
+
+def _names(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if text in ("", "none"):
+        return ()
+    names = tuple(v for v in text.split(",") if v)
+    unknown = set(names) - set(allowed)
+    if unknown:
+        raise SystemExit(f"unknown names {sorted(unknown)}; choose from {list(allowed)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="CI smoke grid")
+    parser.add_argument("--n", help=f"sample sizes (default {','.join(map(str, FULL_N))})")
+    parser.add_argument("--eps", help="epsilons (default 0.5,1,4)")
+    parser.add_argument("--het", help="heterogeneity levels (default none,moderate,strong)")
+    parser.add_argument("--reps", type=int, help="ATE releases per cell (default 200)")
+    parser.add_argument(
+        "--aipw-reps",
+        type=int,
+        help="cap on the strict default's (DP-EBM, ~5 s each) releases per cell "
+        "(default --reps; --quick 1)",
+    )
+    parser.add_argument("--cate-reps", type=int, help="CATE releases per cell (default 5)")
+    parser.add_argument(
+        "--cate-n", help="sizes at which the CATE part runs (default every --n; --quick 1000)"
+    )
+    parser.add_argument("--kinds", help=f"CATE kinds (default all: {','.join(CATE_KINDS)})")
+    parser.add_argument(
+        "--estimators", help=f"DP ATE estimators (default all: {','.join(ATE_ESTIMATORS)})"
+    )
+    parser.add_argument("--folds", type=int, default=2, help="non-private AIPW folds (2 or 5)")
+    parser.add_argument("--test-n", type=int, default=2000, help="CATE test sample size")
+    parser.add_argument(
+        "--slow-seconds",
+        type=float,
+        default=900.0,
+        help="a CATE kind whose repetition took longer is skipped at larger n",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="BLAS / OpenMP threads (default 1: stable times on a shared machine)",
+    )
+    parser.add_argument("--name", default="realistic", help="result file bench/results/<name>")
+    args = parser.parse_args(argv)
+
+    quick = args.quick
+    ns = _ints(args.n) if args.n else ((1000, 2000) if quick else FULL_N)
+    epsilons = _floats(args.eps) if args.eps else ((1.0,) if quick else FULL_EPS)
+    hets = _names(args.het, FULL_HET) if args.het else (("none", "strong") if quick else FULL_HET)
+    reps = args.reps if args.reps is not None else (6 if quick else 200)
+    cate_reps = args.cate_reps if args.cate_reps is not None else (1 if quick else 5)
+    kinds = _names(args.kinds, CATE_KINDS) if args.kinds is not None else CATE_KINDS
+    estimators = (
+        _names(args.estimators, tuple(ATE_ESTIMATORS))
+        if args.estimators is not None
+        else tuple(ATE_ESTIMATORS)
+    )
+
+    with threadpool_limits(args.threads):
+        _run(args, quick, ns, epsilons, hets, reps, cate_reps, kinds, estimators)
+
+
+def _run(
+    args: argparse.Namespace,
+    quick: bool,
+    ns: tuple[int, ...],
+    epsilons: tuple[float, ...],
+    hets: tuple[str, ...],
+    reps: int,
+    cate_reps: int,
+    kinds: tuple[str, ...],
+    estimators: tuple[str, ...],
+) -> None:
+    aipw_reps = args.aipw_reps if args.aipw_reps is not None else (1 if quick else None)
+    caps = {} if aipw_reps is None else {"strict_aipw": aipw_reps}
+    cate_ns = _ints(args.cate_n) if args.cate_n else ((1000,) if quick else ns)
+    started = _clock()
+    facts = {}
+    for h in hets:
+        facts[h] = {
+            "declared_outcome_bounds": list(STUDIES[h].declared),
+            **STUDIES[h].facts,
+        }
+    print(f"study facts ready in {_clock() - started:.1f} s", flush=True)
+
+    cells: list[dict[str, Any]] = []
+    grid = {
+        "n": list(ns),
+        "epsilon": list(epsilons),
+        "heterogeneity": list(hets),
+        "reps": reps,
+        "strict_aipw_reps": min(reps, caps.get("strict_aipw", reps)),
+        "cate_reps": cate_reps,
+        "cate_n": [n for n in ns if n in cate_ns],
+        "kinds": list(kinds),
+        "estimators": {name: ATE_ESTIMATORS[name] for name in estimators},
+        "nonprivate_folds": args.folds,
+        "test_n": args.test_n,
+        "threads": args.threads,
+        "uplift_table": "adjustment_partition=true (the default is refused on an "
+        "observational design)",
+    }
+
+    def save(complete: bool) -> Any:
+        payload = {
+            "grid": grid,
+            "studies": facts,
+            "complete": complete,
+            "cells": cells,
+            "seconds": round(_clock() - started, 1),
+        }
+        return write_result(args.name, payload, quick=quick, module="bench.realistic")
+
+    # n outer, heterogeneity inner: an interrupted run still has every level at the smaller n
+    # (the file is rewritten after each cell, "complete": false until the end).
+    skip: dict[tuple[str, float], dict[str, str]] = {(h, e): {} for h in hets for e in epsilons}
+    for n in ns:
+        for h in hets:
+            het_index = FULL_HET.index(h)  # seeds do not depend on the levels chosen
+            study = STUDIES[h]
+            ate, defaults = (
+                run_ate(study, het_index, n, epsilons, reps, args.folds, estimators, caps)
+                if reps > 0
+                else ({}, {e: [] for e in epsilons})
+            )
+            for e in epsilons:
+                cell: dict[str, Any] = {"n": n, "epsilon": e, "heterogeneity": h}
+                if reps > 0:
+                    cell["ate"] = ate[e]
+                if cate_reps > 0 and n in cate_ns:
+                    cate = run_cate(
+                        study,
+                        het_index,
+                        n,
+                        e,
+                        cate_reps,
+                        kinds,
+                        args.test_n,
+                        skip[(h, e)],
+                        defaults[e],
+                    )
+                    cell["cate"] = cate
+                    for kind in kinds:
+                        seconds = cate[kind].get("mean_seconds")
+                        if seconds is not None and seconds > args.slow_seconds:
+                            skip[(h, e)][kind] = (
+                                f"took {seconds:.0f} s per release at n = {n} "
+                                f"(> --slow-seconds {args.slow_seconds:g})"
+                            )
+                cells.append(cell)
+                save(False)
+                print(f"[{_clock() - started:7.1f} s] done n={n} eps={e:g} het={h}", flush=True)
+
+    print()
+    if reps > 0:
+        print(
+            f"ATE ({reps} releases per cell, strict_aipw {grid['strict_aipw_reps']}"
+            "; width = mean CI width; ratio = DP width / non-private width; q/r = quoted / "
+            "realised half-width; s = seconds per release)"
+        )
+        print(ate_table(cells, estimators))
+        print()
+    if cate_reps > 0:
+        print(f"CATE PEHE on {args.test_n} test rows ({cate_reps} releases per cell); seconds")
+        print(cate_table(cells, kinds))
+    out = save(True)
+    print(f"\nwrote {out.name} in {_clock() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
