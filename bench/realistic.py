@@ -65,11 +65,13 @@ from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequ
 Z95 = 1.959963984540054
 FULL_N = (1000, 2000, 5000, 20000, 100000)
 FULL_EPS = (0.5, 1.0, 4.0)
-FULL_HET = ("none", "moderate", "strong")
+FULL_HET = ("none", "moderate", "strong", "rct_none", "rct_strong")  # append only: seeds
 ATE_ESTIMATORS: dict[str, dict[str, Any]] = {
     "strict_aipw": {},
     "strict_dp_linear": {"nuisance": "dp_linear"},
     "strict_ipw": {"estimator": "ipw"},
+    "strict_aipw_adaptive": {"clip": "adaptive"},
+    "strict_dp_linear_adaptive": {"nuisance": "dp_linear", "clip": "adaptive"},
 }
 CATE_KINDS = ("cate_function", "cate_vector", "ebm_cate", "uplift_table")
 FloatArray = NDArray[np.float64]
@@ -520,7 +522,9 @@ def _run(
     estimators: tuple[str, ...],
 ) -> None:
     aipw_reps = args.aipw_reps if args.aipw_reps is not None else (1 if quick else None)
-    caps = {} if aipw_reps is None else {"strict_aipw": aipw_reps}
+    # DP-EBM estimators take seconds per release: capped at --aipw-reps
+    slow = ("strict_aipw", "strict_aipw_adaptive")
+    caps = {} if aipw_reps is None else dict.fromkeys(slow, aipw_reps)
     cate_ns = _ints(args.cate_n) if args.cate_n else ((1000,) if quick else ns)
     started = _clock()
     facts = {}

@@ -33,6 +33,10 @@ from numpy.typing import NDArray
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 
 HETEROGENEITY = ("none", "moderate", "strong")
+# Randomised trials with the same covariates and outcome model: treatment with probability 0.5,
+# declared in the public schema (design RCT), e.g. ``rct_strong``.
+RCT_STUDIES = ("rct_none", "rct_strong")
+RCT_PROBABILITY = 0.5
 N_BINARY = 30
 N_CONTINUOUS = 6
 Q = N_BINARY + N_CONTINUOUS
@@ -146,9 +150,9 @@ class Study:
     ]:
         binary, cont = _covariates(n, rng)
         z = _standardised(cont)
-        pi = _propensity(binary, z)
+        pi = _propensity(binary, z) if not self.randomised else np.full(n, RCT_PROBABILITY)
         a = (rng.uniform(size=n) < pi).astype(np.float64)
-        tau = TAU0 + _HET_SCALE[self.heterogeneity] * _het_score(binary, z)
+        tau = TAU0 + _HET_SCALE[self.level] * _het_score(binary, z)
         # right-skewed error: gamma(shape 1.2) centred, scale growing with the baseline risk.
         base = _mu0(binary, z)
         err = (rng.gamma(1.2, 3.0, size=n) - 3.6) * (0.6 + 0.08 * base)
@@ -156,6 +160,15 @@ class Study:
         y1 = base + tau + err
         x = np.column_stack([binary, cont])
         return x, a, y0, y1, tau, pi
+
+    @property
+    def randomised(self) -> bool:
+        return self.heterogeneity.startswith("rct_")
+
+    @property
+    def level(self) -> str:
+        """The heterogeneity level (``rct_strong`` -> ``strong``)."""
+        return self.heterogeneity.removeprefix("rct_")
 
     @property
     def declared(self) -> tuple[float, float]:
@@ -175,7 +188,8 @@ class Study:
             y_lower=y_lower,
             y_upper=y_upper,
             n=n,
-            design=StudyDesign.OBSERVATIONAL,
+            design=StudyDesign.RCT if self.randomised else StudyDesign.OBSERVATIONAL,
+            treatment_probability=RCT_PROBABILITY if self.randomised else None,
             x_codes=codes,
         )
 
@@ -190,7 +204,7 @@ class Study:
         """The CATE at covariate rows x (natural units, as ``sample`` returns them)."""
         binary, cont = x[:, :N_BINARY], x[:, N_BINARY:]
         z = _standardised(cont)
-        return TAU0 + _HET_SCALE[self.heterogeneity] * _het_score(binary, z)
+        return TAU0 + _HET_SCALE[self.level] * _het_score(binary, z)
 
     @property
     def true_ate(self) -> float:
@@ -233,7 +247,7 @@ def _declared_bounds(heterogeneity: str) -> tuple[float, float]:
     return float(5.0 * math.floor(low / 5.0)), float(5.0 * math.ceil(high / 5.0))
 
 
-STUDIES = {h: Study(h) for h in HETEROGENEITY}
+STUDIES = {h: Study(h) for h in (*HETEROGENEITY, *RCT_STUDIES)}
 
 if __name__ == "__main__":
     for name, study in STUDIES.items():
