@@ -346,7 +346,9 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
                 anchor_bound, epsilon_q, epsilon_mean, delta_anchor, propensity_clip=anchor_clip
             )
             mean_worst = calibrate_gaussian(
-                epsilon_mean, delta_anchor, 2.0 * anchor_bound / sizes[-1]
+                epsilon_mean,
+                delta_anchor,
+                ate_strict.float_slack(2.0 * anchor_bound / sizes[-1], sizes[-1]),
             )
             events.append(ate_strict.quantile_event(epsilon_q, anchor_bound, sizes[-1]))
             events.append(

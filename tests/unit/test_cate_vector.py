@@ -475,3 +475,21 @@ def test_anchored_release_is_never_far_from_the_ate_on_a_constant_effect() -> No
                 assert abs(out["ate_anchor"] - truth) < 0.5
     assert max(errors[True]) < 0.5
     assert np.mean(errors[True]) < np.mean(errors[False])
+
+
+def test_anchor_sigma_max_covers_the_clip_at_the_top_of_the_grid() -> None:
+    """If the quantile lands on the largest candidate, K = B_a and the run's sigma (with the
+    float slack) must still be the recorded maximum."""
+    from service.mechanisms import ate_strict
+    from service.mechanisms.noise import calibrate_gaussian
+
+    params = cv.CateVectorParams(points=POINTS, epsilon=1.0, delta=1e-6, ridge=0.3, anchor=True)
+    state = cv.make_plan(domain(), params)
+    anchor = state.anchor
+    assert anchor is not None
+    mean_event = [e for e in state.record.events if e.module == "estimation"][1]
+    n2 = state.n2
+    at_top = calibrate_gaussian(
+        anchor.epsilon, anchor.delta, ate_strict.float_slack(2.0 * anchor.bound / n2, n2)
+    )
+    assert at_top.sigma == mean_event.params["sigma_max"]
