@@ -645,3 +645,14 @@ def test_kind_default_clip_is_adaptive_on_rct_and_declared_otherwise() -> None:
     )
     with pytest.raises(pydantic.ValidationError):
         AteParams(epsilon=1.0, estimator="ipw", clip="adaptive")
+
+
+def test_kind_default_nuisance_is_dp_linear_on_rct_and_dp_ebm_otherwise() -> None:
+    rct = make_domain(n=4000, design=StudyDesign.RCT, p=0.5)
+    observational = make_domain(n=4000)
+    assert to_mechanism_params(AteParams(epsilon=1.0), rct).nuisance == "dp_linear"
+    assert to_mechanism_params(AteParams(epsilon=1.0), observational).nuisance == "dp_ebm"
+    explicit = AteParams(epsilon=1.0, nuisance="dp_ebm")
+    assert to_mechanism_params(explicit, rct).nuisance == "dp_ebm"
+    # the cross-fit rule is observational only: a trial keeps its (outcome, estimation) halves
+    assert to_mechanism_params(AteParams(epsilon=2.0), rct).cross_fit is False

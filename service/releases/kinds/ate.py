@@ -86,7 +86,8 @@ class AteParams(KindParams):
     mean_share: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     variance_inflation: StrictBool = False
     alpha_v: StrictFloat = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
-    # None: "dp_ebm" (strict) or "kernel" (paper).
+    # None: strict, the public rule ate_strict.default_nuisance ("dp_linear" on RCT designs,
+    # "dp_ebm" otherwise); paper, "kernel".
     nuisance: Literal["dp_ebm", "dp_linear", "none", "kernel", "linear"] | None = None
     # None: the public rule ate_strict.default_cross_fit (dp_linear, observational design:
     # cross-fit when n epsilon > 5000 and no fold_fractions are given).
@@ -144,8 +145,8 @@ class AteParams(KindParams):
         return self
 
 
-def _strict_nuisance(params: AteParams) -> ate_strict.Nuisance:
-    value = params.nuisance or "dp_ebm"
+def _strict_nuisance(params: AteParams, domain: PublicDomain) -> ate_strict.Nuisance:
+    value = params.nuisance or ate_strict.default_nuisance(domain)
     if value == "dp_ebm" or value == "dp_linear" or value == "none":
         return value
     raise InvalidParameters("field 'nuisance' is invalid for mode='strict'")  # pragma: no cover
@@ -193,7 +194,7 @@ def to_mechanism_params(
             regularization=params.regularization,
             normalization=params.normalization,
         )
-    nuisance_strict = _strict_nuisance(params)
+    nuisance_strict = _strict_nuisance(params, domain)
     cross_fit = params.cross_fit
     if cross_fit is None:
         cross_fit = ate_strict.default_cross_fit(
