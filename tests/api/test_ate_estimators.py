@@ -40,7 +40,10 @@ def _check_done(done: dict[str, Any], guarantee: str, estimator: str) -> dict[st
     result: dict[str, Any] = done["result"]
     assert result["estimator"] == estimator
     assert result["guarantee"] == guarantee
-    assert result["ci_lower"] <= result["estimate"] <= result["ci_upper"]
+    # the interval is estimate +- the released half-width (a positive, finite width)
+    assert result["ci_upper"] - result["estimate"] == pytest.approx(result["half_width"])
+    assert result["estimate"] - result["ci_lower"] == pytest.approx(result["half_width"])
+    assert 0.0 < result["half_width"] < float("inf")
     assert not FORBIDDEN_KEYS & set(result)
     return result
 

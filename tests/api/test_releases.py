@@ -67,7 +67,10 @@ def test_strict_ate_end_to_end(client: TestClient, rct: Any) -> None:
     assert done["guarantee"] == "strict"
     assert done["epsilon"] == pytest.approx(1.0)
     res = done["result"]
-    assert res["ci_lower"] < res["estimate"] < res["ci_upper"]
+    # the interval is estimate +- half_width, and never narrower than the public noise floor
+    assert res["ci_upper"] - res["estimate"] == pytest.approx(res["half_width"])
+    assert res["estimate"] - res["ci_lower"] == pytest.approx(res["half_width"])
+    assert res["half_width"] >= 1.959963984540054 * res["s_theta"] * (1 - 1e-12)
     assert done["mechanism"]["neighbouring"] == "replace-one"
     budget = client.get(
         f"/v1/datasets/{ds['id']}/budget", headers=Api.auth(owner["api_key"])
