@@ -345,10 +345,8 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
             anchor = AnchorPlan(
                 anchor_bound, epsilon_q, epsilon_mean, delta_anchor, propensity_clip=anchor_clip
             )
-            mean_worst = calibrate_gaussian(
-                epsilon_mean,
-                delta_anchor,
-                ate_strict.float_slack(2.0 * anchor_bound / sizes[-1], sizes[-1]),
+            mean_worst = ate_strict.mean_calibration(
+                epsilon_mean, delta_anchor, anchor_bound, sizes[-1]
             )
             events.append(ate_strict.quantile_event(epsilon_q, anchor_bound, sizes[-1]))
             events.append(
@@ -680,18 +678,9 @@ def release_anchor(gamma: NDArray[np.float64], state: Plan, noise: NoiseSampler)
     anchor = state.anchor
     if anchor is None:
         raise ValueError("no anchor in this plan")
-    n2 = int(gamma.size)
-    quantile = noise.quantile(
-        np.abs(gamma),
-        candidates=ate_strict.adaptive_clip_candidates(anchor.bound),
-        level=ate_strict.ADAPTIVE_CLIP_LEVEL,
-        epsilon=anchor.quantile_epsilon,
-    )
-    clip = ate_strict.adaptive_clip_bound(quantile, anchor.bound, n2)
+    clip = ate_strict.adaptive_clip(gamma, anchor.bound, anchor.quantile_epsilon, noise)
     mean, _ = ate_strict.d2_statistics(gamma, bound=clip)
-    calibration = calibrate_gaussian(
-        anchor.epsilon, anchor.delta, ate_strict.float_slack(2.0 * clip / n2, n2)
-    )
+    calibration = ate_strict.mean_calibration(anchor.epsilon, anchor.delta, clip, gamma.size)
     value = float(release_gaussian(np.array([mean]), calibration, noise)[0])
     return float(np.clip(value, -state.cate_bound, state.cate_bound))
 

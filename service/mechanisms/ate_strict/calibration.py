@@ -450,15 +450,19 @@ def public_parameters(state: Plan) -> dict[str, Any]:
     }
 
 
+def mean_calibration(epsilon: float, delta: float, clip: float, n2: int) -> GaussianCalibration:
+    """The lattice Gaussian for a mean of n2 values in [-clip, clip]: sensitivity ``2 clip / n2``
+    plus the float slack (proof §3)."""
+    return calibrate_gaussian(epsilon, delta, float_slack(2.0 * clip / n2, n2))
+
+
 def adaptive_calibrations(
     state: Plan, clip: float
 ) -> tuple[GaussianCalibration, GaussianCalibration]:
     """proof §13: the mean and second-moment Gaussians at the clip K, with the (epsilon, delta)
     fixed by the plan: sensitivities ``2K / n2`` and ``K^2 / n2`` plus the float slack."""
     n2 = state.n2
-    mean = calibrate_gaussian(
-        state.mean.epsilon, state.mean.delta, float_slack(2.0 * clip / n2, n2)
-    )
+    mean = mean_calibration(state.mean.epsilon, state.mean.delta, clip, n2)
     second = calibrate_gaussian(
         state.second_moment.epsilon, state.second_moment.delta, float_slack(clip * clip / n2, n2)
     )

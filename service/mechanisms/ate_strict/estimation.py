@@ -321,6 +321,20 @@ def _cross_fit_pseudo_outcomes(
     return np.concatenate(parts)
 
 
+def adaptive_clip(
+    gamma: NDArray[np.float64], bound: float, epsilon: float, noise: NoiseSampler
+) -> float:
+    """proof §13: the epsilon-DP quantile Q of |Gamma| on the public grid in [B / 1000, B], then
+    the clip ``K = min(B, kappa(n2) Q)`` (post-processing)."""
+    quantile = noise.quantile(
+        np.abs(gamma),
+        candidates=adaptive_clip_candidates(bound),
+        level=ADAPTIVE_CLIP_LEVEL,
+        epsilon=epsilon,
+    )
+    return adaptive_clip_bound(quantile, bound, int(gamma.size))
+
+
 def _estimate(
     gamma: NDArray[np.float64], state: Plan, noise: NoiseSampler, progress: Progress
 ) -> dict[str, Any]:
@@ -332,13 +346,7 @@ def _estimate(
     bound, mean, second = state.bound, state.mean, state.second_moment
     if state.quantile_epsilon is not None:
         # proof §13: an epsilon_q-DP quantile of |Gamma| on the public grid sets the clip K.
-        quantile = noise.quantile(
-            np.abs(gamma),
-            candidates=adaptive_clip_candidates(state.bound),
-            level=ADAPTIVE_CLIP_LEVEL,
-            epsilon=state.quantile_epsilon,
-        )
-        bound = adaptive_clip_bound(quantile, state.bound, state.n2)
+        bound = adaptive_clip(gamma, state.bound, state.quantile_epsilon, noise)
         mean, second = adaptive_calibrations(state, bound)
     theta_hat, m2_hat = d2_statistics(gamma, bound=bound)
     del gamma

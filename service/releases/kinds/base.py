@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from service.mechanisms import versus_ate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
@@ -58,3 +59,16 @@ class ReleaseKind(Protocol):
         noise: NoiseSampler,
         progress: Progress,
     ) -> dict[str, Any]: ...
+
+
+def versus_ate_block(
+    request: Any, domain: PublicDomain, noise_sd: Callable[[Any], float]
+) -> dict[str, Any]:
+    """A CATE quote's ``versus_ate``: ``noise_sd(request)`` is the kind's public per-prediction
+    noise sd for a request, evaluated here at the request's epsilon and at others (the epsilon
+    search); the request carries ``epsilon`` and ``expected_heterogeneity_sd``."""
+
+    def at(epsilon: float) -> float:
+        return noise_sd(request.model_copy(update={"epsilon": epsilon}))
+
+    return versus_ate.quote_block(at, domain, request.epsilon, request.expected_heterogeneity_sd)

@@ -15,11 +15,11 @@ from pydantic import Field, StrictFloat, StrictInt
 
 from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.mechanisms import cate_function as mech
-from service.mechanisms import gp, versus_ate
+from service.mechanisms import gp
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
-from service.releases.kinds.base import KindParams, Progress
+from service.releases.kinds.base import KindParams, Progress, versus_ate_block
 
 
 class CateFunctionParams(KindParams):
@@ -93,13 +93,7 @@ class CateFunctionKind:
         request = _as_params(params)
         out = mech.quote(domain, to_mechanism_params(request, domain))
 
-        def noise_sd_at(epsilon: float) -> float:
-            at = to_mechanism_params(request.model_copy(update={"epsilon": epsilon}), domain)
-            return float(mech.quote(domain, at)["pointwise_noise_sd"])
-
-        out["versus_ate"] = versus_ate.quote_block(
-            noise_sd_at, domain, request.epsilon, request.expected_heterogeneity_sd
-        )
+        out["versus_ate"] = versus_ate_block(request, domain, lambda r: _noise_sd(r, domain))
         return out
 
     def run(
@@ -140,3 +134,8 @@ def _as_params(params: Any) -> CateFunctionParams:
     if isinstance(params, CateFunctionParams):
         return params
     return CateFunctionParams.model_validate(params)
+
+
+def _noise_sd(request: CateFunctionParams, domain: PublicDomain) -> float:
+    """Public per-prediction privacy-noise sd of a request (the quote's pointwise_noise_sd)."""
+    return float(mech.quote(domain, to_mechanism_params(request, domain))["pointwise_noise_sd"])

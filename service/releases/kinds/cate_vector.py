@@ -13,12 +13,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt
 
-from service.mechanisms import cate_vector, versus_ate
+from service.mechanisms import cate_vector
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
 from service.problems import ValidationFailed
-from service.releases.kinds.base import KindParams, Progress
+from service.releases.kinds.base import KindParams, Progress, versus_ate_block
 
 
 class CateVectorRequest(KindParams):
@@ -100,13 +100,7 @@ class CateVectorKind:
         request = _as_params(params)
         out = cate_vector.quote(domain, to_mechanism_params(request, domain))
 
-        def noise_sd_at(epsilon: float) -> float:
-            at = to_mechanism_params(request.model_copy(update={"epsilon": epsilon}), domain)
-            return cate_vector.rms_noise_sd(domain, at)
-
-        out["versus_ate"] = versus_ate.quote_block(
-            noise_sd_at, domain, request.epsilon, request.expected_heterogeneity_sd
-        )
+        out["versus_ate"] = versus_ate_block(request, domain, lambda r: _noise_sd(r, domain))
         return out
 
     def run(
@@ -134,3 +128,8 @@ def _as_params(params: Any) -> CateVectorRequest:
     if isinstance(params, CateVectorRequest):
         return params
     return CateVectorRequest.model_validate(params)
+
+
+def _noise_sd(request: CateVectorRequest, domain: PublicDomain) -> float:
+    """Public per-prediction privacy-noise sd of a request (RMS over the query points)."""
+    return cate_vector.rms_noise_sd(domain, to_mechanism_params(request, domain))

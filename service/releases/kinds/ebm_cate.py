@@ -11,11 +11,11 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt
 
-from service.mechanisms import ebm_cate, versus_ate
+from service.mechanisms import ebm_cate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
-from service.releases.kinds.base import KindParams, Progress
+from service.releases.kinds.base import KindParams, Progress, versus_ate_block
 
 
 class EbmCateRequest(KindParams):
@@ -72,13 +72,7 @@ class EbmCateKind:
         request = _as_params(params)
         out = ebm_cate.quote(domain, to_mechanism_params(request, domain))
 
-        def noise_sd_at(epsilon: float) -> float:
-            at = to_mechanism_params(request.model_copy(update={"epsilon": epsilon}), domain)
-            return ebm_cate.prediction_noise_sd(domain, ebm_cate.quote(domain, at))
-
-        out["versus_ate"] = versus_ate.quote_block(
-            noise_sd_at, domain, request.epsilon, request.expected_heterogeneity_sd
-        )
+        out["versus_ate"] = versus_ate_block(request, domain, lambda r: _noise_sd(r, domain))
         return out
 
     def run(
@@ -106,3 +100,9 @@ def _as_params(params: Any) -> EbmCateRequest:
     if isinstance(params, EbmCateRequest):
         return params
     return EbmCateRequest.model_validate(params)
+
+
+def _noise_sd(request: EbmCateRequest, domain: PublicDomain) -> float:
+    """Public per-prediction privacy-noise sd of a request (``prediction_noise_sd``)."""
+    quoted = ebm_cate.quote(domain, to_mechanism_params(request, domain))
+    return ebm_cate.prediction_noise_sd(domain, quoted)

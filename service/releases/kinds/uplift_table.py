@@ -10,11 +10,11 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictBool, StrictFloat, StrictInt
 
-from service.mechanisms import uplift, versus_ate
+from service.mechanisms import uplift
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
-from service.releases.kinds.base import KindParams, Progress
+from service.releases.kinds.base import KindParams, Progress, versus_ate_block
 
 
 class UpliftTableRequest(KindParams):
@@ -73,13 +73,7 @@ class UpliftTableKind:
         request = _as_params(params)
         out = uplift.quote(domain, to_mechanism_params(request, domain))
 
-        def noise_sd_at(epsilon: float) -> float:
-            at = to_mechanism_params(request.model_copy(update={"epsilon": epsilon}), domain)
-            return float(uplift.quote(domain, at)["approx_uplift_sd_per_cell"])
-
-        out["versus_ate"] = versus_ate.quote_block(
-            noise_sd_at, domain, request.epsilon, request.expected_heterogeneity_sd
-        )
+        out["versus_ate"] = versus_ate_block(request, domain, lambda r: _noise_sd(r, domain))
         return out
 
     def run(
@@ -107,3 +101,9 @@ def _as_params(params: Any) -> UpliftTableRequest:
     if isinstance(params, UpliftTableRequest):
         return params
     return UpliftTableRequest.model_validate(params)
+
+
+def _noise_sd(request: UpliftTableRequest, domain: PublicDomain) -> float:
+    """Public per-prediction privacy-noise sd of a request (approx_uplift_sd_per_cell)."""
+    quoted = uplift.quote(domain, to_mechanism_params(request, domain))
+    return float(quoted["approx_uplift_sd_per_cell"])
