@@ -169,7 +169,9 @@ class Rep:
             propensity_clip=CLIP,
             basis=basis,  # type: ignore[arg-type]
         )
-        _, fitted = cf.run(self.arrays, self.domain, params, rng=self.rng, progress=_quiet)
+        _, fitted = cf.run(
+            self.arrays, self.domain, params, rng=self.rng, noise=self.noise, progress=_quiet
+        )
         lower = np.asarray(self.domain.x_lower, np.float64)
         upper = np.asarray(self.domain.x_upper, np.float64)
         _, canonical = cf.canonicalise(cf.scale_to_unit(self.points, lower, upper))
@@ -178,7 +180,7 @@ class Rep:
         nonprivate = float("nan")
         if fitted.kind == "gp":
             path = gp.GpPath(canonical.shape[1], fitted.bandwidth)
-            draw = path.draw(canonical, rng=self.rng)
+            draw = path.draw(canonical, normals=self.noise.standard_normal)
             values = fitted.round_output(mean + fitted.r0 * draw.values)
             nonprivate = pehe(mean, self.truth)
         else:

@@ -21,6 +21,7 @@ from bench.common import write_result
 from bench.functions import tau
 from service.mechanisms import cate_function as mech
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.noise import OpenDPSampler
 
 CHOICES: tuple[tuple[str, float | None, str], ...] = (
     ("paper normalised lambda = 1", 1.0, "normalised"),
@@ -71,6 +72,7 @@ def run(qs: tuple[int, ...], reps: int) -> list[dict[str, Any]]:
                     domain,
                     params,
                     rng=np.random.default_rng(rep),
+                    noise=OpenDPSampler(),
                     progress=lambda *_: None,
                 )
                 values = fitted.round_output(fitted.mean(test))

@@ -161,7 +161,7 @@ def _evaluate_function(secret: FunctionSecret, domain: PublicDomain, x: FloatArr
     values = np.empty(distinct.shape[0])
     for start in range(0, distinct.shape[0], secret.batch_max):
         batch = distinct[start : start + secret.batch_max]
-        draw = path.draw(batch, rng=secure_rng(), jitter=secret.jitter)
+        draw = path.draw(batch, normals=OpenDPSampler().standard_normal, jitter=secret.jitter)
         values[start : start + batch.shape[0]] = fitted.round_output(
             fitted.mean(batch) + fitted.r0 * draw.values
         )

@@ -52,7 +52,7 @@ from service.functions.payload import FunctionSecret
 from service.functions.sealing import seal, unseal
 from service.mechanisms import cate_function as mech
 from service.mechanisms import gp
-from service.mechanisms.noise import secure_rng
+from service.mechanisms.noise import OpenDPSampler
 from service.problems import (
     FunctionBatchRejected,
     FunctionCapacityReached,
@@ -561,7 +561,9 @@ def _evaluate_exact(
         fitted = entry.fitted
         try:
             with _blas_threads(_threads_for(locked.t, len(rows))):
-                draw = entry.path.draw(new_points, rng=secure_rng(), jitter=locked.jitter)
+                draw = entry.path.draw(
+                    new_points, normals=OpenDPSampler().standard_normal, jitter=locked.jitter
+                )
                 values = fitted.round_output(fitted.mean(new_points) + fitted.r0 * draw.values)
         except gp.GpNumericalError:
             session.rollback()

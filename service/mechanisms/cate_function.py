@@ -64,7 +64,7 @@ from service.mechanisms.calibration import (
 )
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
-from service.mechanisms.noise import lattice_exponent
+from service.mechanisms.noise import NoiseSampler, lattice_exponent
 from service.mechanisms.partition import fold_sizes, prepare_arrays, random_folds
 from service.mechanisms.records import (
     Composition,
@@ -665,11 +665,13 @@ def second_stage(
     weights: FloatArray,
     *,
     rng: np.random.Generator,
+    normals: gp.Normals,
 ) -> FittedFunction:
     """Fit the second stage on scaled D_2 and attach the noise (finite bases) or its scale (GP).
 
     ``x2`` is already scaled to [0, 1]^q. ``rng`` supplies the random frequencies (RFF, data
-    independent) and the coefficient noise of the finite bases.
+    independent, public); ``normals`` the unit normals of the finite bases' coefficient noise
+    (the vetted sampler's ``standard_normal`` in production).
     """
     scale = state.scale
     h = scale.bandwidth
@@ -700,7 +702,7 @@ def second_stage(
             lambda0=scale.lambda0,
         )
         # proof step 6 (RFF): beta_DP = beta + r0 xi, Hall's mechanism for k_RFF.
-        coef = coef + scale.r0 * rng.standard_normal(coef.shape[0])
+        coef = coef + scale.r0 * np.asarray(normals(coef.shape[0]), dtype=np.float64)
         return released("rff", frequencies, coef)
     if state.fit == "nystrom":
         centres = gp.sobol_centres(params.n_centres, q)
@@ -715,7 +717,7 @@ def second_stage(
         )
         if params.basis == "nystrom":
             # proof step 6 (Nystrom): beta_DP = beta + r0 eta, eta ~ N(0, M^{-1}).
-            coef = coef + scale.r0 * gp.nystrom_noise(metric, rng=rng)
+            coef = coef + scale.r0 * gp.nystrom_noise(metric, normals=normals)
             return released("centres", centres, coef)
         return released("gp", centres, coef)
     alpha = fit_exact(x2, targets, weights, bandwidth=h, lambda0=scale.lambda0)
@@ -844,9 +846,13 @@ def run(
     params: CateFunctionParams,
     *,
     rng: np.random.Generator,
+    noise: NoiseSampler,
     progress: Progress,
 ) -> tuple[dict[str, Any], FittedFunction]:
     """Fit the function (after the charge): returns (public result, secret fitted function).
+
+    ``rng`` draws the data-independent partition and random frequencies; ``noise`` the unit
+    normals of the finite bases' coefficient noise.
 
     Raises:
         InvalidParameters: invalid parameters (before the data is touched).
@@ -854,7 +860,7 @@ def run(
     """
     state = plan(domain, params)
     try:
-        return _run(arrays, domain, state, rng=rng, progress=progress)
+        return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
     except Exception:
         raise ReleaseFailed() from None
 
@@ -865,6 +871,7 @@ def _run(
     state: Plan,
     *,
     rng: np.random.Generator,
+    noise: NoiseSampler,
     progress: Progress,
 ) -> tuple[dict[str, Any], FittedFunction]:
     x, a, y = prepare_arrays(arrays, domain)
@@ -890,7 +897,14 @@ def _run(
     )
     lower = np.asarray(domain.x_lower, np.float64)
     upper = np.asarray(domain.x_upper, np.float64)
-    fitted = second_stage(state, scale_to_unit(x2, lower, upper), targets, weights, rng=rng)
+    fitted = second_stage(
+        state,
+        scale_to_unit(x2, lower, upper),
+        targets,
+        weights,
+        rng=rng,
+        normals=noise.standard_normal,
+    )
     if not (np.all(np.isfinite(fitted.coef)) and math.isfinite(fitted.r0)):
         raise ValueError("non-finite fit")
     progress(0.95, "second stage")

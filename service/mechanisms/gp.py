@@ -23,8 +23,10 @@ when a Cholesky fails; the stored ``D_S`` is what was used (never recomputed wit
 ``tau^2``). The kernel matrices depend only on query points and the public bandwidth, never on
 private data, so failures and timings here reveal nothing about the dataset.
 
-Random numbers: ``xi`` comes from the caller's generator (``secure_rng()`` in production, a
-CSPRNG-seeded PCG64DXSM); tests pass seeded generators.
+Random numbers: ``xi`` comes from the caller's ``normals`` (``OpenDPSampler().standard_normal``
+in production: OpenDP's exact discrete Gaussian with sd 1 on ``2^-30 Z`` from its OS-seeded
+CSPRNG, the one noise path of every mechanism); tests pass ``rng.standard_normal`` of a seeded
+generator.
 
 References:
     Hall, R., Rinaldo, A. and Wasserman, L. (2013). Differential privacy for functions and
@@ -35,6 +37,7 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +46,8 @@ from numpy.typing import NDArray
 from scipy.linalg import lapack
 
 FloatArray = NDArray[np.float64]
+# A source of independent unit normals: ``normals(m)`` returns m of them.
+Normals = Callable[[int], FloatArray]
 
 DEFAULT_JITTER = 1e-8
 JITTER_ESCALATIONS = 3
@@ -155,9 +160,7 @@ class GpPath:
         return self._l[: self.t, : self.t]
 
     # -- drawing -------------------------------------------------------------------------------
-    def draw(
-        self, points: FloatArray, *, rng: np.random.Generator, jitter: float = DEFAULT_JITTER
-    ) -> Draw:
+    def draw(self, points: FloatArray, *, normals: Normals, jitter: float = DEFAULT_JITTER) -> Draw:
         """Sample ``u_* | u_S`` at new distinct points (not in the path); the path is unchanged.
 
         Raises:
@@ -177,7 +180,7 @@ class GpPath:
             cov = 0.5 * (cov + cov.T)
             mean = cross.T @ self._w[: self.t]
         block, used = jittered_cholesky(cov, jitter)
-        xi = rng.standard_normal(m)
+        xi = np.asarray(normals(m), dtype=np.float64).reshape(m)
         values = mean + block @ xi
         return Draw(
             points=x_new,
@@ -293,7 +296,7 @@ def full_refactor_draw(
     points_new: FloatArray,
     *,
     bandwidth: float,
-    rng: np.random.Generator,
+    normals: Normals,
     jitter: float = DEFAULT_JITTER,
 ) -> FloatArray:
     """The naive reference: refactor ``k0(X_S, X_S) + D_S`` from scratch for every batch.
@@ -307,7 +310,8 @@ def full_refactor_draw(
     mean = k_sn.T @ scipy.linalg.cho_solve(factor, values_s)
     cov = k_nn - k_sn.T @ scipy.linalg.cho_solve(factor, k_sn)
     block, _ = jittered_cholesky(0.5 * (cov + cov.T), jitter)
-    return np.asarray(mean + block @ rng.standard_normal(points_new.shape[0]), dtype=np.float64)
+    xi = np.asarray(normals(points_new.shape[0]), dtype=np.float64)
+    return np.asarray(mean + block @ xi, dtype=np.float64)
 
 
 # ---- finite bases (§9): public centres or random features ----------------------------------
@@ -325,14 +329,14 @@ def sobol_centres(m: int, q: int) -> FloatArray:
     return np.asarray(shifted, dtype=np.float64)
 
 
-def nystrom_noise(centre_gram: FloatArray, *, rng: np.random.Generator) -> FloatArray:
+def nystrom_noise(centre_gram: FloatArray, *, normals: Normals) -> FloatArray:
     """``eta ~ N(0, M^{-1})`` for a public, positive-definite ``M`` (the jittered centre Gram).
 
     With ``M = L_c L_c^T``, ``eta = L_c^{-T} xi``; the noise function ``k_c(x)^T eta`` is a GP
     with the Nystrom kernel ``k_c(x)^T M^{-1} k_c(x')``.
     """
     factor = scipy.linalg.cholesky(centre_gram, lower=True)
-    xi = rng.standard_normal(centre_gram.shape[0])
+    xi = np.asarray(normals(centre_gram.shape[0]), dtype=np.float64)
     return np.asarray(
         scipy.linalg.solve_triangular(factor, xi, lower=True, trans="T"), dtype=np.float64
     )

@@ -13,6 +13,8 @@ What this module provides (spec README §1.8, threats.md §1–2):
   ``2^(k-1)``, so a sensitivity ``Delta`` becomes ``Delta + 2^k sqrt(dim)`` (L2) or
   ``Delta + 2^k dim`` (L1): ``lattice_sensitivity``. This is exactly what OpenDP's privacy map
   charges (checked on every draw and in tests).
+* ``NoiseSampler.standard_normal``: unit normals for structured Gaussian mechanisms whose
+  noise is a public linear map of them (cate_function's GP, Nystrom and RFF noise).
 * ``SeededSampler``: continuous numpy noise from a caller-supplied generator. **Test-only.**
 * ``secure_rng``: the single production constructor of a numpy ``Generator`` (used for
   partitions), seeded from the OS CSPRNG via ``secrets``.
@@ -59,6 +61,8 @@ DISCRETE_DELTA_MARGIN = 1e-6
 # Relative tolerance when comparing OpenDP's privacy map with our own accounting (OpenDP rounds
 # its map up by a few ulps).
 _MAP_RTOL = 1e-9
+# Lattice exponent of unit normals drawn for structured Gaussian mechanisms (sd 1 = 2^30 steps).
+UNIT_NORMAL_LATTICE_EXPONENT = -LATTICE_BITS
 # Public limits on noise scales so that the lattice 2^k is a normal double.
 _MIN_SCALE = 2.0**-900
 _MAX_SCALE = 2.0**900
@@ -94,6 +98,11 @@ class NoiseSampler(Protocol):
     ) -> float:
         """Return one of ``candidates``: an epsilon-DP ``level``-quantile of ``values`` under
         replace-one with ``len(values)`` public (exponential mechanism on rank utility)."""
+        ...
+
+    def standard_normal(self, size: int) -> NDArray[np.float64]:
+        """Return ``size`` independent unit normals, the raw material of a structured Gaussian
+        mechanism whose noise is a public linear map of them (GP and Nystrom noise)."""
         ...
 
 
@@ -375,6 +384,23 @@ class OpenDPSampler:
             raise ValueError("OpenDP charges more than the quantile calibration accounted for")
         return float(measurement(array.tolist()))
 
+    def standard_normal(self, size: int) -> NDArray[np.float64]:
+        """Unit normals from OpenDP's exact discrete Gaussian (sd 1 on ``2^-30 Z``).
+
+        The discrete Gaussian with ``sigma_L = 2^30`` lattice steps is within total variation
+        distance ``exp(-2 pi^2 sigma_L^2)``-small of the rounded continuous normal, so the law
+        the proofs assume holds to far below double precision; the draws come from OpenDP's
+        OS-seeded CSPRNG and its exact sampler (CKS20) instead of numpy's floating-point one.
+        """
+        if size < 0:
+            raise ValueError("size must be non-negative")
+        if size == 0:
+            return np.zeros(0, dtype=np.float64)
+        measurement = dp.m.make_gaussian(
+            *_input_space(size, "l2"), scale=1.0, k=UNIT_NORMAL_LATTICE_EXPONENT
+        )
+        return _apply(measurement, np.zeros(size, dtype=np.float64))
+
 
 def _check_quantile_args(
     values: NDArray[np.float64], candidates: NDArray[np.float64], level: float, epsilon: float
@@ -451,6 +477,12 @@ class SeededSampler:
         utility = -np.abs(below - level * array.size)
         score = epsilon * utility / 2.0 + self._rng.gumbel(size=grid.size)
         return float(grid[int(np.argmax(score))])
+
+    def standard_normal(self, size: int) -> NDArray[np.float64]:
+        """``size`` unit normals from the seeded generator."""
+        if size < 0:
+            raise ValueError("size must be non-negative")
+        return np.asarray(self._rng.standard_normal(size), dtype=np.float64)
 
 
 def secure_rng() -> np.random.Generator:

@@ -16,7 +16,7 @@ from service.db.models import CateFunctionBatch, Principal
 from service.functions import service as functions
 from service.functions.sealing import MAGIC, unseal
 from tests.api.test_releases import post_release, wait
-from tests.conftest import ADMIN_KEY, RCT_SCHEMA, Api
+from tests.conftest import ADMIN_KEY, RCT_SCHEMA, SCHEMA, Api
 
 FAST = {"epsilon": 1.0, "nuisance": "none", "t_max": 50, "batch_max": 20}
 
@@ -229,3 +229,68 @@ def test_evaluation_responses_are_not_cacheable(client: TestClient, setup: Any) 
     assert bad.status_code == 422
     assert bad.headers["cache-control"] == "no-store"
     assert bad.headers["content-type"].startswith("application/problem+json")
+
+
+class _FixedNormals:
+    """Stands in for the production sampler at evaluation: known unit normals, recorded."""
+
+    XI = np.array([1.5, -2.0, 0.75])
+    sizes: list[int] = []
+
+    def standard_normal(self, size: int) -> np.ndarray:
+        type(self).sizes.append(size)
+        return self.XI[:size].copy()
+
+
+def _proof_r0(result: dict[str, Any], outcome_range: float) -> float:
+    """r0 = Delta sigma_G from docs/proofs/cate_function.md (R-learner, k0 terms), recomputed
+    from the release's public parameters, independently of the mechanism's own arithmetic."""
+    from service.mechanisms.calibration import analytic_gaussian_multiplier
+
+    lam, n2 = float(result["lambda0"]), int(result["n2"])
+    target = outcome_range  # R-learner: |r| <= R_Y
+    lipschitz = 2.0 * (target + target / np.sqrt(lam))
+    sensitivity = lipschitz / (lam * n2)
+    return sensitivity * analytic_gaussian_multiplier(result["epsilon"], result["delta"])
+
+
+def test_gp_noise_is_drawn_through_the_sampler_at_the_proof_scale(
+    client: TestClient, setup: Any, configured: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end (issue 13.11/13.12): the unit normals of an evaluation come from the
+    sampler's ``standard_normal``; the stored path values are ``chol(k0(X, X) + D) xi``; and each
+    released value is ``g*(x) + r0 u(x)`` with r0 the proof's ``Delta sigma_G``. Halving r0
+    anywhere (plan, stored function, evaluation) or drawing the normals elsewhere turns it red."""
+    done = release(client, setup, {**FAST, "learner": "r"})
+    fid, result = done["id"], done["result"]
+    monkeypatch.setattr(functions, "OpenDPSampler", _FixedNormals)
+    _FixedNormals.sizes = []
+    points = np.array([[30.0, 0.2, 0.0], [70.0, 0.9, 1.0]])
+    r = evaluate(client, setup["analyst"]["api_key"], fid, points.tolist())
+    assert r.status_code == 200, r.text
+    assert _FixedNormals.sizes == [2]
+    released = np.array(r.json()["values"])
+
+    engine = create_engine(configured)
+    try:
+        with Session(engine) as session:
+            fitted = functions._load_fitted(session, fid)
+            row = session.execute(
+                select(CateFunctionBatch).where(CateFunctionBatch.function_id == fid)
+            ).scalar_one()
+            _, u, y, d = functions._decode_batch(row, 3)
+    finally:
+        engine.dispose()
+    lower, upper = np.array([18.0, 0.0, 0.0]), np.array([90.0, 1.0, 1.0])  # SCHEMA's box
+    _, canonical = functions.mech.canonicalise(functions.mech.scale_to_unit(points, lower, upper))
+    from service.mechanisms import gp
+
+    kernel = gp.gaussian_kernel(canonical, canonical, result["bandwidth"]) + np.diag(d)
+    assert np.allclose(u, np.linalg.cholesky(kernel) @ _FixedNormals.XI[:2], atol=1e-12)
+    r0 = _proof_r0(result, outcome_range=SCHEMA["outcome"]["upper"] - SCHEMA["outcome"]["lower"])
+    assert r0 == pytest.approx(result["pointwise_noise_sd"], rel=1e-12)
+    step = 2.0**fitted.output_lattice_exponent
+    expected = fitted.mean(canonical) + r0 * u
+    assert np.all(np.abs(expected) < fitted.value_bound)  # no clipping in this check
+    assert np.allclose(released, expected, atol=step, rtol=0)
+    assert np.array_equal(released, y)

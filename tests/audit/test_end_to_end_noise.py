@@ -9,8 +9,12 @@ and every such event must be drawn. So a code path that halves a noise scale aft
 (in ``noise.release_gaussian``, a mechanism's own call, or a sensitivity passed at run time)
 draws at a scale no event has, and this test turns red.
 
-Not covered here: DP-EBM's noise (drawn inside interpret; its accounting is audited in
-``test_ebm_cate_audit``) and the GP noise of ``cate_function`` (drawn at evaluation).
+``cate_function``'s finite bases draw unit normals through ``NoiseSampler.standard_normal``;
+their coefficient noise must be exactly ``r0`` times the public transform of those normals, with
+``r0`` recomputed from the proof's formula (``test_cate_function_finite_basis_noise``). Its GP
+noise, drawn at evaluation, is checked the same way through HTTP in
+``tests/api/test_functions.py``. Not covered here: DP-EBM's noise (drawn inside interpret; its
+accounting is audited in ``test_ebm_cate_audit``).
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ class RecordingSampler:
     ) -> float:
         self.draws.append({"type": "exponential_quantile", "epsilon": epsilon})
         return self.inner.quantile(values, candidates=candidates, level=level, epsilon=epsilon)
+
+    def standard_normal(self, size: int) -> NDArray[np.float64]:
+        self.draws.append({"type": "standard_normal", "dim": size})
+        return self.inner.standard_normal(size)
 
 
 def _domain(design: StudyDesign) -> PublicDomain:
@@ -177,3 +185,71 @@ def test_a_halved_scale_is_caught() -> None:
     }
     assert _matches(good, event)
     assert not _matches({**good, "scale": float(good["scale"]) / 2}, event)
+
+
+class _KnownNormals(RecordingSampler):
+    """Unit normals chosen by the test (``scale`` times a fixed vector), recorded."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def standard_normal(self, size: int) -> NDArray[np.float64]:
+        self.draws.append({"type": "standard_normal", "dim": size})
+        return self.scale * np.cos(np.arange(size, dtype=np.float64))
+
+
+@pytest.mark.parametrize("basis", ["nystrom", "rff"])
+def test_cate_function_finite_basis_noise(basis: str) -> None:
+    """The released coefficients are the noiseless fit plus ``r0 xi`` (RFF) or ``r0 L_c^{-T} xi``
+    (Nystrom) for the sampler's normals ``xi``, with ``r0 = Delta sigma_G`` recomputed here from
+    docs/proofs/cate_function.md; so halving r0 or drawing the normals elsewhere turns it red."""
+    from service.functions.payload import SECRET_KEY
+    from service.mechanisms import gp
+    from service.mechanisms.calibration import analytic_gaussian_multiplier
+    from service.mechanisms.cate_function import NYSTROM_JITTER
+
+    domain = _domain(StudyDesign.RCT)
+    kind = REGISTRY["cate_function"]
+    request = kind.Params.model_validate(
+        {
+            "epsilon": 1.0,
+            "nuisance": "none",
+            "basis": basis,
+            "learner": "r",
+            "n_centres": 32,
+            "n_features": 32,
+        }
+    )
+    fitted = []
+    samplers = [_KnownNormals(0.0), _KnownNormals(1.0)]
+    for sampler in samplers:
+        out = kind.run(
+            _arrays(StudyDesign.RCT),
+            domain,
+            request,
+            rng=np.random.default_rng(3),  # the same partition and frequencies in both runs
+            noise=sampler,
+            progress=lambda fraction, stage: None,
+        )
+        fitted.append(out[SECRET_KEY].fitted)
+    assert [d["type"] for d in samplers[1].draws] == ["standard_normal"]
+    size = samplers[1].draws[0]["dim"]
+    xi = np.cos(np.arange(size, dtype=np.float64))
+    lam, n2 = float(out["lambda0"]), int(out["n2"])
+    outcome_range = domain.y_upper - domain.y_lower
+    sensitivity = 2.0 * (outcome_range + outcome_range / np.sqrt(lam)) / (lam * n2)
+    r0 = sensitivity * analytic_gaussian_multiplier(1.0, float(out["delta"]))
+    assert fitted[1].r0 == pytest.approx(r0, rel=1e-12)
+    noise = fitted[1].coef - fitted[0].coef
+    if basis == "rff":
+        assert size == 2 * 32
+        expected = r0 * xi
+    else:
+        # eta ~ N(0, M^{-1}) with M the public centre Gram (plus its public jitter): L_c^{-T} xi
+        centres = fitted[1].support
+        metric = gp.gaussian_kernel(centres, centres, fitted[1].bandwidth)
+        metric += NYSTROM_JITTER * np.eye(centres.shape[0])
+        factor = np.linalg.cholesky(metric)
+        expected = r0 * np.linalg.solve(factor.T, xi)
+    assert np.allclose(noise, expected, rtol=1e-9, atol=1e-12)

@@ -13,6 +13,7 @@ from service.mechanisms import gp
 from service.mechanisms.calibration import hall_constant
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
+from service.mechanisms.noise import SeededSampler
 
 
 def _scale(mode: str, *, q: int = 2, h: float = 0.5, eps: float = 1.0) -> mech.NoiseScale:
@@ -163,27 +164,44 @@ def _rct_rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray,
 
 
 @pytest.mark.parametrize("basis", ["exact", "nystrom", "rff"])
-def test_run_end_to_end(basis: str) -> None:
+def test_run_end_to_end_learns_the_cate(basis: str) -> None:
+    """A strict run at a large epsilon learns the known CATE 0.5 x0 better than the best constant
+    (RMSE at most 0.9 of the constant's; GP noise drawn at fresh points for the exact basis),
+    releases no coefficients in its public result, and survives a storage round trip."""
     rng = np.random.default_rng(0)
     n = 1200
     x, a, y = _rct_rows(rng, n)
     params = mech.CateFunctionParams(
-        epsilon=1.0,
+        epsilon=100.0,
         delta=1e-5,
         nuisance="none",
         basis=basis,  # type: ignore[arg-type]
-        learner="dr",
+        learner="r",
         n_centres=64,
         n_features=64,
+        regularization=0.01,
     )
     result, fitted = mech.run(
-        Arrays(x, a, y), _domain(n), params, rng=rng, progress=lambda *_: None
+        Arrays(x, a, y),
+        _domain(n),
+        params,
+        rng=rng,
+        noise=SeededSampler(rng),
+        progress=lambda *_: None,
     )
     assert result["guarantee"] == "strict"
     assert "coef" not in result
     assert "support" not in result
+    pts = rng.uniform(size=(300, 2))
+    values = fitted.mean(pts)
+    if fitted.kind == "gp":
+        path = gp.GpPath(2, fitted.bandwidth)
+        values = values + fitted.r0 * path.draw(pts, normals=rng.standard_normal).values
+    truth = 0.5 * pts[:, 0]
+    rmse = float(np.sqrt(np.mean((values - truth) ** 2)))
+    constant = float(np.std(truth))
+    assert rmse <= 0.9 * constant, (rmse, constant)
     again = mech.FittedFunction.from_bytes(fitted.to_bytes())
-    pts = rng.uniform(size=(5, 2))
     assert np.array_equal(again.mean(pts), fitted.mean(pts))
 
 
@@ -205,7 +223,12 @@ def test_released_values_are_clipped_to_the_public_cate_range(basis: str) -> Non
         lambda_convention="unnormalised",
     )
     result, fitted = mech.run(
-        Arrays(x, a, y), _domain(n), params, rng=rng, progress=lambda *_: None
+        Arrays(x, a, y),
+        _domain(n),
+        params,
+        rng=rng,
+        noise=SeededSampler(rng),
+        progress=lambda *_: None,
     )
     assert result["value_bound"] == 2.0
     pts = rng.uniform(size=(2000, 2)) * np.array([1.0, 2.0])

@@ -27,7 +27,7 @@ def test_incremental_factor_equals_full_cholesky() -> None:
     rng = np.random.default_rng(1)
     path = gp.GpPath(2, H, capacity=2)
     for m in (1, 3, 5, 2, 7):
-        path.append(path.draw(_points(rng, m), rng=rng))
+        path.append(path.draw(_points(rng, m), normals=rng.standard_normal))
     x = path.points
     full = scipy.linalg.cholesky(gp.gaussian_kernel(x, x, H) + np.diag(path.jitters), lower=True)
     assert np.max(np.abs(full - path.factor)) < 1e-10
@@ -58,11 +58,11 @@ def _simulate(broken: bool, n_paths: int = 1000) -> np.ndarray:
         for batch in batches:
             if broken:
                 fresh = gp.GpPath(2, H)  # ignores the stored values: wrong law
-                draw = fresh.draw(batch, rng=rng)
+                draw = fresh.draw(batch, normals=rng.standard_normal)
                 values.append(draw.values)
                 path.extend_known(batch, draw.values, draw.jitters)
             else:
-                draw = path.draw(batch, rng=rng)
+                draw = path.draw(batch, normals=rng.standard_normal)
                 values.append(draw.values)
                 path.append(draw)
         out[k] = scipy.linalg.solve_triangular(whiten, np.concatenate(values), lower=True)
@@ -80,9 +80,11 @@ def test_power_broken_conditioning_is_rejected() -> None:
 def test_numerically_dependent_points_do_not_fail() -> None:
     rng = np.random.default_rng(3)
     path = gp.GpPath(2, H)
-    first = path.draw(np.array([[0.5, 0.5]]), rng=rng)
+    first = path.draw(np.array([[0.5, 0.5]]), normals=rng.standard_normal)
     path.append(first)
-    near = path.draw(np.array([[0.5, 0.5 + 2.0**-20], [0.5 + 2.0**-20, 0.5]]), rng=rng)
+    near = path.draw(
+        np.array([[0.5, 0.5 + 2.0**-20], [0.5 + 2.0**-20, 0.5]]), normals=rng.standard_normal
+    )
     path.append(near)
     # Conditional variance ~ jitter: the nearby answers are within a few jitter sds.
     assert np.all(np.abs(near.values - first.values[0]) < 1e-2)
@@ -101,12 +103,17 @@ def test_jitter_escalation_and_rejection() -> None:
 def test_full_refactor_agrees_in_mean_and_variance() -> None:
     rng = np.random.default_rng(5)
     path = gp.GpPath(2, H)
-    path.append(path.draw(_points(rng, 10), rng=rng))
+    path.append(path.draw(_points(rng, 10), normals=rng.standard_normal))
     new = _points(rng, 1)
     draws = np.array(
         [
             gp.full_refactor_draw(
-                path.points, path.values, path.jitters, new, bandwidth=H, rng=rng
+                path.points,
+                path.values,
+                path.jitters,
+                new,
+                bandwidth=H,
+                normals=rng.standard_normal,
             )[0]
             for _ in range(4000)
         ]

@@ -108,7 +108,7 @@ class CateFunctionKind:
     ) -> dict[str, Any]:
         """Fit after the charge; the secret rides under ``SECRET_KEY`` for the runner to store."""
         checked = to_mechanism_params(_as_params(params), domain)
-        result, fitted = mech.run(arrays, domain, checked, rng=rng, progress=progress)
+        result, fitted = mech.run(arrays, domain, checked, rng=rng, noise=noise, progress=progress)
         public = {
             **result,
             "x_lower": [float(v) for v in domain.x_lower],
