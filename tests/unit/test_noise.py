@@ -184,7 +184,7 @@ def test_opendp_unit_normals_are_exact_discrete_gaussian_draws() -> None:
     assert np.array_equal(steps, np.round(steps))
     assert not np.array_equal(sampler.standard_normal(8), sampler.standard_normal(8))
     assert sampler.standard_normal(0).shape == (0,)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="non-negative"):
         sampler.standard_normal(-1)
 
 
