@@ -4,15 +4,20 @@ What it provides:
     * the replace-one DP-EBM accounting (``DpEbmAccounting``, ``dp_ebm_accounting``,
       ``solve_dp_ebm_epsilon_p`` and the interpret hyperparameters), so that every kind
       charges DP-EBM fits by the same epsilon_p rule (README §1.2);
-    * ``interpret_guard``: one process-wide lock with warnings turned into errors, around every
-      interpret call (``warnings.catch_warnings`` is process-global);
+    * ``interpret_guard``: one process-wide lock around every interpret call
+      (``warnings.catch_warnings`` is process-global); interpret's *privacy* warnings (fixed
+      seed, data-derived bounds or feature types: set by configuration, never by data) become
+      ``PrivacyConfigurationError``; every other warning is recorded and ignored, so whether a
+      charged release succeeds cannot depend on a warning the data might trigger (issue 13.5);
     * ``fit_classifier`` / ``fit_regressor``: interpret 0.7.8 DP-EBMs with public bounds for
       every feature and the target, all features ``'continuous'``, ``random_state=None``,
       centred regression targets, and interpret's privacy warnings turned into errors; the
-      fitted noise scales are checked against the planned mu;
+      fitted noise scales are checked against the planned mu (``PrivacyConfigurationError``);
     * ``propensity_scores`` / ``outcome_predictions``: the first-stage nuisances shared by
       ``ate_strict``, ``cate_function`` and ``ebm_cate`` (a DP model fitted on its own fold,
       predicted at another fold's rows: row-wise post-processing, clipped to public ranges);
+      a fit that fails for any reason but a privacy check falls back to the public constant
+      nuisance (0.5, the outcome midpoint), so the release still succeeds with its noise;
     * ``SafeEbm``: the safe fields of a fitted DP-EBM (dp_ebm_learners.md §7.3: cut points,
       term scores, intercept, public bounds) and a pure evaluator of the additive model from
       those fields alone, used for post-processing predictions of stored releases.
@@ -72,9 +77,18 @@ DP_EBM_OUTER_BAGS = 1
 # and the fitted models' noise scales are verified to imply a mu within it.
 _MU_RTOL = 1e-9
 
-# interpret's warnings are promoted to errors inside this lock; ``warnings.catch_warnings`` is
+# interpret's warnings are filtered inside this lock; ``warnings.catch_warnings`` is
 # process-global, so concurrent fits in other threads must not interleave with it.
 _INTERPRET_LOCK = threading.Lock()
+# interpret's privacy warnings start with these words (interpret 0.7.8: a fixed random_state,
+# target or feature bounds or feature types taken from the data). Our calls set all of them
+# from public values, so these fire on every fit or on none: configuration, not data.
+_PRIVACY_WARNING_PREFIXES = ("Privacy violation", "Possible privacy violation")
+
+
+class PrivacyConfigurationError(ValueError):
+    """interpret would compute something from the data, or a fitted noise scale is below the
+    planned calibration: a configuration defect, never triggered by the data; always fatal."""
 
 
 @dataclass(frozen=True)
@@ -171,10 +185,23 @@ def solve_dp_ebm_epsilon_p(epsilon: float, delta: float) -> DpEbmAccounting:
 
 @contextmanager
 def interpret_guard() -> Iterator[None]:
-    """Serialise interpret calls and turn every warning inside them into an error."""
-    with _INTERPRET_LOCK, warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
+    """Serialise interpret calls; raise on interpret's privacy warnings, ignore the others.
+
+    Raises:
+        PrivacyConfigurationError: interpret warned that it would use data-derived bounds,
+            feature types or a fixed seed (checked after the call returns or raises).
+    """
+    with _INTERPRET_LOCK, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            if any(_is_privacy_warning(w.message) for w in caught):
+                raise PrivacyConfigurationError("interpret reported a privacy violation")
+
+
+def _is_privacy_warning(message: Warning | str) -> bool:
+    return str(message).lstrip().startswith(_PRIVACY_WARNING_PREFIXES)
 
 
 def _common(
@@ -220,7 +247,7 @@ def check_fitted_noise(
         / float(model.noise_scale_boosting_)
     )
     if 2.0 * math.hypot(mu_binning, mu_boosting) > accounting.mu_replace_one * (1.0 + _MU_RTOL):
-        raise ValueError("DP-EBM noise scale below the planned calibration")
+        raise PrivacyConfigurationError("DP-EBM noise scale below the planned calibration")
 
 
 def fit_classifier(
@@ -318,12 +345,18 @@ def propensity_scores(
     max_rounds: int = DP_EBM_MAX_ROUNDS,
 ) -> NDArray[np.float64]:
     """``e_hat`` at ``x_predict`` from a DP classifier fitted on ``(x_fit, a_fit)`` only,
-    clipped to the public ``[clip, 1 - clip]`` (a failed prediction, NaN, becomes 0.5)."""
-    model = fit_classifier(
-        x_fit, a_fit, lower, upper, accounting, max_bins=max_bins, max_rounds=max_rounds
-    )
-    with interpret_guard():
-        proba = np.asarray(model.predict_proba(x_predict), dtype=np.float64)[:, 1]
+    clipped to the public ``[clip, 1 - clip]`` (a failed prediction, NaN, becomes 0.5; a fit
+    that fails other than by a privacy check gives the public constant 0.5 everywhere)."""
+    try:
+        model = fit_classifier(
+            x_fit, a_fit, lower, upper, accounting, max_bins=max_bins, max_rounds=max_rounds
+        )
+        with interpret_guard():
+            proba = np.asarray(model.predict_proba(x_predict), dtype=np.float64)[:, 1]
+    except PrivacyConfigurationError:
+        raise
+    except Exception:
+        proba = np.full(x_predict.shape[0], 0.5, dtype=np.float64)
     return np.asarray(np.clip(np.nan_to_num(proba, nan=0.5), clip, 1.0 - clip), np.float64)
 
 
@@ -343,22 +376,29 @@ def outcome_predictions(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``(mu0_hat, mu1_hat)`` at ``x_predict`` from one DP regressor of Y on (A, X) fitted on
     its own fold, A a continuous feature on (0, 1) and Y centred on the public midpoint
-    (dp_ebm_learners.md §7.4); clipped to the public outcome bounds (NaN: the midpoint)."""
-    model, midpoint = fit_regressor(
-        np.column_stack([a_fit, x_fit]),
-        y_fit,
-        np.concatenate([[0.0], lower]),
-        np.concatenate([[1.0], upper]),
-        y_lower,
-        y_upper,
-        accounting,
-        max_bins=max_bins,
-        max_rounds=max_rounds,
-    )
+    (dp_ebm_learners.md §7.4); clipped to the public outcome bounds (NaN: the midpoint). A fit
+    that fails other than by a privacy check gives the public midpoint everywhere."""
+    midpoint = (y_lower + y_upper) / 2.0
     ones = np.ones(x_predict.shape[0], dtype=np.float64)
-    with interpret_guard():
-        raw1 = np.asarray(model.predict(np.column_stack([ones, x_predict])), np.float64)
-        raw0 = np.asarray(model.predict(np.column_stack([0.0 * ones, x_predict])), np.float64)
+    try:
+        model, midpoint = fit_regressor(
+            np.column_stack([a_fit, x_fit]),
+            y_fit,
+            np.concatenate([[0.0], lower]),
+            np.concatenate([[1.0], upper]),
+            y_lower,
+            y_upper,
+            accounting,
+            max_bins=max_bins,
+            max_rounds=max_rounds,
+        )
+        with interpret_guard():
+            raw1 = np.asarray(model.predict(np.column_stack([ones, x_predict])), np.float64)
+            raw0 = np.asarray(model.predict(np.column_stack([0.0 * ones, x_predict])), np.float64)
+    except PrivacyConfigurationError:
+        raise
+    except Exception:
+        raw1 = raw0 = np.zeros(x_predict.shape[0], dtype=np.float64)
 
     def finish(raw: NDArray[np.float64]) -> NDArray[np.float64]:
         values = np.clip(np.nan_to_num(raw + midpoint, nan=midpoint), y_lower, y_upper)

@@ -147,11 +147,14 @@ def test_max_bins_and_rounds_reach_every_module_and_leave_the_cost_alone() -> No
 
 
 def test_interpret_privacy_warnings_are_errors() -> None:
+    """interpret's own warning about data-derived bounds (its real message) is fatal."""
     from interpret.privacy import DPExplainableBoostingRegressor
+
+    from service.mechanisms.dp_ebm import PrivacyConfigurationError
 
     x = np.random.default_rng(0).uniform(0, 1, (200, 1))
     model = DPExplainableBoostingRegressor(epsilon=1.0, delta=1e-5, n_jobs=1)  # no bounds
-    with pytest.raises(Warning), interpret_guard():
+    with pytest.raises(PrivacyConfigurationError), interpret_guard():
         model.fit(x, x[:, 0])
 
 
