@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,7 +23,7 @@ from service.db.engine import get_engine, get_sessionmaker
 from service.functions.router import router as functions_router
 from service.jobs.runner import JobRunner
 from service.metrics import Metrics, MetricsMiddleware
-from service.problems import PayloadTooLarge, install_handlers, problem_response
+from service.problems import MEDIA_TYPE, PayloadTooLarge, install_handlers, problem_response
 from service.releases.predict import router as predict_router
 from service.releases.router import router as releases_router
 
@@ -174,6 +175,28 @@ class LimitsMiddleware:
                 await refuse()
 
 
+def _validation_errors_are_problems(schema: dict[str, Any]) -> None:
+    """Every 422 is served as problem+json (``install_handlers``): say so in the document,
+    instead of FastAPI's default ``application/json`` HTTPValidationError (found by
+    schemathesis, issue 13.9)."""
+    problem = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            response = operation.get("responses", {}).get("422")
+            if response is None:
+                continue
+            content = response.setdefault("content", {})
+            if content.pop("application/json", None) is not None:
+                content[MEDIA_TYPE] = problem
+                if response.get("description") == "Validation Error":
+                    response["description"] = "The request is invalid (validation-failed)"
+    text = json.dumps(schema.get("paths", {}))
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        if f"#/components/schemas/{name}" not in text:
+            components.pop(name, None)
+
+
 def _add_problem_schema(app: FastAPI) -> None:
     """Declare the RFC 9457 Problem schema in the OpenAPI document."""
     original = app.openapi
@@ -204,6 +227,7 @@ def _add_problem_schema(app: FastAPI) -> None:
             },
             "required": ["type", "title", "status"],
         }
+        _validation_errors_are_problems(schema)
         app.openapi_schema = schema
         return schema
 
