@@ -146,7 +146,8 @@ def _run(base: str, role: str, key: str, seconds: int, config: Path) -> dict[str
         "--no-color",
     ]
     started = time.time()
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    # run in the temporary folder: schemathesis keeps a crash cache in its working directory
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, cwd=config.parent)
     output = proc.stdout + proc.stderr
     counts: dict[str, int] = {}
     for number, label in _SUMMARY.findall(output.splitlines()[-1] if output else ""):

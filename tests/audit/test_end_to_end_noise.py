@@ -19,6 +19,7 @@ accounting is audited in ``test_ebm_cate_audit``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -64,8 +65,9 @@ class RecordingSampler:
         level: float,
         epsilon: float,
     ) -> float:
-        self.draws.append({"type": "exponential_quantile", "epsilon": epsilon})
-        return self.inner.quantile(values, candidates=candidates, level=level, epsilon=epsilon)
+        value = self.inner.quantile(values, candidates=candidates, level=level, epsilon=epsilon)
+        self.draws.append({"type": "exponential_quantile", "epsilon": epsilon, "value": value})
+        return value
 
     def standard_normal(self, size: int) -> NDArray[np.float64]:
         self.draws.append({"type": "standard_normal", "dim": size})
@@ -253,3 +255,54 @@ def test_cate_function_finite_basis_noise(basis: str) -> None:
         factor = np.linalg.cholesky(metric)
         expected = r0 * np.linalg.solve(factor.T, xi)
     assert np.allclose(noise, expected, rtol=1e-9, atol=1e-12)
+
+
+ADAPTIVE_CASES = [
+    ("ate", {"epsilon": 1.0}, "mean_pseudo_outcome"),
+    ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, "anchor_ate_mean"),
+]
+
+
+@pytest.mark.parametrize(("kind", "params", "statistic"), ADAPTIVE_CASES)
+def test_adaptive_draws_are_calibrated_at_the_released_clip(
+    kind: str, params: dict[str, Any], statistic: str
+) -> None:
+    """Adaptive clipping (ate_strict proof §13): the clip is K = min(B, (2 + 0.5 log10 n2) Q) for
+    the DP quantile Q, and the mean's Gaussian is calibrated at sensitivity 2K / n2 (the second
+    moment's at K^2 / n2), recomputed here from the recorded quantile, so a halved sensitivity
+    after the quantile turns this red even though the sigma follows it."""
+    domain = _domain(StudyDesign.RCT)
+    release_kind = REGISTRY[kind]
+    request = release_kind.Params.model_validate(params)
+    record = release_kind.record(request, domain)
+    quote = release_kind.quote(request, domain)
+    sampler = RecordingSampler()
+    result = release_kind.run(
+        _arrays(StudyDesign.RCT),
+        domain,
+        request,
+        rng=np.random.default_rng(5),
+        noise=sampler,
+        progress=lambda fraction, stage: None,
+    )
+    n2 = int(quote["n2"]) if "n2" in quote else int(quote["fold_sizes"]["estimation"])
+    event = next(e for e in record.events if e.params.get("statistic") == statistic)
+    quantile_at = next(
+        i for i, d in enumerate(sampler.draws) if d["type"] == "exponential_quantile"
+    )
+    q = float(sampler.draws[quantile_at]["value"])
+    bound_max = float(quote.get("bound_max") or 0.0) or float(event.params["bound_max"])
+    clip = min(bound_max, (2.0 + 0.5 * math.log10(n2)) * q)
+    if kind == "ate":
+        assert result["bound"] == pytest.approx(clip, rel=1e-12)  # the released K
+    mean_draw, *rest = sampler.draws[quantile_at + 1 :]
+    assert mean_draw["sensitivity"] == pytest.approx(2.0 * clip / n2, rel=1e-6)
+    assert mean_draw["sensitivity"] >= 2.0 * clip / n2
+    assert (
+        mean_draw["scale"]
+        == calibrate_gaussian(event.epsilon, event.delta, mean_draw["sensitivity"]).sigma
+    )
+    if kind == "ate":
+        second = rest[0]
+        assert second["sensitivity"] == pytest.approx(clip * clip / n2, rel=1e-6)
+        assert second["sensitivity"] >= clip * clip / n2
