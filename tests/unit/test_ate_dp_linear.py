@@ -283,7 +283,10 @@ def test_dp_linear_runs_are_near_the_truth(cross_fit: bool) -> None:
     for seed in range(6):
         arrays = synthetic(n, 2, np.random.default_rng(100 + seed))
         result = _run(arrays, domain, params, seed)
-        assert abs(result["estimate"] - TRUE_ATE) < 5 * result["half_width"]
+        # known truth and a fixed cap, not a multiple of the mechanism's own width (issue 13.13):
+        # at n = 40k, eps = 2 the half-width is 0.027-0.035 and the error within 0.04
+        assert result["half_width"] < 0.06
+        assert abs(result["estimate"] - TRUE_ATE) < 0.08
         hits += result["ci_lower"] <= TRUE_ATE <= result["ci_upper"]
         assert not FORBIDDEN_KEYS & set(result)
         assert result["cross_fit"] is cross_fit
@@ -300,7 +303,8 @@ def test_cross_fit_rct_run() -> None:
     arrays = synthetic(n, 2, np.random.default_rng(7), rct=True)
     params = AteStrictParams(epsilon=1.0, delta=1e-6, nuisance="dp_linear", cross_fit=True)
     result = _run(arrays, domain, params, 3)
-    assert abs(result["estimate"] - TRUE_ATE) < 3 * result["half_width"]
+    assert result["half_width"] < 0.05  # 0.024 measured
+    assert abs(result["estimate"] - TRUE_ATE) < 0.05
 
 
 def test_cross_fit_half_width_is_closer_to_non_private_than_splitting() -> None:

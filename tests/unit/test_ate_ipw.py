@@ -108,7 +108,10 @@ def test_seeded_runs_are_near_the_truth() -> None:
             progress=lambda fraction, stage: None,
         )
         hits += result["ci_lower"] <= 1.0 <= result["ci_upper"]
-        assert abs(result["estimate"] - 1.0) < 3 * result["half_width"]
+        # known truth and fixed caps (issue 13.13): the public noise alone gives 0.069; measured
+        # half-widths 0.08-0.12 and errors within 0.07
+        assert result["half_width"] < 0.2
+        assert abs(result["estimate"] - 1.0) < 0.2
         assert not FORBIDDEN_KEYS & set(result)
         json.dumps(result)
     assert result["guarantee"] == "strict"
