@@ -54,9 +54,16 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.stats import chi2
 
 from service.mechanisms import ate_strict, versus_ate
+from service.mechanisms.anchor import (
+    ANCHOR_SHARE,
+    AnchorPlan,
+    anchor_pseudo_outcomes,
+    draw_anchor,
+    james_stein_factor,
+    plan_anchor,
+)
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
     default_delta,
@@ -78,7 +85,6 @@ from service.mechanisms.noise import (
     GaussianCalibration,
     NoiseSampler,
     calibrate_gaussian,
-    release_gaussian,
 )
 from service.mechanisms.partition import checked_fractions, fold_sizes, prepare_arrays, random_folds
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
@@ -109,15 +115,8 @@ PAPER_RIDGE = 1e-3
 # or ANCHOR_SHARE_NOISY where the CATE's RMS noise at ANCHOR_SHARE is at least half the default
 # heterogeneity R_Y / 24 (the quote's verdict is not "possible": the release will mostly be the
 # anchor, so the anchor gets most of the budget).
-ANCHOR_SHARE = 0.2
+# (ANCHOR_SHARE, ANCHOR_QUANTILE_SHARE, ANCHOR_PROPENSITY_CLIP: service.mechanisms.anchor)
 ANCHOR_SHARE_NOISY = 0.8
-# The anchor's own public constants: the share of its epsilon for the quantile (more than
-# ate_strict's 0.1: the anchor is the whole answer where the CATE is noisy) and the propensity
-# clip of the R learner's anchor pseudo-outcome (the CATE's default 0.05 would make the bound
-# R / 0.05 and the tail heavy).
-ANCHOR_QUANTILE_SHARE = 0.25
-ANCHOR_PROPENSITY_CLIP = 0.1
-JAMES_STEIN_LEVEL = 0.99  # pure noise keeps lambda = 0 with probability about 0.99
 _FD_STEP = 1e-8  # finite-difference step of the sup search (scipy's L-BFGS-B default)
 
 
@@ -211,18 +210,6 @@ def theta_sensitivity(bound_r: float, ridge: float, n2: int, feature_norm: float
     ``Delta = 2 C_v B_r (1 + C_v / sqrt(lambda)) / (lambda n_2)``.
     """
     return 2.0 * feature_norm * bound_r * (1.0 + feature_norm / math.sqrt(ridge)) / (ridge * n2)
-
-
-@dataclass(frozen=True)
-class AnchorPlan:
-    """The anchor ATE of the estimation fold (proof step 7): a DP quantile sets the clip K of
-    the anchor pseudo-outcomes (bound ``bound``), then a Gaussian mean at (epsilon, delta)."""
-
-    bound: float
-    quantile_epsilon: float
-    epsilon: float
-    delta: float
-    propensity_clip: float = 0.0  # R learner: pi clipped to [c_a, 1 - c_a] for Gamma_R
 
 
 @dataclass(frozen=True)
@@ -337,23 +324,17 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
             share = anchor_share(domain, params, epsilon, delta, sensitivity)
             epsilon_anchor, epsilon_theta = ate_strict.split_share(epsilon, share)
             delta_anchor, delta_theta = ate_strict.split_share(delta, share)
-            epsilon_q, epsilon_mean = ate_strict.split_share(epsilon_anchor, ANCHOR_QUANTILE_SHARE)
-            # R: pi clipped to [c_a, 1 - c_a], c_a = max(c, ANCHOR_PROPENSITY_CLIP), so
-            # |Gamma_R| = |a - pi||y - m| / (pi (1 - pi)) <= R / c_a; DR: the targets' bound.
-            anchor_clip = max(clip, ANCHOR_PROPENSITY_CLIP) if clip < 0.5 else clip
-            anchor_bound = big_r / anchor_clip if params.learner == "r" else bound_r
-            anchor = AnchorPlan(
-                anchor_bound, epsilon_q, epsilon_mean, delta_anchor, propensity_clip=anchor_clip
+            # R: |Gamma_R| <= R / c_a with c_a = max(c, ANCHOR_PROPENSITY_CLIP); DR: bound_r.
+            anchor, anchor_events = plan_anchor(
+                params.learner,
+                epsilon_anchor,
+                delta_anchor,
+                outcome_range=big_r,
+                propensity_clip=clip,
+                dr_bound=bound_r,
+                n2=sizes[-1],
             )
-            mean_worst = ate_strict.mean_calibration(
-                epsilon_mean, delta_anchor, anchor_bound, sizes[-1]
-            )
-            events.append(ate_strict.quantile_event(epsilon_q, anchor_bound, sizes[-1]))
-            events.append(
-                ate_strict.adaptive_gaussian_event(
-                    "anchor_ate_mean", "2 K / n2", mean_worst, anchor_bound
-                )
-            )
+            events.extend(anchor_events)
         theta = calibrate_gaussian(
             epsilon_theta, delta_theta, sensitivity, dim=params.n_features + 1 + domain.q
         )
@@ -648,70 +629,11 @@ def second_stage_data(
     return phi, np.asarray(np.clip(psi - offset, -bound_r, bound_r), dtype=np.float64)
 
 
-def anchor_pseudo_outcomes(
-    learner: Learner,
-    a: NDArray[np.float64],
-    y: NDArray[np.float64],
-    pi_hat: NDArray[np.float64],
-    mu0: NDArray[np.float64],
-    mu1: NDArray[np.float64],
-    bound: float,
-) -> NDArray[np.float64]:
-    """Row-wise pseudo-outcomes of the anchor ATE, in [-bound, bound] (proof step 7).
-
-    R: ``(a - pi)(y - m) / (pi (1 - pi))`` (its conditional mean is tau(x) when pi is right;
-    ``|.| <= R / c``); DR: the AIPW pseudo-outcome clipped to the public K.
-    """
-    if learner == "dr":
-        return pseudo_outcomes(a, y, pi_hat, mu0, mu1, bound=bound)
-    m = pi_hat * mu1 + (1.0 - pi_hat) * mu0
-    with np.errstate(all="ignore"):
-        gamma = (a - pi_hat) * (y - m) / (pi_hat * (1.0 - pi_hat))
-    gamma = np.where(np.isfinite(gamma), gamma, 0.0)
-    return np.asarray(np.clip(gamma, -bound, bound), dtype=np.float64)
-
-
 def release_anchor(gamma: NDArray[np.float64], state: Plan, noise: NoiseSampler) -> float:
-    """proof step 7: the DP anchor ATE, as ``ate_strict``'s adaptive clipping (proof §13 there):
-    an epsilon_q-DP quantile of |Gamma| sets K, then the mean of Gamma clipped to K plus a
-    lattice Gaussian calibrated at 2K / n2; clipped to the public CATE range."""
-    anchor = state.anchor
-    if anchor is None:
+    """proof step 7: the DP anchor ATE (``anchor.draw_anchor``), clipped to [-R_Y, R_Y]."""
+    if state.anchor is None:
         raise ValueError("no anchor in this plan")
-    clip = ate_strict.adaptive_clip(gamma, anchor.bound, anchor.quantile_epsilon, noise)
-    mean, _ = ate_strict.d2_statistics(gamma, bound=clip)
-    calibration = ate_strict.mean_calibration(anchor.epsilon, anchor.delta, clip, gamma.size)
-    value = float(release_gaussian(np.array([mean]), calibration, noise)[0])
-    return float(np.clip(value, -state.cate_bound, state.cate_bound))
-
-
-def james_stein_factor(
-    deviations: NDArray[np.float64],
-    noise_trace: float,
-    noise_trace_squared: float,
-    prior_sd: float,
-) -> float:
-    """The factor lambda of ``anchor + lambda * deviation`` (post-processing, proof step 7).
-
-    ``noise_trace`` and ``noise_trace_squared`` are ``tr(Sigma)`` and ``tr(Sigma^2)`` of the
-    deviations' public noise covariance. With at least 3 points, a positive-part James–Stein
-    factor that keeps only the spread the noise cannot explain:
-    ``max(0, 1 - t / sum(dev^2))`` with ``t`` the 0.99 quantile of ``sum(dev^2)`` under pure
-    noise in Satterthwaite's approximation (``tr Sigma / k`` times a chi-square with
-    ``k = (tr Sigma)^2 / tr(Sigma^2)`` degrees of freedom: correlated points have fewer
-    effective dimensions and a heavier tail). So the release falls back to the anchor unless
-    heterogeneity is detectable. With fewer points, ``prior^2 / (prior^2 + tr Sigma / d)``.
-    """
-    d = int(deviations.size)
-    if d >= 3:
-        spread = float(np.sum(deviations * deviations))
-        if spread <= 0.0 or noise_trace <= 0.0:
-            return 0.0
-        dof = noise_trace * noise_trace / noise_trace_squared
-        threshold = noise_trace / dof * float(chi2.ppf(JAMES_STEIN_LEVEL, dof))
-        return max(0.0, 1.0 - threshold / spread)
-    noise = noise_trace / max(d, 1)
-    return prior_sd * prior_sd / (prior_sd * prior_sd + noise)
+    return draw_anchor(gamma, state.anchor, state.cate_bound, noise)
 
 
 Nuisance = Callable[[NDArray[np.float64]], tuple[NDArray[np.float64], ...]]

@@ -1,0 +1,146 @@
+"""Anchoring a CATE release at a DP ATE, and shrinking it towards that ATE (pure numerics).
+
+A CATE whose privacy noise exceeds the heterogeneity it estimates is worse than the constant
+ATE. The strict CATE kinds therefore (docs/proofs/cate_vector.md step 7,
+docs/proofs/cate_function.md §7):
+
+1. spend a public share of the estimation budget on a DP ATE of the estimation fold, the
+   *anchor* (``plan_anchor`` / ``draw_anchor``: a pure-DP quantile of the anchor
+   pseudo-outcomes sets the clip K, then a lattice Gaussian mean calibrated at 2K / n2, as in
+   ``ate_strict``'s adaptive clipping, proof §13 there);
+2. fit the CATE to targets centred at the anchor, so regularisation shrinks towards the ATE,
+   not towards zero (a row-wise map with a DP constant: adaptive sequential composition);
+3. release ``anchor + lambda * deviation``, where the factor lambda (``james_stein_factor``) is
+   computed from DP outputs and public noise covariances only (post-processing): lambda = 0
+   unless the released deviations' spread exceeds the 0.99 quantile of what the noise alone
+   would give.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.stats import chi2
+
+from service.mechanisms import ate_strict
+from service.mechanisms.ate_strict import pseudo_outcomes
+from service.mechanisms.noise import NoiseSampler, release_gaussian
+from service.mechanisms.records import NoiseEvent
+
+# The anchor's share of the estimation budget (a public constant of each kind's rule), the
+# share of the anchor's epsilon spent on the quantile that sets its clip (more than ate_strict's
+# 0.1: the anchor is the whole answer where the CATE is noisy), and the propensity clip of the
+# R learner's anchor pseudo-outcome (a CATE's clip of 0.05 would make the bound R / 0.05).
+ANCHOR_SHARE = 0.2
+ANCHOR_QUANTILE_SHARE = 0.25
+ANCHOR_PROPENSITY_CLIP = 0.1
+JAMES_STEIN_LEVEL = 0.99  # pure noise keeps lambda = 0 with probability about 0.99
+
+
+@dataclass(frozen=True)
+class AnchorPlan:
+    """The anchor ATE of the estimation fold: a DP quantile sets the clip K of the anchor
+    pseudo-outcomes (bound ``bound``), then a Gaussian mean at (epsilon, delta)."""
+
+    bound: float
+    quantile_epsilon: float
+    epsilon: float
+    delta: float
+    propensity_clip: float = 0.0  # R learner: pi clipped to [c_a, 1 - c_a] for Gamma_R
+
+
+def plan_anchor(
+    learner: str,
+    epsilon_anchor: float,
+    delta_anchor: float,
+    *,
+    outcome_range: float,
+    propensity_clip: float,
+    dr_bound: float,
+    n2: int,
+) -> tuple[AnchorPlan, list[NoiseEvent]]:
+    """The anchor's public plan and its two ledger events (quantile, then the mean).
+
+    R: pi clipped to [c_a, 1 - c_a], c_a = max(c, ANCHOR_PROPENSITY_CLIP) (c itself in an RCT
+    with c = 0.5), so ``|Gamma_R| = |a - pi||y - m| / (pi (1 - pi)) <= R / c_a``; DR: the
+    AIPW pseudo-outcome's public bound ``dr_bound``.
+    """
+    epsilon_q, epsilon_mean = ate_strict.split_share(epsilon_anchor, ANCHOR_QUANTILE_SHARE)
+    anchor_clip = (
+        max(propensity_clip, ANCHOR_PROPENSITY_CLIP) if propensity_clip < 0.5 else propensity_clip
+    )
+    bound = outcome_range / anchor_clip if learner == "r" else dr_bound
+    plan = AnchorPlan(bound, epsilon_q, epsilon_mean, delta_anchor, propensity_clip=anchor_clip)
+    worst = ate_strict.mean_calibration(epsilon_mean, delta_anchor, bound, n2)
+    events = [
+        ate_strict.quantile_event(epsilon_q, bound, n2),
+        ate_strict.adaptive_gaussian_event("anchor_ate_mean", "2 K / n2", worst, bound),
+    ]
+    return plan, events
+
+
+def anchor_pseudo_outcomes(
+    learner: str,
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    pi_hat: NDArray[np.float64],
+    mu0: NDArray[np.float64],
+    mu1: NDArray[np.float64],
+    bound: float,
+) -> NDArray[np.float64]:
+    """Row-wise pseudo-outcomes of the anchor ATE, in [-bound, bound].
+
+    R: ``(a - pi)(y - m) / (pi (1 - pi))`` (its conditional mean is tau(x) when pi is right;
+    ``|.| <= R / c``); DR: the AIPW pseudo-outcome clipped to the public K.
+    """
+    if learner == "dr":
+        return pseudo_outcomes(a, y, pi_hat, mu0, mu1, bound=bound)
+    m = pi_hat * mu1 + (1.0 - pi_hat) * mu0
+    with np.errstate(all="ignore"):
+        gamma = (a - pi_hat) * (y - m) / (pi_hat * (1.0 - pi_hat))
+    gamma = np.where(np.isfinite(gamma), gamma, 0.0)
+    return np.asarray(np.clip(gamma, -bound, bound), dtype=np.float64)
+
+
+def draw_anchor(
+    gamma: NDArray[np.float64], anchor: AnchorPlan, cate_bound: float, noise: NoiseSampler
+) -> float:
+    """The DP anchor ATE: an epsilon_q-DP quantile of |Gamma| sets K, then the mean of Gamma
+    clipped to K plus a lattice Gaussian calibrated at 2K / n2; clipped to the public CATE
+    range [-cate_bound, cate_bound] (post-processing)."""
+    clip = ate_strict.adaptive_clip(gamma, anchor.bound, anchor.quantile_epsilon, noise)
+    mean, _ = ate_strict.d2_statistics(gamma, bound=clip)
+    calibration = ate_strict.mean_calibration(anchor.epsilon, anchor.delta, clip, gamma.size)
+    value = float(release_gaussian(np.array([mean]), calibration, noise)[0])
+    return float(np.clip(value, -cate_bound, cate_bound))
+
+
+def james_stein_factor(
+    deviations: NDArray[np.float64],
+    noise_trace: float,
+    noise_trace_squared: float,
+    prior_sd: float,
+) -> float:
+    """The factor lambda of ``anchor + lambda * deviation`` (post-processing).
+
+    ``noise_trace`` and ``noise_trace_squared`` are ``tr(Sigma)`` and ``tr(Sigma^2)`` of the
+    deviations' public noise covariance. With at least 3 points, a positive-part James–Stein
+    factor that keeps only the spread the noise cannot explain:
+    ``max(0, 1 - t / sum(dev^2))`` with ``t`` the 0.99 quantile of ``sum(dev^2)`` under pure
+    noise in Satterthwaite's approximation (``tr Sigma / k`` times a chi-square with
+    ``k = (tr Sigma)^2 / tr(Sigma^2)`` degrees of freedom: correlated points have fewer
+    effective dimensions and a heavier tail). So the release falls back to the anchor unless
+    heterogeneity is detectable. With fewer points, ``prior^2 / (prior^2 + tr Sigma / d)``.
+    """
+    d = int(deviations.size)
+    if d >= 3:
+        spread = float(np.sum(deviations * deviations))
+        if spread <= 0.0 or noise_trace <= 0.0:
+            return 0.0
+        dof = noise_trace * noise_trace / noise_trace_squared
+        threshold = noise_trace / dof * float(chi2.ppf(JAMES_STEIN_LEVEL, dof))
+        return max(0.0, 1.0 - threshold / spread)
+    noise = noise_trace / max(d, 1)
+    return prior_sd * prior_sd / (prior_sd * prior_sd + noise)
