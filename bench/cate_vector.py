@@ -48,7 +48,7 @@ from numpy.typing import NDArray
 from bench.common import RESULTS, machine
 from service.mechanisms import cate_function as cf
 from service.mechanisms import cate_vector as cv
-from service.mechanisms import ebm_cate, gp
+from service.mechanisms import ebm_cate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import OpenDPSampler
 
@@ -179,12 +179,12 @@ class Rep:
         mean = fitted.mean(canonical)
         nonprivate = float("nan")
         if fitted.kind == "gp":
-            path = gp.GpPath(canonical.shape[1], fitted.bandwidth)
+            path = cf.start_path(fitted, canonical.shape[1], canonical.shape[0] + 512)
             draw = path.draw(canonical, normals=self.noise.standard_normal)
-            values = fitted.round_output(mean + fitted.r0 * draw.values)
+            values = fitted.released(mean, draw.values)
             nonprivate = pehe(mean, self.truth)
         else:
-            values = fitted.round_output(mean)
+            values = fitted.released(mean)
         return (
             pehe(values, self.truth),
             pehe(np.clip(values, -R_Y, R_Y), self.truth),

@@ -75,7 +75,7 @@ def run(qs: tuple[int, ...], reps: int) -> list[dict[str, Any]]:
                     noise=OpenDPSampler(),
                     progress=lambda *_: None,
                 )
-                values = fitted.round_output(fitted.mean(test))
+                values = fitted.released(fitted.mean(test))
                 pehe.append(float(np.sqrt(np.mean((values - tau(test)) ** 2))))
             row = {
                 "q": q,

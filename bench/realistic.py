@@ -53,7 +53,7 @@ from bench.common import write_result
 from bench.studies import STUDIES, Study
 from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.mechanisms import cate_function as cf
-from service.mechanisms import ebm_cate, gp, uplift
+from service.mechanisms import ebm_cate, uplift
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.noise import OpenDPSampler, secure_rng
 from service.releases.kinds.ate import AteKind, AteParams
@@ -155,16 +155,14 @@ def _evaluate_function(secret: FunctionSecret, domain: PublicDomain, x: FloatArr
     _, first, inverse = np.unique(codes, axis=0, return_index=True, return_inverse=True)
     distinct = canonical[first]
     if fitted.kind != "gp":
-        values = fitted.round_output(fitted.mean(distinct))
+        values = fitted.released(fitted.mean(distinct))
         return np.asarray(values[inverse.reshape(-1)], np.float64)
-    path = gp.GpPath(secret.q, fitted.bandwidth, capacity=secret.t_max, max_capacity=secret.t_max)
+    path = cf.start_path(fitted, secret.q, secret.t_max)  # with the reference draw, if any
     values = np.empty(distinct.shape[0])
     for start in range(0, distinct.shape[0], secret.batch_max):
         batch = distinct[start : start + secret.batch_max]
         draw = path.draw(batch, normals=OpenDPSampler().standard_normal, jitter=secret.jitter)
-        values[start : start + batch.shape[0]] = fitted.round_output(
-            fitted.mean(batch) + fitted.r0 * draw.values
-        )
+        values[start : start + batch.shape[0]] = fitted.released(fitted.mean(batch), draw.values)
         path.append(draw)
     return np.asarray(values[inverse.reshape(-1)], np.float64)
 

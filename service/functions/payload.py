@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from service.mechanisms.cate_function import FittedFunction
+from service.mechanisms.cate_function import FittedFunction, ReferenceDraw
 
 # The kind's ``run`` result carries the secret under this key; the runner pops it before the
 # result is serialised and stores it with ``service.functions.service.store``.
@@ -23,3 +23,6 @@ class FunctionSecret:
     batch_max: int
     jitter: float
     public: dict[str, Any]
+    # exact basis with shrinkage: the path drawn at the public reference points at release
+    # time, stored as the function's first batch (cate_function proof §7)
+    initial: ReferenceDraw | None = None

@@ -124,8 +124,8 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
             t_max=secret.t_max,
             batch_max=secret.batch_max,
             jitter=secret.jitter,
-            t=0,
-            version=0,
+            t=0 if secret.initial is None else int(secret.initial.values.size),
+            version=0 if secret.initial is None else 1,
             public_json=json.dumps(secret.public, allow_nan=False),
             created_at=_now_iso(),
         )
@@ -134,6 +134,27 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
     session.add(
         CateFunctionSecret(function_id=release_id, payload=payload, digest=_digest(payload))
     )
+    if secret.initial is not None:
+        # The path drawn at the public reference points at release time (proof §7): the
+        # function's first batch, answered like any other point from now on.
+        first = seal(
+            _encode_batch(
+                secret.initial.codes,
+                secret.initial.values,
+                secret.initial.answers,
+                secret.initial.jitters,
+            ),
+            context=f"{release_id}:batch:1",
+        )
+        session.add(
+            CateFunctionBatch(
+                function_id=release_id,
+                seq=1,
+                size=int(secret.initial.values.size),
+                payload=first,
+                digest=_digest(first),
+            )
+        )
     session.flush()
 
 
@@ -413,7 +434,7 @@ def _finite_basis_values(function_id: str, points: NDArray[np.float64]) -> list[
         entry = _Entry(version=0, fitted=fitted, path=None)
         _remember(function_id, entry)
     with _blas_threads(1):
-        values = entry.fitted.round_output(entry.fitted.mean(points))
+        values = entry.fitted.released(entry.fitted.mean(points))
     return [float(v) for v in values]
 
 
@@ -564,7 +585,7 @@ def _evaluate_exact(
                 draw = entry.path.draw(
                     new_points, normals=OpenDPSampler().standard_normal, jitter=locked.jitter
                 )
-                values = fitted.round_output(fitted.mean(new_points) + fitted.r0 * draw.values)
+                values = fitted.released(fitted.mean(new_points), draw.values)
         except gp.GpNumericalError:
             session.rollback()
             raise FunctionBatchRejected() from None

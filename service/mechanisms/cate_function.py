@@ -53,8 +53,16 @@ import numpy as np
 import scipy.linalg
 from numpy.typing import NDArray
 
-from service.mechanisms import ate_strict, gp
+from service.mechanisms import ate_strict, gp, versus_ate
 from service.mechanisms import dp_ebm as dp_ebm_lib
+from service.mechanisms.anchor import (
+    ANCHOR_SHARE,
+    AnchorPlan,
+    anchor_pseudo_outcomes,
+    draw_anchor,
+    james_stein_factor,
+    plan_anchor,
+)
 from service.mechanisms.calibration import (
     analytic_gaussian_multiplier,
     hall_constant,
@@ -80,9 +88,14 @@ Learner = Literal["r", "dr"]
 Basis = Literal["exact", "nystrom", "rff"]
 LambdaConvention = Literal["normalised", "unnormalised"]
 Nuisance = Literal["dp_ebm", "none"]
+Shrinkage = Literal["ate", "none"]
 
 MECHANISM = "cate_function_gp"
-VERSION = "1"
+VERSION = "2"
+# proof §7: public reference points (the first Sobol points of the scaled box) at which the
+# released function's deviation from the anchor is read to set the shrinkage factor; an exact
+# function's GP path is drawn there at release time and answers them like any other point.
+REFERENCE_POINTS = 256
 
 MIN_EPSILON = 0.01
 MAX_EPSILON = 100.0
@@ -126,6 +139,10 @@ class CateFunctionParams:
         batch_max: points per evaluation request.
         jitter: tau^2 of the GP conditioning (unit-diagonal scale).
         nuisance: ``dp_ebm`` or ``none`` (RCT only: mu_hat = midpoint).
+        shrinkage: ``ate`` (strict default): a DP anchor ATE on a public share of the budget,
+            targets centred at it, and the release shrunk towards it by a James–Stein factor
+            computed from the released function at public reference points (§7 of the proof);
+            ``none`` (the paper's function; the paper-mode default).
     """
 
     epsilon: float
@@ -144,6 +161,7 @@ class CateFunctionParams:
     batch_max: int = 1000
     jitter: float = gp.DEFAULT_JITTER
     nuisance: Nuisance = "dp_ebm"
+    shrinkage: Shrinkage | None = None
 
 
 @dataclass(frozen=True)
@@ -266,6 +284,8 @@ class Plan:
     # Released values are clipped to [-value_bound, value_bound] = [-R_Y, R_Y], the public range
     # of any CATE with outcomes in [y_lo, y_hi] (post-processing: it cannot add error).
     value_bound: float = math.inf
+    anchor: AnchorPlan | None = None  # proof §7 (shrinkage "ate")
+    reference_points: int = 0
 
     @property
     def n2(self) -> int:
@@ -367,6 +387,27 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         propensity_bound = clip
 
     n2 = sizes[-1]
+    shrinkage = params.shrinkage or ("ate" if params.mode == "strict" else "none")
+    if shrinkage not in ("ate", "none"):
+        raise InvalidParameters("shrinkage must be 'ate' or 'none'")
+    if shrinkage == "ate" and params.mode != "strict":
+        raise InvalidParameters("shrinkage 'ate' is strict-only; paper mode releases the paper's")
+    # proof §7: the anchor takes ANCHOR_SHARE of the estimation budget, the GP the rest (exact).
+    epsilon_gp, delta_gp = epsilon, delta
+    anchor: AnchorPlan | None = None
+    anchor_events: list[NoiseEvent] = []
+    if shrinkage == "ate":
+        epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, ANCHOR_SHARE)
+        delta_anchor, delta_gp = ate_strict.split_share(delta, ANCHOR_SHARE)
+        anchor, anchor_events = plan_anchor(
+            params.learner,
+            epsilon_anchor,
+            delta_anchor,
+            outcome_range=domain.outcome_range,
+            propensity_clip=propensity_bound,
+            dr_bound=domain.outcome_range / propensity_bound,
+            n2=n2,
+        )
     scale = noise_scale(
         mode=params.mode,
         learner=params.learner,
@@ -374,8 +415,8 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         bandwidth=bandwidth,
         lambda0=lambda0,
         n2=n2,
-        epsilon=epsilon,
-        delta=delta,
+        epsilon=epsilon_gp,
+        delta=delta_gp,
         outcome_range=domain.outcome_range,
         propensity_bound=propensity_bound,
     )
@@ -430,15 +471,26 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     }
     if params.mode == "strict":
         gp_params["r0"] = scale.r0
+    events.extend(anchor_events)
     events.append(
         NoiseEvent(
             type="gaussian_process",
             module="estimation",
-            epsilon=epsilon,
-            delta=delta,
+            epsilon=epsilon_gp,
+            delta=delta_gp,
             params=gp_params,
         )
     )
+    reference_points = 0
+    if anchor is not None:
+        # an exact function's reference draws use its capacity: at most half of t_max
+        reference_points = (
+            min(REFERENCE_POINTS, params.t_max // 2)
+            if params.basis == "exact"
+            else REFERENCE_POINTS
+        )
+        if reference_points < 3:
+            raise InvalidParameters("shrinkage 'ate' needs t_max >= 6 (reference points)")
     record = MechanismRecord(
         mechanism=MECHANISM,
         version=VERSION,
@@ -463,6 +515,8 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         output_lattice_exponent=lattice_exponent(scale.r0),
         record=record,
         value_bound=domain.outcome_range,
+        anchor=anchor,
+        reference_points=reference_points,
     )
 
 
@@ -490,6 +544,8 @@ def public_parameters(state: Plan) -> dict[str, Any]:
         "canonical_lattice": 2.0**-CANONICAL_BITS,
         "output_lattice": 2.0**state.output_lattice_exponent,
         "value_bound": state.value_bound,
+        "shrinkage": "ate" if state.anchor is not None else "none",
+        "reference_points": state.reference_points,
         "noise_note": (
             "the privacy noise is one Gaussian-process path: it is correlated across points, "
             "so answers can look shifted up or down together (App. C.1)"
@@ -580,6 +636,16 @@ def fit_basis(
 FunctionKind = Literal["gp", "centres", "rff"]
 
 
+@dataclass(frozen=True)
+class ReferenceDraw:
+    """The exact GP path drawn at the public reference points at release time (secret state)."""
+
+    codes: NDArray[np.int64]  # canonical codes of the points
+    values: FloatArray  # unit GP values u
+    answers: FloatArray  # the released answers there
+    jitters: FloatArray
+
+
 @dataclass
 class FittedFunction:
     """The secret state of one released function (never returned).
@@ -597,6 +663,12 @@ class FittedFunction:
     output_lattice_exponent: int
     meta: dict[str, float] = field(default_factory=dict)
     value_bound: float = math.inf  # public |CATE| bound R_Y; inf for functions stored before it
+    # proof §7 (public once released): answers are anchor + shrink * (g(x) + noise)
+    anchor: float = 0.0
+    shrink: float = 1.0
+    # exact basis with shrinkage: the GP path's draws at the reference points, persisted as the
+    # function's first batch (never serialised with the fit)
+    reference: ReferenceDraw | None = None
 
     def basis(self, points: FloatArray) -> FloatArray:
         if self.kind == "rff":
@@ -617,6 +689,16 @@ class FittedFunction:
             )
         return out
 
+    def released(self, mean: FloatArray, unit_noise: FloatArray | None = None) -> FloatArray:
+        """The answers at points where ``mean = self.mean(points)`` (and, ``kind="gp"``, the unit
+        GP path's values there): ``anchor + shrink (g(x) + r0 u(x))``, rounded and clipped."""
+        values = np.asarray(mean, dtype=np.float64)
+        if self.kind == "gp":
+            if unit_noise is None:
+                raise ValueError("a GP function's answers need the path's values")
+            values = values + self.r0 * np.asarray(unit_noise, dtype=np.float64)
+        return self.round_output(self.anchor + self.shrink * values)
+
     def round_output(self, values: FloatArray) -> FloatArray:
         """Round to the public output lattice 2^k and clip to the public CATE range
         ``[-R_Y, R_Y]`` (post-processing of the DP values)."""
@@ -635,6 +717,8 @@ class FittedFunction:
             coef=self.coef,
             output_lattice_exponent=np.array(self.output_lattice_exponent),
             value_bound=np.array(self.value_bound),
+            anchor=np.array(self.anchor),
+            shrink=np.array(self.shrink),
         )
         return buffer.getvalue()
 
@@ -652,6 +736,8 @@ class FittedFunction:
                 coef=np.asarray(z["coef"], dtype=np.float64),
                 output_lattice_exponent=int(z["output_lattice_exponent"]),
                 value_bound=float(z["value_bound"]) if "value_bound" in z.files else math.inf,
+                anchor=float(z["anchor"]) if "anchor" in z.files else 0.0,
+                shrink=float(z["shrink"]) if "shrink" in z.files else 1.0,
             )
 
     def nbytes(self) -> int:
@@ -895,6 +981,29 @@ def _run(
         domain=domain,
         propensity_bound=state.propensity_bound,
     )
+    anchor: float | None = None
+    if state.anchor is not None:
+        # proof §7 step 1: the DP anchor ATE of the estimation fold; step 2: targets centred at
+        # it and clipped again to the public target bound (a row-wise map with a DP constant).
+        low, high = domain.y_lower, domain.y_upper
+        c_a = (
+            state.anchor.propensity_clip if state.params.learner == "r" else state.propensity_bound
+        )
+        pi_a = np.clip(np.nan_to_num(pi_hat, nan=0.5), c_a, 1.0 - c_a)
+        gamma = anchor_pseudo_outcomes(
+            state.params.learner,
+            a2,
+            y2,
+            pi_a,
+            np.clip(np.nan_to_num(mu0, nan=low), low, high),
+            np.clip(np.nan_to_num(mu1, nan=low), low, high),
+            state.anchor.bound,
+        )
+        anchor = draw_anchor(gamma, state.anchor, domain.outcome_range, noise)
+        del gamma
+        bound = state.scale.target_bound
+        targets = np.clip(targets - weights * anchor, -bound, bound)
+        progress(0.8, "anchor")
     lower = np.asarray(domain.x_lower, np.float64)
     upper = np.asarray(domain.x_upper, np.float64)
     fitted = second_stage(
@@ -907,6 +1016,72 @@ def _run(
     )
     if not (np.all(np.isfinite(fitted.coef)) and math.isfinite(fitted.r0)):
         raise ValueError("non-finite fit")
-    progress(0.95, "second stage")
+    progress(0.9, "second stage")
     result = {**public_parameters(state), "n2": state.n2}
+    if anchor is not None:
+        shrink(fitted, state, anchor, noise)
+        result["ate_anchor"] = fitted.anchor
+        result["shrinkage_factor"] = fitted.shrink
     return result, fitted
+
+
+def start_path(fitted: FittedFunction, q: int, capacity: int) -> gp.GpPath:
+    """An exact function's GP path as the service starts it: with the reference draw, if any
+    (in-process evaluation for benchmarks and tests; the service replays stored batches)."""
+    path = gp.GpPath(q, fitted.bandwidth, capacity=capacity, max_capacity=capacity)
+    if fitted.reference is not None:
+        steps = 1.0 / float(1 << CANONICAL_BITS)
+        path.extend_known(
+            np.asarray(fitted.reference.codes * steps, dtype=np.float64),
+            fitted.reference.values,
+            fitted.reference.jitters,
+        )
+    return path
+
+
+def reference_points(state: Plan) -> tuple[NDArray[np.int64], FloatArray]:
+    """The public reference points: the first Sobol points of [0, 1]^q, canonicalised."""
+    return canonicalise(gp.sobol_centres(state.reference_points, state.q))
+
+
+def shrink(fitted: FittedFunction, state: Plan, anchor: float, noise: NoiseSampler) -> None:
+    """proof §7 step 3: read the released deviation ``g(x) + noise`` at the public reference
+    points, and set ``fitted.shrink`` to the James–Stein factor against its public noise
+    covariance ``Sigma`` (post-processing of the DP function). For the exact basis the GP path is
+    drawn there now and kept as the function's first answers (``fitted.reference``)."""
+    codes, points = reference_points(state)
+    r0 = fitted.r0
+    mean = fitted.mean(points)
+    unit: FloatArray | None = None
+    if fitted.kind == "gp":
+        path = gp.GpPath(state.q, fitted.bandwidth, capacity=points.shape[0])
+        draw = path.draw(points, normals=noise.standard_normal, jitter=state.params.jitter)
+        unit = draw.values
+        deviations = mean + r0 * unit
+        covariance = gp.gaussian_kernel(points, points, fitted.bandwidth) + np.diag(draw.jitters)
+    elif fitted.kind == "centres":
+        cross = gp.gaussian_kernel(points, fitted.support, fitted.bandwidth)
+        factor = scipy.linalg.cholesky(_centre_metric(fitted.support, fitted.bandwidth), lower=True)
+        half = scipy.linalg.solve_triangular(factor, cross.T, lower=True)  # L^-1 B^T
+        deviations = mean
+        covariance = half.T @ half  # B M^-1 B^T
+    else:
+        features = gp.random_features(points, fitted.support)
+        deviations = mean
+        covariance = features @ features.T
+    covariance = (r0 * r0) * covariance
+    prior = state.value_bound / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
+    fitted.anchor = anchor
+    fitted.shrink = james_stein_factor(
+        deviations,
+        float(np.trace(covariance)),
+        float(np.sum(covariance * covariance)),
+        prior,
+    )
+    if unit is not None:
+        fitted.reference = ReferenceDraw(
+            codes=codes,
+            values=unit,
+            answers=fitted.released(mean, unit),
+            jitters=draw.jitters,
+        )

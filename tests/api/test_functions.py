@@ -18,7 +18,8 @@ from service.functions.sealing import MAGIC, unseal
 from tests.api.test_releases import post_release, wait
 from tests.conftest import ADMIN_KEY, RCT_SCHEMA, SCHEMA, Api
 
-FAST = {"epsilon": 1.0, "nuisance": "none", "t_max": 50, "batch_max": 20}
+# shrinkage "none": these tests are about evaluation; the anchored default is tested below
+FAST = {"epsilon": 1.0, "nuisance": "none", "t_max": 50, "batch_max": 20, "shrinkage": "none"}
 
 
 def _plain(row: CateFunctionBatch) -> bytes:
@@ -123,6 +124,15 @@ def test_release_then_free_consistent_evaluations(
 
 
 def test_points_validated_and_capacity(client: TestClient, setup: Any) -> None:
+    refused = post_release(
+        client,
+        setup["analyst"]["api_key"],
+        setup["ds"]["id"],
+        {**FAST, "t_max": 3, "shrinkage": "ate"},
+        kind="cate_function",
+    )
+    assert refused.status_code == 422  # the anchored function's reference draws need t_max >= 6
+    assert "t_max" in refused.json()["detail"]
     fid = release(client, setup, {**FAST, "t_max": 3})["id"]
     key = setup["client"]["api_key"]
     r = evaluate(client, key, fid, [[10.0, 0.5, 1.0]])  # age below 18
@@ -244,25 +254,39 @@ class _FixedNormals:
 
 def _proof_r0(result: dict[str, Any], outcome_range: float) -> float:
     """r0 = Delta sigma_G from docs/proofs/cate_function.md (R-learner, k0 terms), recomputed
-    from the release's public parameters, independently of the mechanism's own arithmetic."""
+    from the release's public parameters, independently of the mechanism's own arithmetic; with
+    shrinkage "ate" the GP has (1 - 0.2) of (epsilon, delta) (proof §7)."""
+    from service.mechanisms.ate_strict import split_share
     from service.mechanisms.calibration import analytic_gaussian_multiplier
 
+    epsilon, delta = result["epsilon"], result["delta"]
+    if result["shrinkage"] == "ate":
+        epsilon, delta = split_share(epsilon, 0.2)[1], split_share(delta, 0.2)[1]
     lam, n2 = float(result["lambda0"]), int(result["n2"])
     target = outcome_range  # R-learner: |r| <= R_Y
     lipschitz = 2.0 * (target + target / np.sqrt(lam))
     sensitivity = lipschitz / (lam * n2)
-    return sensitivity * analytic_gaussian_multiplier(result["epsilon"], result["delta"])
+    return sensitivity * analytic_gaussian_multiplier(epsilon, delta)
 
 
+@pytest.mark.parametrize("shrinkage", ["none", "ate"])
 def test_gp_noise_is_drawn_through_the_sampler_at_the_proof_scale(
-    client: TestClient, setup: Any, configured: str, monkeypatch: pytest.MonkeyPatch
+    client: TestClient,
+    setup: Any,
+    configured: str,
+    monkeypatch: pytest.MonkeyPatch,
+    shrinkage: str,
 ) -> None:
     """End to end (issue 13.11/13.12): the unit normals of an evaluation come from the
-    sampler's ``standard_normal``; the stored path values are ``chol(k0(X, X) + D) xi``; and each
-    released value is ``g*(x) + r0 u(x)`` with r0 the proof's ``Delta sigma_G``. Halving r0
-    anywhere (plan, stored function, evaluation) or drawing the normals elsewhere turns it red."""
-    done = release(client, setup, {**FAST, "learner": "r"})
+    sampler's ``standard_normal``; the stored path values are the GP's conditional draw
+    ``V^T w_S + L_** xi`` given the earlier points; and each released value is
+    ``anchor + factor (g*(x) + r0 u(x))`` (no anchor, factor 1 without shrinkage) with r0 the
+    proof's ``Delta sigma_G``. Halving r0 anywhere (plan, stored function, evaluation) or drawing
+    the normals elsewhere turns it red (without shrinkage always; with it, where the factor is
+    not 0, and r0 is still checked against the public pointwise noise sd)."""
+    done = release(client, setup, {**FAST, "learner": "r", "shrinkage": shrinkage})
     fid, result = done["id"], done["result"]
+    assert result["reference_points"] == (25 if shrinkage == "ate" else 0)
     monkeypatch.setattr(functions, "OpenDPSampler", _FixedNormals)
     _FixedNormals.sizes = []
     points = np.array([[30.0, 0.2, 0.0], [70.0, 0.9, 1.0]])
@@ -275,22 +299,72 @@ def test_gp_noise_is_drawn_through_the_sampler_at_the_proof_scale(
     try:
         with Session(engine) as session:
             fitted = functions._load_fitted(session, fid)
-            row = session.execute(
-                select(CateFunctionBatch).where(CateFunctionBatch.function_id == fid)
-            ).scalar_one()
-            _, u, y, d = functions._decode_batch(row, 3)
+            rows = (
+                session.execute(
+                    select(CateFunctionBatch)
+                    .where(CateFunctionBatch.function_id == fid)
+                    .order_by(CateFunctionBatch.seq)
+                )
+                .scalars()
+                .all()
+            )
+            # with shrinkage, batch 1 is the reference draw made at release time
+            assert [row.seq for row in rows] == ([1, 2] if shrinkage == "ate" else [1])
+            earlier = [functions._decode_batch(row, 3) for row in rows[:-1]]
+            _, u, y, d = functions._decode_batch(rows[-1], 3)
     finally:
         engine.dispose()
     lower, upper = np.array([18.0, 0.0, 0.0]), np.array([90.0, 1.0, 1.0])  # SCHEMA's box
     _, canonical = functions.mech.canonicalise(functions.mech.scale_to_unit(points, lower, upper))
     from service.mechanisms import gp
 
-    kernel = gp.gaussian_kernel(canonical, canonical, result["bandwidth"]) + np.diag(d)
-    assert np.allclose(u, np.linalg.cholesky(kernel) @ _FixedNormals.XI[:2], atol=1e-12)
+    # u = the GP path at the new points given the reference draw: V^T w_S + L_** xi (gp.py)
+    path = gp.GpPath(3, result["bandwidth"])
+    for ref_codes, ref_u, _, ref_d in earlier:
+        path.extend_known(ref_codes * 2.0**-20, ref_u, ref_d)
+    expected_u = path.draw(canonical, normals=lambda m: _FixedNormals.XI[:m], jitter=1e-8).values
+    assert np.allclose(u, expected_u, atol=1e-9)
     r0 = _proof_r0(result, outcome_range=SCHEMA["outcome"]["upper"] - SCHEMA["outcome"]["lower"])
     assert r0 == pytest.approx(result["pointwise_noise_sd"], rel=1e-12)
     step = 2.0**fitted.output_lattice_exponent
-    expected = fitted.mean(canonical) + r0 * u
+    if shrinkage == "ate":
+        assert fitted.anchor == result["ate_anchor"]
+        assert fitted.shrink == result["shrinkage_factor"]
+    else:
+        assert (fitted.anchor, fitted.shrink) == (0.0, 1.0)
+    expected = fitted.anchor + fitted.shrink * (fitted.mean(canonical) + r0 * u)
     assert np.all(np.abs(expected) < fitted.value_bound)  # no clipping in this check
     assert np.allclose(released, expected, atol=step, rtol=0)
     assert np.array_equal(released, y)
+
+
+def test_anchored_function_answers_its_reference_points_consistently(
+    client: TestClient, setup: Any, configured: str
+) -> None:
+    """shrinkage "ate" (the strict default): the release states its DP anchor and factor, its
+    path was drawn at the public reference points at release time (batch 1, t = 25), and a
+    client asking a reference point gets the stored answer, free, identical on every ask."""
+    params = {key: value for key, value in FAST.items() if key != "shrinkage"}
+    done = release(client, setup, params)
+    result = done["result"]
+    assert result["shrinkage"] == "ate"
+    assert -10.0 <= result["ate_anchor"] <= 10.0
+    assert 0.0 <= result["shrinkage_factor"] <= 1.0
+    assert result["reference_points"] == 25
+    fid = done["id"]
+    assert len(_stored_noise(configured, fid)) == 25
+    # the first Sobol reference point, mapped back to the SCHEMA box
+    from service.mechanisms import cate_function as mech
+    from service.mechanisms import gp
+
+    unit = mech.canonicalise(gp.sobol_centres(25, 3))[1][0]
+    lower, upper = np.array([18.0, 0.0, 0.0]), np.array([90.0, 1.0, 1.0])
+    point = (lower + unit * (upper - lower)).tolist()
+    before = spent(client, setup)
+    first = evaluate(client, setup["client"]["api_key"], fid, [point])
+    assert first.status_code == 200, first.text
+    second = evaluate(client, setup["analyst"]["api_key"], fid, [point])
+    assert first.json()["values"] == second.json()["values"]
+    assert len(_stored_noise(configured, fid)) == 25  # answered from the reference draw
+    assert spent(client, setup) == before
+    _no_secrets(done)

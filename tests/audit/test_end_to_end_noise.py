@@ -221,6 +221,7 @@ def test_cate_function_finite_basis_noise(basis: str) -> None:
             "learner": "r",
             "n_centres": 32,
             "n_features": 32,
+            "shrinkage": "none",
         }
     )
     fitted = []

@@ -44,7 +44,8 @@ def _plain(row: CateFunctionBatch) -> bytes:
     return unseal(row.payload, context=f"{row.function_id}:batch:{row.seq}")
 
 
-PARAMS = {"epsilon": 1.0, "nuisance": "none", "t_max": 5000, "batch_max": 50}
+# shrinkage "none": no reference draws, so the stored points are exactly the clients'
+PARAMS = {"epsilon": 1.0, "nuisance": "none", "t_max": 5000, "batch_max": 50, "shrinkage": "none"}
 
 
 def _setup(base: str) -> tuple[str, list[str]]:

@@ -169,7 +169,7 @@ def test_run_end_to_end_learns_the_cate(basis: str) -> None:
     (RMSE at most 0.9 of the constant's; GP noise drawn at fresh points for the exact basis),
     releases no coefficients in its public result, and survives a storage round trip."""
     rng = np.random.default_rng(0)
-    n = 1200
+    n = 3000
     x, a, y = _rct_rows(rng, n)
     params = mech.CateFunctionParams(
         epsilon=100.0,
@@ -179,7 +179,8 @@ def test_run_end_to_end_learns_the_cate(basis: str) -> None:
         learner="r",
         n_centres=64,
         n_features=64,
-        regularization=0.01,
+        regularization=0.1,
+        lambda_convention="unnormalised",
     )
     result, fitted = mech.run(
         Arrays(x, a, y),
@@ -193,11 +194,17 @@ def test_run_end_to_end_learns_the_cate(basis: str) -> None:
     assert "coef" not in result
     assert "support" not in result
     pts = rng.uniform(size=(300, 2))
-    values = fitted.mean(pts)
     if fitted.kind == "gp":
-        path = gp.GpPath(2, fitted.bandwidth)
-        values = values + fitted.r0 * path.draw(pts, normals=rng.standard_normal).values
+        path = mech.start_path(fitted, 2, 1000)
+        values = fitted.released(
+            fitted.mean(pts), path.draw(pts, normals=rng.standard_normal).values
+        )
+    else:
+        values = fitted.released(fitted.mean(pts))
     truth = 0.5 * pts[:, 0]
+    assert result["shrinkage"] == "ate"
+    assert abs(result["ate_anchor"] - 0.25) < 0.05  # the DP ATE anchor (true ATE 0.25)
+    assert result["shrinkage_factor"] > 0.5  # strong, detectable heterogeneity kept
     rmse = float(np.sqrt(np.mean((values - truth) ** 2)))
     constant = float(np.std(truth))
     assert rmse <= 0.9 * constant, (rmse, constant)

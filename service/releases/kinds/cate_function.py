@@ -44,6 +44,9 @@ class CateFunctionParams(KindParams):
     batch_max: StrictInt = Field(default=1000, ge=1, le=mech.MAX_BATCH)
     jitter: StrictFloat = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
     nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
+    # None: "ate" in strict mode (a DP anchor ATE on 20 % of the budget, the release shrunk
+    # towards it unless heterogeneity is detectable; proof §7), "none" in paper mode.
+    shrinkage: Literal["ate", "none"] | None = None
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -75,6 +78,7 @@ def to_mechanism_params(
         batch_max=params.batch_max,
         jitter=params.jitter,
         nuisance=params.nuisance,
+        shrinkage=params.shrinkage,
     )
 
 
@@ -122,6 +126,7 @@ class CateFunctionKind:
             batch_max=checked.batch_max,
             jitter=checked.jitter,
             public=public,
+            initial=fitted.reference,
         )
         return {
             **result,
