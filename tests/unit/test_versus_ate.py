@@ -121,3 +121,28 @@ def test_cate_vector_noise_is_the_expected_rms_over_the_feature_draw() -> None:
         squares.append(np.mean(np.sum(phi * phi, axis=1)))
     expected = sigma * math.sqrt(float(np.mean(squares)))
     assert cate_vector.rms_noise_sd(domain, params) == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra"),
+    [("cate_function", {}), ("cate_vector", {"points": [[0.2, 0.5, 0.9]]})],
+)
+def test_anchored_quotes_say_the_release_falls_back_to_its_ate(
+    kind: str, extra: dict[str, object]
+) -> None:
+    domain = _domain(5_000, StudyDesign.RCT)
+    release_kind = REGISTRY[kind]
+
+    def block(shrinkage: str | None) -> dict[str, object]:
+        params = {
+            "epsilon": 1.0,
+            **extra,
+            **({} if shrinkage is None else {"shrinkage": shrinkage}),
+        }
+        return release_kind.quote(release_kind.Params.model_validate(params), domain)["versus_ate"]
+
+    default, plain = block(None), block("none")
+    assert default["anchored"] is True  # the strict default
+    assert "shrunk towards its own DP ATE" in str(default["message"])
+    assert plain["anchored"] is False
+    assert "shrunk" not in str(plain["message"])

@@ -62,13 +62,26 @@ class ReleaseKind(Protocol):
 
 
 def versus_ate_block(
-    request: Any, domain: PublicDomain, noise_sd: Callable[[Any], float]
+    request: Any,
+    domain: PublicDomain,
+    noise_sd: Callable[[Any], float],
+    *,
+    anchored: bool = False,
 ) -> dict[str, Any]:
     """A CATE quote's ``versus_ate``: ``noise_sd(request)`` is the kind's public per-prediction
     noise sd for a request, evaluated here at the request's epsilon and at others (the epsilon
-    search); the request carries ``epsilon`` and ``expected_heterogeneity_sd``."""
+    search); the request carries ``epsilon`` and ``expected_heterogeneity_sd``. ``anchored``:
+    the release shrinks towards its own DP ATE (shrinkage ``ate``), which the block says."""
 
     def at(epsilon: float) -> float:
         return noise_sd(request.model_copy(update={"epsilon": epsilon}))
 
-    return versus_ate.quote_block(at, domain, request.epsilon, request.expected_heterogeneity_sd)
+    block = versus_ate.quote_block(at, domain, request.epsilon, request.expected_heterogeneity_sd)
+    block["anchored"] = anchored
+    if anchored:
+        block["message"] += (
+            " With shrinkage 'ate' the release is shrunk towards its own DP ATE and equals it "
+            "wherever the heterogeneity is not detectable above the noise, so it is not expected "
+            "to be worse than the constant DP ATE; its variation is kept only above the noise."
+        )
+    return block

@@ -96,8 +96,9 @@ class CateFunctionKind:
         """Public preview: constants and the pointwise noise sd."""
         request = _as_params(params)
         out = mech.quote(domain, to_mechanism_params(request, domain))
-
-        out["versus_ate"] = versus_ate_block(request, domain, lambda r: _noise_sd(r, domain))
+        out["versus_ate"] = versus_ate_block(
+            request, domain, lambda r: _noise_sd(r, domain), anchored=out["shrinkage"] == "ate"
+        )
         return out
 
     def run(

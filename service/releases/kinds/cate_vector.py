@@ -98,9 +98,11 @@ class CateVectorKind:
         """Public accuracy preview (no data access): strict, an upper bound on every
         coordinate's noise sd; paper, public lower and upper bounds on its data-dependent sd."""
         request = _as_params(params)
-        out = cate_vector.quote(domain, to_mechanism_params(request, domain))
-
-        out["versus_ate"] = versus_ate_block(request, domain, lambda r: _noise_sd(r, domain))
+        checked = to_mechanism_params(request, domain)
+        out = cate_vector.quote(domain, checked)
+        out["versus_ate"] = versus_ate_block(
+            request, domain, lambda r: _noise_sd(r, domain), anchored=checked.anchor
+        )
         return out
 
     def run(
