@@ -34,9 +34,22 @@ from service.mechanisms.records import NoiseEvent
 # 0.1: the anchor is the whole answer where the CATE is noisy), and the propensity clip of the
 # R learner's anchor pseudo-outcome (a CATE's clip of 0.05 would make the bound R / 0.05).
 ANCHOR_SHARE = 0.2
+# ... or ANCHOR_SHARE_NOISY where the CATE's own noise at ANCHOR_SHARE is at least half the
+# default heterogeneity R_Y / 24 (the release will then mostly be the anchor: give it the budget)
+ANCHOR_SHARE_NOISY = 0.8
 ANCHOR_QUANTILE_SHARE = 0.25
 ANCHOR_PROPENSITY_CLIP = 0.1
 JAMES_STEIN_LEVEL = 0.99  # pure noise keeps lambda = 0 with probability about 0.99
+
+
+def anchor_share(noise_sd_at_default_share: float, outcome_range: float) -> float:
+    """The public anchor share: ANCHOR_SHARE, or ANCHOR_SHARE_NOISY where the CATE's public
+    per-prediction noise sd at ANCHOR_SHARE is at least WORTH_IT_RATIO times R_Y / 24."""
+    from service.mechanisms import versus_ate
+
+    heterogeneity = outcome_range / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
+    noisy = noise_sd_at_default_share >= versus_ate.WORTH_IT_RATIO * heterogeneity
+    return ANCHOR_SHARE_NOISY if noisy else ANCHOR_SHARE
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from service.mechanisms.anchor import (
     ANCHOR_SHARE,
     AnchorPlan,
     anchor_pseudo_outcomes,
+    anchor_share,
     draw_anchor,
     james_stein_factor,
     plan_anchor,
@@ -285,6 +286,7 @@ class Plan:
     # of any CATE with outcomes in [y_lo, y_hi] (post-processing: it cannot add error).
     value_bound: float = math.inf
     anchor: AnchorPlan | None = None  # proof §7 (shrinkage "ate")
+    anchor_share: float = 0.0  # its share of (epsilon, delta); the GP has the rest
     reference_points: int = 0
 
     @property
@@ -314,7 +316,14 @@ DEFAULT_NOISE_SD_FRACTION = 0.2
 
 
 def plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
-    """Validate the public parameters and fix every noise constant (no data is read)."""
+    """Validate the public parameters and fix every noise constant (no data is read).
+
+    Omitted regularisation: the smallest lambda0 of DEFAULT_LAMBDA0_GRID whose public pointwise
+    noise sd is at most the rule's target, else the largest. The target is
+    DEFAULT_NOISE_SD_FRACTION * R_Y without shrinkage; with shrinkage "ate" it is
+    WORTH_IT_RATIO * R_Y / 24 (half the default heterogeneity): a noisier function would be
+    shrunk to its anchor anyway, so regularisation buys a function whose variation can survive.
+    """
     if params.regularization is not None:
         return _plan(domain, params)
     state: Plan | None = None
@@ -323,7 +332,11 @@ def plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
             domain,
             replace(params, regularization=lambda0, lambda_convention="unnormalised"),
         )
-        if state.scale.r0 <= DEFAULT_NOISE_SD_FRACTION * domain.outcome_range:
+        if state.anchor is not None:
+            target = versus_ate.WORTH_IT_RATIO * versus_ate.default_heterogeneity_sd(domain)
+        else:
+            target = DEFAULT_NOISE_SD_FRACTION * domain.outcome_range
+        if state.scale.r0 <= target:
             break
     assert state is not None
     return state
@@ -394,11 +407,28 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         raise InvalidParameters("shrinkage 'ate' is strict-only; paper mode releases the paper's")
     # proof §7: the anchor takes ANCHOR_SHARE of the estimation budget, the GP the rest (exact).
     epsilon_gp, delta_gp = epsilon, delta
+    share = 0.0
     anchor: AnchorPlan | None = None
     anchor_events: list[NoiseEvent] = []
     if shrinkage == "ate":
-        epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, ANCHOR_SHARE)
-        delta_anchor, delta_gp = ate_strict.split_share(delta, ANCHOR_SHARE)
+        # the share rule reads the GP's public noise at the default share (anchor.anchor_share)
+        share = anchor_share(
+            noise_scale(
+                mode=params.mode,
+                learner=params.learner,
+                q=q,
+                bandwidth=bandwidth,
+                lambda0=lambda0,
+                n2=n2,
+                epsilon=ate_strict.split_share(epsilon, ANCHOR_SHARE)[1],
+                delta=ate_strict.split_share(delta, ANCHOR_SHARE)[1],
+                outcome_range=domain.outcome_range,
+                propensity_bound=propensity_bound,
+            ).r0,
+            domain.outcome_range,
+        )
+        epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, share)
+        delta_anchor, delta_gp = ate_strict.split_share(delta, share)
         anchor, anchor_events = plan_anchor(
             params.learner,
             epsilon_anchor,
@@ -516,6 +546,7 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         record=record,
         value_bound=domain.outcome_range,
         anchor=anchor,
+        anchor_share=share,
         reference_points=reference_points,
     )
 
@@ -545,6 +576,7 @@ def public_parameters(state: Plan) -> dict[str, Any]:
         "output_lattice": 2.0**state.output_lattice_exponent,
         "value_bound": state.value_bound,
         "shrinkage": "ate" if state.anchor is not None else "none",
+        "anchor_share": state.anchor_share,
         "reference_points": state.reference_points,
         "noise_note": (
             "the privacy noise is one Gaussian-process path: it is correlated across points, "

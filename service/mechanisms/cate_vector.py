@@ -64,6 +64,7 @@ from service.mechanisms.anchor import (
     james_stein_factor,
     plan_anchor,
 )
+from service.mechanisms.anchor import anchor_share as anchor_rule
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
     default_delta,
@@ -111,12 +112,10 @@ MIN_RIDGE = 1e-3
 STRICT_RIDGE_GRID = (0.1, 0.3, 1.0, 3.0)
 RIDGE_RULE_FRACTION = 0.2
 PAPER_RIDGE = 1e-3
-# proof step 7: the anchor ATE's share of the estimation budget (public rule): ANCHOR_SHARE,
-# or ANCHOR_SHARE_NOISY where the CATE's RMS noise at ANCHOR_SHARE is at least half the default
-# heterogeneity R_Y / 24 (the quote's verdict is not "possible": the release will mostly be the
-# anchor, so the anchor gets most of the budget).
-# (ANCHOR_SHARE, ANCHOR_QUANTILE_SHARE, ANCHOR_PROPENSITY_CLIP: service.mechanisms.anchor)
-ANCHOR_SHARE_NOISY = 0.8
+# proof step 7: the anchor ATE's share of the estimation budget is the public rule
+# ``anchor.anchor_share`` (ANCHOR_SHARE, or ANCHOR_SHARE_NOISY where the CATE's RMS noise at
+# ANCHOR_SHARE is at least half the default heterogeneity R_Y / 24: the release will then mostly
+# be the anchor, so the anchor gets most of the budget).
 _FD_STEP = 1e-8  # finite-difference step of the sup search (scipy's L-BFGS-B default)
 
 
@@ -413,15 +412,14 @@ def anchor_share(
     delta: float,
     sensitivity: float,
 ) -> float:
-    """The public anchor share (constants above): from n, epsilon, delta, the points and the
-    public sensitivity of theta only."""
+    """The public anchor share (``anchor.anchor_share``): from n, epsilon, delta, the points
+    and the public sensitivity of theta only."""
     _, epsilon_theta = ate_strict.split_share(epsilon, ANCHOR_SHARE)
     _, delta_theta = ate_strict.split_share(delta, ANCHOR_SHARE)
     dim = params.n_features + 1 + domain.q
     sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity, dim=dim).sigma
     noise = sigma * math.sqrt(2.0 + _mean_linear_norm(domain, params.points))
-    heterogeneity = domain.outcome_range / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
-    return ANCHOR_SHARE if noise < versus_ate.WORTH_IT_RATIO * heterogeneity else ANCHOR_SHARE_NOISY
+    return anchor_rule(noise, domain.outcome_range)
 
 
 def _mean_linear_norm(domain: PublicDomain, points: tuple[tuple[float, ...], ...]) -> float:

@@ -255,13 +255,15 @@ class _FixedNormals:
 def _proof_r0(result: dict[str, Any], outcome_range: float) -> float:
     """r0 = Delta sigma_G from docs/proofs/cate_function.md (R-learner, k0 terms), recomputed
     from the release's public parameters, independently of the mechanism's own arithmetic; with
-    shrinkage "ate" the GP has (1 - 0.2) of (epsilon, delta) (proof §7)."""
+    shrinkage "ate" the GP has the rest after the anchor's public share (proof §7)."""
     from service.mechanisms.ate_strict import split_share
     from service.mechanisms.calibration import analytic_gaussian_multiplier
 
     epsilon, delta = result["epsilon"], result["delta"]
     if result["shrinkage"] == "ate":
-        epsilon, delta = split_share(epsilon, 0.2)[1], split_share(delta, 0.2)[1]
+        share = result["anchor_share"]
+        assert share in (0.2, 0.8)  # the public rule's two values
+        epsilon, delta = split_share(epsilon, share)[1], split_share(delta, share)[1]
     lam, n2 = float(result["lambda0"]), int(result["n2"])
     target = outcome_range  # R-learner: |r| <= R_Y
     lipschitz = 2.0 * (target + target / np.sqrt(lam))

@@ -262,6 +262,46 @@ def test_released_values_are_clipped_to_the_public_cate_range(basis: str) -> Non
     assert legacy.value_bound == math.inf
 
 
+@pytest.mark.parametrize("epsilon", [0.5, 4.0, 50.0])
+def test_anchored_default_regularization_targets_half_the_default_heterogeneity(
+    epsilon: float,
+) -> None:
+    """shrinkage "ate": the smallest grid lambda0 whose pointwise noise sd is at most
+    0.5 R_Y / 24, else the largest; more epsilon never means more regularisation."""
+    domain = PublicDomain(
+        x_lower=np.zeros(3),
+        x_upper=np.ones(3),
+        y_lower=0.0,
+        y_upper=48.0,
+        n=20000,
+        design=StudyDesign.RCT,
+        treatment_probability=0.5,
+    )
+    state = mech.plan(domain, mech.CateFunctionParams(epsilon=epsilon, delta=1e-6, nuisance="none"))
+    target = 0.5 * 48.0 / 24.0
+    chosen = state.scale.lambda0
+    assert state.anchor is not None
+    if state.scale.r0 > target:
+        assert chosen == max(mech.DEFAULT_LAMBDA0_GRID)
+    for lam in [lam for lam in mech.DEFAULT_LAMBDA0_GRID if lam < chosen]:
+        explicit = mech.plan(
+            domain,
+            mech.CateFunctionParams(
+                epsilon=epsilon,
+                delta=1e-6,
+                nuisance="none",
+                regularization=lam,
+                lambda_convention="unnormalised",
+            ),
+        )
+        assert explicit.scale.r0 > target
+    # more budget never buys more regularisation (the old rule held the noise at its cap)
+    larger = mech.plan(
+        domain, mech.CateFunctionParams(epsilon=2 * epsilon, delta=1e-6, nuisance="none")
+    )
+    assert larger.scale.lambda0 <= chosen
+
+
 @pytest.mark.parametrize("q", [2, 30])
 def test_default_regularization_is_a_public_rule(q: int) -> None:
     """Omitted regularization: the smallest grid lambda0 whose public pointwise noise sd is at
@@ -275,7 +315,7 @@ def test_default_regularization_is_a_public_rule(q: int) -> None:
         design=StudyDesign.RCT,
         treatment_probability=0.5,
     )
-    base = mech.CateFunctionParams(epsilon=1.0, delta=1e-5, nuisance="none")
+    base = mech.CateFunctionParams(epsilon=1.0, delta=1e-5, nuisance="none", shrinkage="none")
     state = mech.plan(domain, base)
     chosen = state.scale.lambda0
     assert chosen in mech.DEFAULT_LAMBDA0_GRID
