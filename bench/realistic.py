@@ -73,7 +73,15 @@ ATE_ESTIMATORS: dict[str, dict[str, Any]] = {
     "strict_aipw_adaptive": {"clip": "adaptive"},
     "strict_dp_linear_adaptive": {"nuisance": "dp_linear", "clip": "adaptive"},
 }
-CATE_KINDS = ("cate_function", "cate_vector", "ebm_cate", "uplift_table")
+# cate_function_given_anchor: the default cate_function with the constant DP ATE release's
+# estimate as its public anchor (an analyst who already has that release: 2 epsilon in all)
+CATE_KINDS = (
+    "cate_function",
+    "cate_vector",
+    "ebm_cate",
+    "uplift_table",
+    "cate_function_given_anchor",
+)
 FloatArray = NDArray[np.float64]
 
 
@@ -168,12 +176,25 @@ def _evaluate_function(secret: FunctionSecret, domain: PublicDomain, x: FloatArr
 
 
 def cate_release(
-    kind: str, arrays: Arrays, domain: PublicDomain, epsilon: float, x_test: FloatArray
+    kind: str,
+    arrays: Arrays,
+    domain: PublicDomain,
+    epsilon: float,
+    x_test: FloatArray,
+    dp_ate: float | None = None,
 ) -> FloatArray:
     """Per-point CATE at x_test from one release of ``kind`` at its defaults."""
     options: dict[str, Any] = {"rng": secure_rng(), "noise": OpenDPSampler(), "progress": _quiet}
-    if kind == "cate_function":
-        out = CateFunctionKind().run(arrays, domain, CateFunctionParams(epsilon=epsilon), **options)
+    if kind in ("cate_function", "cate_function_given_anchor"):
+        params = CateFunctionParams(epsilon=epsilon)
+        if kind == "cate_function_given_anchor":
+            if dp_ate is None:
+                raise ValueError("no DP ATE release to anchor at")
+            bound = domain.outcome_range
+            params = CateFunctionParams(
+                epsilon=epsilon, anchor=float(np.clip(dp_ate, -bound, bound))
+            )
+        out = CateFunctionKind().run(arrays, domain, params, **options)
         return _evaluate_function(out[SECRET_KEY], domain, x_test)
     if kind == "cate_vector":
         request = CateVectorRequest(points=x_test.tolist(), epsilon=epsilon)
@@ -354,7 +375,7 @@ def run_cate(
                 continue
             started = _clock()
             try:
-                estimate = cate_release(kind, arrays, domain, epsilon, test.x)
+                estimate = cate_release(kind, arrays, domain, epsilon, test.x, dp_ate)
                 figures[kind]["pehe"].append(pehe(estimate, truth))
             except Exception as exc:
                 line = traceback.format_exception_only(type(exc), exc)[-1].strip()

@@ -144,6 +144,9 @@ class CateFunctionParams:
             targets centred at it, and the release shrunk towards it by a James–Stein factor
             computed from the released function at public reference points (§7 of the proof);
             ``none`` (the paper's function; the paper-mode default).
+        anchor: shrinkage ``ate`` only: a public value to anchor at instead of buying one
+            (e.g. the estimate of a DP ATE release the analyst already has: post-processing,
+            no extra cost); the whole budget then goes to the function.
     """
 
     epsilon: float
@@ -163,6 +166,7 @@ class CateFunctionParams:
     jitter: float = gp.DEFAULT_JITTER
     nuisance: Nuisance = "dp_ebm"
     shrinkage: Shrinkage | None = None
+    anchor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -287,11 +291,17 @@ class Plan:
     value_bound: float = math.inf
     anchor: AnchorPlan | None = None  # proof §7 (shrinkage "ate")
     anchor_share: float = 0.0  # its share of (epsilon, delta); the GP has the rest
+    fixed_anchor: float | None = None  # a public anchor given by the request (no charge)
     reference_points: int = 0
 
     @property
     def n2(self) -> int:
         return self.fold_sizes[-1]
+
+    @property
+    def shrinks(self) -> bool:
+        """shrinkage "ate": an anchor (bought or given) and the James–Stein factor."""
+        return self.anchor is not None or self.fixed_anchor is not None
 
 
 def default_bandwidth(q: int) -> float:
@@ -332,7 +342,7 @@ def plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
             domain,
             replace(params, regularization=lambda0, lambda_convention="unnormalised"),
         )
-        if state.anchor is not None:
+        if state.shrinks:
             target = versus_ate.WORTH_IT_RATIO * versus_ate.default_heterogeneity_sd(domain)
         else:
             target = DEFAULT_NOISE_SD_FRACTION * domain.outcome_range
@@ -410,7 +420,20 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     share = 0.0
     anchor: AnchorPlan | None = None
     anchor_events: list[NoiseEvent] = []
-    if shrinkage == "ate":
+    fixed_anchor: float | None = None
+    if params.anchor is not None:
+        if shrinkage != "ate":
+            raise InvalidParameters("anchor is only used with shrinkage 'ate'")
+        fixed_anchor = params.anchor
+        if (
+            isinstance(fixed_anchor, bool)
+            or not isinstance(fixed_anchor, (int, float))
+            or not math.isfinite(fixed_anchor)
+            or abs(fixed_anchor) > domain.outcome_range
+        ):
+            raise InvalidParameters("anchor must be a number in [-R_Y, R_Y] (the outcome range)")
+        fixed_anchor = float(fixed_anchor)
+    if shrinkage == "ate" and fixed_anchor is None:
         # the share rule reads the GP's public noise at the default share (anchor.anchor_share)
         share = anchor_share(
             noise_scale(
@@ -512,7 +535,7 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         )
     )
     reference_points = 0
-    if anchor is not None:
+    if shrinkage == "ate":
         # an exact function's reference draws use its capacity: at most half of t_max
         reference_points = (
             min(REFERENCE_POINTS, params.t_max // 2)
@@ -547,6 +570,7 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         value_bound=domain.outcome_range,
         anchor=anchor,
         anchor_share=share,
+        fixed_anchor=fixed_anchor,
         reference_points=reference_points,
     )
 
@@ -575,8 +599,9 @@ def public_parameters(state: Plan) -> dict[str, Any]:
         "canonical_lattice": 2.0**-CANONICAL_BITS,
         "output_lattice": 2.0**state.output_lattice_exponent,
         "value_bound": state.value_bound,
-        "shrinkage": "ate" if state.anchor is not None else "none",
+        "shrinkage": "ate" if state.shrinks else "none",
         "anchor_share": state.anchor_share,
+        "anchor_given": state.fixed_anchor is not None,
         "reference_points": state.reference_points,
         "noise_note": (
             "the privacy noise is one Gaussian-process path: it is correlated across points, "
@@ -1013,7 +1038,7 @@ def _run(
         domain=domain,
         propensity_bound=state.propensity_bound,
     )
-    anchor: float | None = None
+    anchor: float | None = state.fixed_anchor
     if state.anchor is not None:
         # proof §7 step 1: the DP anchor ATE of the estimation fold; step 2: targets centred at
         # it and clipped again to the public target bound (a row-wise map with a DP constant).
@@ -1033,9 +1058,10 @@ def _run(
         )
         anchor = draw_anchor(gamma, state.anchor, domain.outcome_range, noise)
         del gamma
+        progress(0.8, "anchor")
+    if anchor is not None:
         bound = state.scale.target_bound
         targets = np.clip(targets - weights * anchor, -bound, bound)
-        progress(0.8, "anchor")
     lower = np.asarray(domain.x_lower, np.float64)
     upper = np.asarray(domain.x_upper, np.float64)
     fitted = second_stage(

@@ -336,3 +336,39 @@ def test_default_regularization_is_a_public_rule(q: int) -> None:
     assert paper.scale.lambda0 == pytest.approx(
         1.0 / math.exp(mech.log_cq(q, mech.default_bandwidth(q))), rel=1e-9
     )
+
+
+def test_a_given_anchor_costs_nothing_and_is_the_released_anchor() -> None:
+    """shrinkage "ate" with a public anchor (e.g. an ATE release's estimate): no anchor events,
+    the GP at the whole (epsilon, delta), and the answers shrink towards the given value."""
+    rng = np.random.default_rng(4)
+    n = 1200
+    x, a, y = _rct_rows(rng, n)
+    base = mech.CateFunctionParams(
+        epsilon=1.0, delta=1e-5, nuisance="none", basis="nystrom", n_centres=32
+    )
+    given = replace(base, anchor=0.3)
+    state = mech.plan(_domain(n), given)
+    assert [e.type for e in state.record.events] == ["gaussian_process"]
+    assert state.record.events[0].epsilon == 1.0
+    bought = mech.plan(_domain(n), base)
+    assert [e.type for e in bought.record.events][:2] == ["exponential_quantile", "gaussian"]
+    assert state.scale.r0 < bought.scale.r0 or state.scale.lambda0 < bought.scale.lambda0
+    result, fitted = mech.run(
+        Arrays(x, a, y),
+        _domain(n),
+        given,
+        rng=rng,
+        noise=SeededSampler(rng),
+        progress=lambda *_: None,
+    )
+    assert result["anchor_given"] is True
+    assert result["ate_anchor"] == fitted.anchor == 0.3
+    assert 0.0 <= result["shrinkage_factor"] <= 1.0
+    for bad in (
+        replace(base, anchor=5.0),  # outside [-R_Y, R_Y] = [-2, 2]
+        replace(base, anchor=float("nan")),
+        replace(base, anchor=0.3, shrinkage="none"),
+    ):
+        with pytest.raises(InvalidParameters, match="anchor"):
+            mech.plan(_domain(n), bad)

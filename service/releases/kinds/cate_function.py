@@ -47,6 +47,9 @@ class CateFunctionParams(KindParams):
     # None: "ate" in strict mode (a DP anchor ATE on 20 % of the budget, the release shrunk
     # towards it unless heterogeneity is detectable; proof §7), "none" in paper mode.
     shrinkage: Literal["ate", "none"] | None = None
+    # shrinkage "ate": anchor at this public value instead of buying a DP anchor (e.g. the
+    # estimate of an ATE release you already have; no extra cost, the function gets the budget)
+    anchor: StrictFloat | None = Field(default=None, allow_inf_nan=False)
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -79,6 +82,7 @@ def to_mechanism_params(
         jitter=params.jitter,
         nuisance=params.nuisance,
         shrinkage=params.shrinkage,
+        anchor=params.anchor,
     )
 
 
