@@ -21,6 +21,7 @@
     grants: [],
     view: "datasets",
     ledgerOffset: 0,
+    viewToken: 0,
     chart: null,
   };
 
@@ -309,6 +310,7 @@
     if (!KINDS_OF_VIEW.includes(view)) view = "datasets";
     if (view === "ledger" && !isOwner()) view = "datasets";
     state.view = view;
+    const token = ++state.viewToken; // a later showView wins over one still loading
     for (const button of document.querySelectorAll("#views button")) {
       if (button.dataset.view === view) button.setAttribute("aria-current", "page");
       else button.removeAttribute("aria-current");
@@ -326,9 +328,9 @@
         if (view === "chart") await renderChart();
       }
     } catch (err) {
-      handleError(err);
+      if (token === state.viewToken) handleError(err);
     }
-    if (focus) {
+    if (focus && token === state.viewToken) {
       const heading = document.querySelector("#view-" + view + " h1");
       if (heading) heading.focus();
     }
