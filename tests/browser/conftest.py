@@ -180,8 +180,9 @@ def auth(key: str) -> dict[str, str]:
 
 @dataclass
 class Study:
-    """An owner's RCT dataset with a budget, two analysts (one capped), a client, and one
-    finished ATE release per analyst: what the console shows."""
+    """An owner's RCT dataset with a budget (ε 5, δ 1e-4), two analysts (the first capped at
+    ε 2), a client, and three finished ATE releases (ε 1 and 0.5 by the first analyst, ε 1 by
+    the second): what the console shows. Seven ledger entries; a charge at seq 5."""
 
     base: str
     owner: dict[str, Any]
@@ -201,10 +202,10 @@ def _principal(base: str, role: str, name: str) -> dict[str, Any]:
     return body
 
 
-def _release(base: str, key: str, dataset_id: str) -> dict[str, Any]:
+def _release(base: str, key: str, dataset_id: str, epsilon: float = 1.0) -> dict[str, Any]:
     r = httpx.post(
         f"{base}/v1/datasets/{dataset_id}/releases",
-        json={"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}},
+        json={"kind": "ate", "params": {"epsilon": epsilon, "nuisance": "none"}},
         headers=auth(key) | {"Idempotency-Key": uuid.uuid4().hex},
     )
     assert r.status_code == 202, r.text
@@ -220,20 +221,27 @@ def _release(base: str, key: str, dataset_id: str) -> dict[str, Any]:
     raise AssertionError("release did not finish")
 
 
-def make_study(base: str, tag: str = "") -> Study:
-    tag = tag or uuid.uuid4().hex[:4]
-    owner = _principal(base, "owner", f"Hospital data office {tag}")
-    analyst = _principal(base, "analyst", f"Trial statistician {tag}")
-    second = _principal(base, "analyst", f"Health economist {tag}")
-    client = _principal(base, "client", f"Ward dashboard {tag}")
+def upload_dataset(base: str, owner_key: str, name: str) -> dict[str, Any]:
+    """Upload a 600-row RCT (tests.conftest.synthetic_csv) through the API."""
     r = httpx.post(
         f"{base}/v1/datasets",
-        data={"name": f"Trial 2026 {tag}", "schema": json.dumps(RCT_SCHEMA)},
+        data={"name": name, "schema": json.dumps(RCT_SCHEMA)},
         files={"file": ("rows.csv", io.BytesIO(synthetic_csv(600).encode()), "text/csv")},
-        headers=auth(owner["api_key"]),
+        headers=auth(owner_key),
     )
     assert r.status_code == 201, r.text
-    dataset = r.json()
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def make_study(base: str, tag: str | None) -> Study:
+    """A Study; ``tag`` ends every name (``None``: plain names, for the screenshots)."""
+    end = f" {tag}" if tag else ""
+    owner = _principal(base, "owner", f"Hospital data office{end}")
+    analyst = _principal(base, "analyst", f"Trial statistician{end}")
+    second = _principal(base, "analyst", f"Health economist{end}")
+    client = _principal(base, "client", f"Ward dashboard{end}")
+    dataset = upload_dataset(base, owner["api_key"], f"Trial 2026{end}")
     ds = dataset["id"]
     h = auth(owner["api_key"])
     b = httpx.put(
@@ -245,5 +253,8 @@ def make_study(base: str, tag: str = "") -> Study:
     for who, caps in ((analyst, {"epsilon_cap": 2.0}), (second, {})):
         g = httpx.put(f"{base}/v1/datasets/{ds}/grants/{who['id']}", json=caps, headers=h)
         assert g.status_code == 200, g.text
-    releases = [_release(base, who["api_key"], ds) for who in (analyst, second)]
+    releases = [
+        _release(base, who["api_key"], ds, epsilon)
+        for who, epsilon in ((analyst, 1.0), (second, 1.0), (analyst, 0.5))
+    ]
     return Study(base, owner, analyst, second, client, dataset, releases)

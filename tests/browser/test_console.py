@@ -15,7 +15,8 @@ import httpx2 as httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.browser.conftest import Live, Watch, auth, make_study
+from tests.browser.conftest import Live, Watch, auth, make_study, upload_dataset
+from tests.conftest import ADMIN_KEY
 
 SQLITE_ONLY = pytest.mark.parametrize("live", ["sqlite"], indirect=True)
 
@@ -44,13 +45,13 @@ def confirm(page: Any) -> None:
 
 
 def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Path) -> None:
-    study = make_study(live.base, "owner")
+    study = make_study(live.base, None)  # the module's first study: plain names
     sign_in(page, live.base, study.owner["api_key"])
     expect(page.locator("#whoami-name")).to_have_text(study.owner["name"])
     assert study.owner["api_key"] not in page.url
     # The chain's verification, prominently above every view.
     chain = page.locator("#chain")
-    expect(chain).to_contain_text("Ledger hash chain verified: 6 entries intact")
+    expect(chain).to_contain_text("Ledger hash chain verified: 7 entries intact")
     expect(chain).to_have_attribute("data-valid", "true")
 
     # Datasets: the public schema and the row count.
@@ -63,13 +64,13 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
 
     # Budget gauge and per-analyst spend against caps.
     view(page, "Budget & grants")
-    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2 of 5 · remaining 3")
-    assert page.locator("#meter-epsilon").get_attribute("value") == "2"
-    expect(page.locator("#gauge-delta-text")).to_have_text("spent 2e-5 of 1e-4 · remaining 8e-5")
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
+    assert page.locator("#meter-epsilon").get_attribute("value") == "2.5"
+    expect(page.locator("#gauge-delta-text")).to_have_text("spent 3e-5 of 1e-4 · remaining 7e-5")
     grants = page.locator("#grants-table tbody")
     expect(grants.locator("tr")).to_have_count(2)
     capped = grants.locator("tr", has_text=study.analyst["name"])
-    expect(capped).to_contain_text("1 / 2")
+    expect(capped).to_contain_text("1.5 / 2")
     expect(grants.locator("tr", has_text=study.second["name"])).to_contain_text("1 / no cap")
 
     # Grant the client, change the analyst's cap, revoke the second analyst: each confirmed.
@@ -83,7 +84,7 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     page.get_by_label("ε cap (optional)").fill("3")
     page.get_by_role("button", name="Grant…").click()
     confirm(page)
-    expect(grants.locator("tr", has_text=study.analyst["name"])).to_contain_text("1 / 3")
+    expect(grants.locator("tr", has_text=study.analyst["name"])).to_contain_text("1.5 / 3")
     grants.locator("tr", has_text=study.second["name"]).get_by_role("button", name="Revoke").click()
     expect(page.locator("#confirm-text")).to_contain_text("What they spent stays spent")
     confirm(page)
@@ -92,12 +93,12 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     page.get_by_label("ε total").fill("6")
     page.get_by_role("button", name="Set budget…").click()
     page.locator("dialog#confirm").get_by_role("button", name="Cancel").click()
-    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2 of 5 · remaining 3")
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
     # Raise the budget.
     page.get_by_label("ε total").fill("8")
     page.get_by_role("button", name="Set budget…").click()
     confirm(page)
-    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2 of 8 · remaining 6")
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 8 · remaining 5.5")
     # The API's problem+json, readably: a budget below what is spent.
     page.get_by_label("ε total").fill("1")
     page.get_by_role("button", name="Set budget…").click()
@@ -118,18 +119,23 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     view(page, "Ledger")
     # Four more entries: the client's grant, the new cap, the revocation, the raised budget
     # (the refused budget wrote none; paper mode is a setting of the dataset, not a charge).
-    expect(chain).to_contain_text("10 entries intact")
+    expect(chain).to_contain_text("11 entries intact")
     rows = page.locator("#ledger-table tbody tr")
-    expect(page.locator("#page-info")).to_have_text("Entries 1–10 of 10")
+    expect(page.locator("#page-info")).to_have_text("Entries 1–11 of 11")
     page.get_by_label("Entry").select_option("charge")
     page.get_by_role("button", name="Apply filters").click()
-    expect(rows).to_have_count(2)
+    expect(rows).to_have_count(3)
     expect(rows.first).to_contain_text("ate")
     expect(rows.first).to_contain_text("done")
     expect(rows.first).to_contain_text("strict")
+    page.get_by_label("Guarantee").select_option("paper")
+    page.get_by_role("button", name="Apply filters").click()
+    expect(rows).to_have_count(0)
+    expect(page.locator("#page-info")).to_have_text("Entries 0–0 of 0")
+    page.get_by_label("Guarantee").select_option("strict")
     page.get_by_label("Principal").select_option(study.analyst["id"])
     page.get_by_role("button", name="Apply filters").click()
-    expect(rows).to_have_count(1)
+    expect(rows).to_have_count(2)
     expect(rows.first).to_contain_text(study.analyst["name"])
     hash_cell = rows.first.locator("code")
     assert len(hash_cell.get_attribute("title") or "") == 64
@@ -137,21 +143,25 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
         page.get_by_role("button", name="Export CSV").click()
     exported = Path(download_info.value.path()).read_text()
     lines = list(csv.DictReader(io.StringIO(exported)))
-    assert [r["principal_id"] for r in lines] == [study.analyst["id"]]
+    assert [r["principal_id"] for r in lines] == [study.analyst["id"]] * 2
     assert lines[0]["entry_type"] == "charge"
     # Pages of 5, newest first.
     page.get_by_label("Principal").select_option("")
     page.get_by_label("Entry").select_option("")
+    page.get_by_label("Guarantee").select_option("")
     page.get_by_label("Per page").select_option("5")
     page.get_by_role("button", name="Apply filters").click()
     expect(rows).to_have_count(5)
-    expect(rows.first.locator("td").first).to_have_text("10")
+    expect(rows.first.locator("td").first).to_have_text("11")
+    expect(page.get_by_role("button", name="Previous page")).to_be_disabled()
     page.get_by_role("button", name="Next page").click()
-    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 10")
-    expect(rows.first.locator("td").first).to_have_text("5")
+    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 11")
+    expect(rows.first.locator("td").first).to_have_text("6")
+    page.get_by_role("button", name="Next page").click()
+    expect(page.locator("#page-info")).to_have_text("Entries 11–11 of 11")
     expect(page.get_by_role("button", name="Next page")).to_be_disabled()
     page.get_by_role("button", name="Previous page").click()
-    expect(page.locator("#page-info")).to_have_text("Entries 1–5 of 10")
+    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 11")
     page.get_by_label("Per page").select_option("25")
     page.get_by_role("button", name="Apply filters").click()
     page.screenshot(path=shots / "ledger.png", full_page=True)
@@ -159,7 +169,7 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     # Releases with their released values.
     view(page, "Releases")
     releases = page.locator("#releases-table tbody tr")
-    expect(releases).to_have_count(2)
+    expect(releases).to_have_count(3)
     expect(releases.first).to_contain_text("estimate")
     expect(releases.first).to_contain_text("strict")
     page.screenshot(path=shots / "releases.png", full_page=True)
@@ -168,7 +178,7 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     view(page, "Spending chart")
     spend = page.locator("#spend-table tbody tr")
     expect(spend).to_have_count(2)
-    expect(spend.filter(has_text=study.analyst["name"])).to_contain_text("1")
+    expect(spend.filter(has_text=study.analyst["name"])).to_contain_text("1.5")
     assert page.evaluate("() => document.getElementById('spend-chart').width > 0")
     page.screenshot(path=shots / "chart.png", full_page=True)
 
@@ -196,10 +206,10 @@ def test_analyst_and_client_see_no_owner_actions(
     expect(page.locator("#datasets-table")).to_contain_text(study.dataset["name"])
     no_owner_ui(page)
     view(page, "Budget & grants")
-    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2 of 5 · remaining 3")
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
     grants = page.locator("#grants-table tbody tr")
     expect(grants).to_have_count(1)  # their own grant only
-    expect(grants.first).to_contain_text("1 / 2")
+    expect(grants.first).to_contain_text("1.5 / 2")
     no_owner_ui(page)
     page.screenshot(path=shots / "analyst.png", full_page=True)
     view(page, "Spending chart")
@@ -210,7 +220,7 @@ def test_analyst_and_client_see_no_owner_actions(
     expect(page.locator("#whoami-role")).to_have_text("client")
     no_owner_ui(page)
     view(page, "Releases")
-    expect(page.locator("#releases-table tbody tr")).to_have_count(2)
+    expect(page.locator("#releases-table tbody tr")).to_have_count(3)
     watch.assert_clean()
 
 
@@ -265,7 +275,7 @@ def test_tampered_ledger_fails_verification(
     expect(chain).to_contain_text("hash mismatch")
     expect(chain).to_have_class(re.compile(r"\bbad\b"))
     view(page, "Ledger")
-    expect(page.locator("#ledger-table tbody tr")).to_have_count(6)
+    expect(page.locator("#ledger-table tbody tr")).to_have_count(7)
     page.screenshot(path=shots / "tampered.png")
     watch.assert_clean()
 
@@ -294,7 +304,7 @@ def test_keyboard_only_and_labelled_controls(page: Any, live: Live, watch: Watch
     expect(page.locator("#views button[data-view=ledger]")).to_be_focused()
     page.keyboard.press("Enter")
     expect(page.locator("#h-ledger")).to_be_focused()
-    expect(page.locator("#ledger-table tbody tr")).to_have_count(6)
+    expect(page.locator("#ledger-table tbody tr")).to_have_count(7)
     # A confirmation opens with the focus on Cancel; Escape closes it without acting.
     view(page, "Budget & grants")
     page.get_by_label("ε total").fill("7")
@@ -303,5 +313,24 @@ def test_keyboard_only_and_labelled_controls(page: Any, live: Live, watch: Watch
     expect(page.locator("#confirm-cancel")).to_be_focused()
     page.keyboard.press("Escape")
     expect(page.locator("dialog#confirm")).to_be_hidden()
-    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2 of 5 · remaining 3")
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
+    watch.assert_clean()
+
+
+@SQLITE_ONLY
+def test_values_are_shown_as_text(page: Any, live: Live, watch: Watch) -> None:
+    """Markup in names reaches the page as text: nothing is parsed, nothing runs."""
+    owner = httpx.post(
+        f"{live.base}/v1/principals",
+        json={"name": '<b id="bold">Owner</b>', "role": "owner"},
+        headers=auth(ADMIN_KEY),
+    ).json()
+    name = '<img id="pwn" src="x" onerror="window.pwned=1">'
+    upload_dataset(live.base, owner["api_key"], name)
+    sign_in(page, live.base, owner["api_key"])
+    expect(page.locator("#whoami-name")).to_have_text('<b id="bold">Owner</b>')
+    expect(page.locator("#datasets-table tbody")).to_contain_text(name)
+    expect(page.locator("#dataset-select option")).to_have_text(name)
+    assert page.locator("#pwn, #bold").count() == 0
+    assert page.evaluate("() => window.pwned") is None
     watch.assert_clean()

@@ -424,7 +424,13 @@
     $("budget-paper").textContent =
       "Of the ε spent, " + fmtNumber(b.epsilon_spent_paper) + " was charged by paper-mode releases. Paper mode is " +
       (state.dataset.allow_paper_mode ? "allowed" : "forbidden") + " on this dataset.";
-    state.grants = await api("GET", "/v1/datasets/" + encodeURIComponent(state.dataset.id) + "/grants");
+    try {
+      state.grants = await api("GET", datasetPath("/grants"));
+    } catch (err) {
+      // The admin may read a dataset but not its grants (owner and grantees only).
+      if (!(err instanceof ApiProblem && err.status === 403)) throw err;
+      state.grants = [];
+    }
     const body = clear($("grants-table").querySelector("tbody"));
     for (const g of state.grants) {
       const row = el(
@@ -583,6 +589,7 @@
       entry_type: $("f-type").value,
       release_kind: $("f-kind").value,
       status: $("f-status").value,
+      guarantee: $("f-guarantee").value,
     };
   }
 
