@@ -149,9 +149,10 @@
     clear($("problem"));
   }
 
-  function showNotice(text) {
+  function showNotice(text, { focus } = {}) {
     $("notice").textContent = text;
     $("notice").hidden = false;
+    if (focus) $("notice").focus();
   }
 
   function hideNotice() {
@@ -494,10 +495,11 @@
       await call();
     } catch (err) {
       handleError(err);
+      $("problem").focus();
       return;
     }
-    showNotice(done);
     await loadDatasets(state.dataset.id);
+    showNotice(done, { focus: true }); // the acting button may have been re-rendered away
   }
 
   function datasetPath(suffix) {
@@ -597,8 +599,8 @@
     const select = $("f-principal");
     const current = select.value;
     clear(select).append(el("option", { value: "", text: "any" }));
+    // Only the owner and the grantees (revoked ones too) can appear in this dataset's ledger.
     const ids = new Set([state.dataset.owner_id, ...state.grants.map((g) => g.principal_id)]);
-    for (const [id] of state.principals) ids.add(id);
     for (const id of ids) select.append(el("option", { value: id, text: principalName(id) }));
     select.value = current;
   }
