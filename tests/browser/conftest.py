@@ -104,8 +104,10 @@ def browser() -> Iterator[Any]:
         if _required():
             pytest.fail(f"CURATOR_REQUIRE_BROWSER=1 but {reason}")
         pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # The machine is shared (2 cores): be patient with assertions, as with actions.
+    expect.set_options(timeout=15_000)
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield chromium

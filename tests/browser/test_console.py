@@ -212,6 +212,11 @@ def test_analyst_and_client_see_no_owner_actions(
     expect(grants.first).to_contain_text("1.5 / 2")
     no_owner_ui(page)
     page.screenshot(path=shots / "analyst.png", full_page=True)
+    view(page, "Releases")
+    releases = page.locator("#releases-table tbody tr")
+    expect(releases).to_have_count(2)  # their own, by default
+    page.get_by_label("Only my releases").uncheck()
+    expect(releases).to_have_count(3)  # every release of the dataset, as the API shows them
     view(page, "Spending chart")
     expect(page.locator("#spend-table tbody tr")).to_have_count(1)  # their own spend
     page.get_by_role("button", name="Sign out").click()
@@ -221,6 +226,7 @@ def test_analyst_and_client_see_no_owner_actions(
     no_owner_ui(page)
     view(page, "Releases")
     expect(page.locator("#releases-table tbody tr")).to_have_count(3)
+    expect(page.get_by_label("Only my releases")).to_be_hidden()
     watch.assert_clean()
 
 
@@ -298,6 +304,9 @@ def test_keyboard_only_and_labelled_controls(page: Any, live: Live, watch: Watch
     assert unlabelled == []
     # Tab from the dataset picker to the view buttons and open the ledger with the keyboard.
     expect(page.locator("#chain")).to_have_attribute("data-valid", "true")
+    expect(page.locator("#views button[data-view=datasets]")).to_have_attribute(
+        "aria-current", "page"
+    )
     page.get_by_label("Dataset", exact=True).focus()
     for _ in range(3):
         page.keyboard.press("Tab")

@@ -693,7 +693,12 @@
   }
 
   async function renderReleases() {
-    const releases = await api("GET", datasetPath("/releases"));
+    // Analysts may read every release of a dataset granted to them (DP outputs); by default
+    // the console shows their own, and all of them on request.
+    const analyst = state.me.role === "analyst";
+    $("mine-only-row").hidden = !analyst;
+    let releases = await api("GET", datasetPath("/releases"));
+    if (analyst && $("mine-only").checked) releases = releases.filter((r) => r.principal_id === state.me.id);
     const body = clear($("releases-table").querySelector("tbody"));
     for (const r of releases.slice().reverse()) {
       body.append(
@@ -812,6 +817,7 @@
       renderLedger().catch(handleError);
     });
     $("export-csv").addEventListener("click", exportCsv);
+    $("mine-only").addEventListener("change", () => renderReleases().catch(handleError));
     $("verify-again").addEventListener("click", () => verifyChain());
     $("page-prev").addEventListener("click", () => {
       state.ledgerOffset = Math.max(0, state.ledgerOffset - Number($("f-size").value));
