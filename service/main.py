@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import __version__
 from service.auth.router import router as principals_router
 from service.config import Settings, get_settings
+from service.console.router import install as install_console
 from service.datasets.router import router as datasets_router
 from service.db import migrate
 from service.db.engine import get_engine, get_sessionmaker
@@ -66,6 +67,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        # /docs is served by service.console from vendored assets (FastAPI's loads them from a
+        # CDN: blank offline); ReDoc, CDN-only too, is not served.
+        docs_url=None,
+        redoc_url=None,
     )
     install_handlers(app)
 
@@ -80,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(datasets_router)
     app.include_router(releases_router)
     app.include_router(predict_router)
+    install_console(app)  # /console, /docs, /static and the security headers (outermost)
 
     @app.get("/healthz", tags=["operations"])
     def healthz() -> dict[str, str]:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from service.auth.service import CurrentCaller, Role, require
-from service.datasets import service
+from service.datasets import audit, service
 from service.datasets.ingest import CsvError
 from service.datasets.schemas import (
     BudgetRead,
@@ -24,6 +24,8 @@ from service.datasets.schemas import (
     DatasetUpdate,
     GrantRead,
     GrantUpdate,
+    LedgerEntryRead,
+    LedgerPage,
     UploadSchema,
     VerificationRead,
 )
@@ -162,13 +164,21 @@ def set_budget(
     return service.budget_view(session, dataset_id)
 
 
-@router.get("/{dataset_id}/grants", response_model=list[GrantRead], responses=responses(*AUTH))
+@router.get(
+    "/{dataset_id}/grants",
+    response_model=list[GrantRead],
+    responses=responses(*AUTH),
+    summary="Grants of the dataset (owner), or the caller's own grant (analyst, client)",
+)
 def list_grants(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> list[GrantRead]:
-    service.owned(session, caller=caller, dataset_id=dataset_id)
-    grants = session.execute(
-        select(Grant).where(Grant.dataset_id == dataset_id).order_by(Grant.id)
-    ).scalars()
-    return [service.grant_view(g) for g in grants]
+    """The owner sees every grant; an analyst or client with a grant sees only their own."""
+    dataset = service.readable(session, caller=caller, dataset_id=dataset_id)
+    query = select(Grant).where(Grant.dataset_id == dataset_id).order_by(Grant.id)
+    if dataset.owner_id != caller.id:
+        if caller.role not in (Role.ANALYST, Role.CLIENT):
+            raise Forbidden("only the dataset's owner and its grantees may read grants")
+        query = query.where(Grant.principal_id == caller.id)
+    return [service.grant_view(g) for g in session.execute(query).scalars()]
 
 
 @router.put(
@@ -213,27 +223,64 @@ def revoke_grant(
 
 @router.get(
     "/{dataset_id}/ledger",
+    response_model=LedgerPage,
     responses={
-        **responses(*AUTH),
-        200: {"content": {"application/json": {}, "text/csv": {}}, "description": "Entries"},
+        **responses(*AUTH, ValidationFailed),
+        200: {
+            "content": {"application/json": {}, "text/csv": {}},
+            "description": "The matching entries, as JSON (a page) or CSV (all of them)",
+        },
     },
-    summary="The dataset's ledger (owner's audit view), as JSON or CSV",
+    summary="The dataset's ledger (owner's audit view): filtered, paginated, as JSON or CSV",
 )
 def get_ledger(
     session: SessionDep,
     caller: CurrentCaller,
     dataset_id: str,
     format: Annotated[Literal["json", "csv"], Query()] = "json",
+    entry_type: Annotated[audit.EntryType | None, Query()] = None,
+    principal_id: Annotated[
+        str | None, Query(max_length=64, description="Who caused the entry")
+    ] = None,
+    release_kind: Annotated[
+        str | None, Query(max_length=32, description="The charged release's kind")
+    ] = None,
+    status: Annotated[
+        audit.ReleaseStatus | None, Query(description="The charged release's status now")
+    ] = None,
+    guarantee: Annotated[Literal["strict", "paper"] | None, Query()] = None,
+    order: Annotated[
+        Literal["asc", "desc"], Query(description="By seq: oldest (asc) or newest first")
+    ] = "asc",
+    limit: Annotated[
+        int | None,
+        Query(ge=1, le=1000, description="Page size (JSON only); without it, every entry"),
+    ] = None,
+    offset: Annotated[int, Query(ge=0, description="Entries to skip (JSON only)")] = 0,
 ) -> object:
     service.owned(session, caller=caller, dataset_id=dataset_id)
-    rows = ledger.entries(session, dataset_id=dataset_id)
+    where = audit.LedgerFilter(
+        entry_type=entry_type,
+        principal_id=principal_id,
+        release_kind=release_kind,
+        release_status=status,
+        guarantee=guarantee,
+    )
+    rows = audit.filtered(session, dataset_id=dataset_id, where=where, newest_first=order == "desc")
     if format == "csv":
         return PlainTextResponse(
-            ledger.export_csv(rows),
+            audit.to_csv(rows),
             media_type="text/csv",
             headers={"Content-Disposition": f'attachment; filename="ledger-{dataset_id}.csv"'},
         )
-    return {"dataset_id": dataset_id, "entries": [ledger.entry_view(e) for e in rows]}
+    page = rows[offset:] if limit is None else rows[offset : offset + limit]
+    return LedgerPage(
+        dataset_id=dataset_id,
+        total=len(rows),
+        offset=offset,
+        limit=limit,
+        entries=[LedgerEntryRead.model_validate(r) for r in page],
+    )
 
 
 @router.get(

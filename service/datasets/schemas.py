@@ -289,3 +289,41 @@ class VerificationRead(BaseModel):
     head_hash: str
     first_invalid_seq: int | None
     reason: str | None
+
+
+class LedgerEntryRead(BaseModel):
+    """One ledger entry in the owner's audit view; amounts are exact decimal strings."""
+
+    seq: int
+    entry_type: str = Field(description="create, budget, grant, charge or rows_deleted")
+    created_at: str
+    principal_id: str = Field(description="Who caused the entry (the analyst charged, the owner)")
+    release_id: str | None
+    guarantee: str | None = Field(description="strict or paper, for charges")
+    epsilon: str
+    delta: str
+    epsilon_spent: str
+    delta_spent: str
+    epsilon_total: str
+    delta_total: str
+    idempotency_key: str | None
+    request_hash: str | None
+    details_json: str
+    prev_hash: str
+    row_hash: str
+    release_kind: str | None = Field(
+        default=None, description="The charged release's kind (charges only; not hashed)"
+    )
+    release_status: str | None = Field(
+        default=None,
+        description="The charged release's status now, as GET /v1/releases/{id} shows it "
+        "(charges only; not hashed)",
+    )
+
+
+class LedgerPage(BaseModel):
+    dataset_id: str
+    total: int = Field(description="Entries matching the filters, over all pages")
+    offset: int
+    limit: int | None = Field(description="The page size asked for; null: every entry")
+    entries: list[LedgerEntryRead]

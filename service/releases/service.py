@@ -269,15 +269,23 @@ def listing(session: Session, *, caller: Caller, dataset_id: str) -> list[Releas
     return list(session.execute(query).scalars())
 
 
+def shown_status(release: Release, *, now: float | None = None) -> str:
+    """The status every reader sees: a finished job stays 'running' until its padded
+    completion time (``visible_at``), so no reader learns how long the job really took."""
+    now = time.time() if now is None else now
+    finished = release.status in ("done", "failed")
+    if finished and release.visible_at is not None and now < release.visible_at:
+        return "running"
+    return release.status
+
+
 def view(release: Release, *, cached: bool = False, now: float | None = None) -> ReleaseRead:
     """The client's view. A finished job stays 'running' until its padded completion time."""
-    now = time.time() if now is None else now
-    status, progress, stage = release.status, release.progress, release.stage
+    status, progress, stage = shown_status(release, now=now), release.progress, release.stage
     finished = status in ("done", "failed")
-    if finished and release.visible_at is not None and now < release.visible_at:
-        status, stage = "running", "running"
+    if status != release.status:  # padded: finished, not visible yet
+        stage = "running"
         progress = min(progress, 0.99)
-        finished = False
     error = None
     if finished and status == "failed":
         error = ReleaseError(

@@ -1,0 +1,838 @@
+// The owner console. Calls the service's public HTTP API with the signed-in key, exactly like
+// the CLI and the Python client; it shows only what the API returns to that key.
+//
+// Key handling: the key is kept in sessionStorage (this tab only, gone when the tab closes or on
+// "Sign out") and sent only as "Authorization: Bearer"; never in a URL, a cookie or a form body.
+// No cookie means no ambient credential, so no cross-site request can act with it (no CSRF).
+// Escaping: every value from the API reaches the page through textContent or a DOM property,
+// never parsed as markup; the page's CSP allows no inline script.
+"use strict";
+
+(function () {
+  const KEY_STORAGE = "dp-curator.console.key";
+  const KINDS_OF_VIEW = ["datasets", "budget", "ledger", "releases", "chart"];
+
+  const state = {
+    key: null,
+    me: null,
+    datasets: [],
+    dataset: null, // the selected dataset (DatasetRead)
+    principals: new Map(), // id -> {name, role}, as far as this key may know them
+    grants: [],
+    view: "datasets",
+    ledgerOffset: 0,
+    viewToken: 0,
+    chart: null,
+  };
+
+  // ---- small DOM helpers (text only, never HTML) ---------------------------------------------
+
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(props || {})) {
+      if (value === undefined || value === null) continue;
+      if (name === "className") node.className = value;
+      else if (name === "text") node.textContent = String(value);
+      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, String(value));
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+    return node;
+  }
+
+  function cell(value, className) {
+    return el("td", { className, text: value === null || value === undefined ? "—" : value });
+  }
+
+  function fmtNumber(x) {
+    if (x === null || x === undefined) return "—";
+    const n = Number(x);
+    if (!Number.isFinite(n)) return String(x);
+    if (n !== 0 && Math.abs(n) < 1e-3) return Number(n.toPrecision(3)).toExponential();
+    return String(Number(n.toPrecision(6)));
+  }
+
+  function fmtTime(iso) {
+    if (!iso) return "—";
+    return String(iso).replace("T", " ").replace(/\.\d+/, "").replace("+00:00", "");
+  }
+
+  function principalName(id) {
+    const p = state.principals.get(id);
+    if (p) return p.name;
+    if (state.me && id === state.me.id) return state.me.name;
+    return "principal " + String(id).slice(0, 8);
+  }
+
+  // ---- the API ---------------------------------------------------------------------------------
+
+  class ApiProblem extends Error {
+    constructor(status, body) {
+      super((body && body.title) || "HTTP " + status);
+      this.status = status;
+      this.body = body || { title: "HTTP " + status, status };
+    }
+  }
+
+  async function api(method, path, { body, query, accept } = {}) {
+    const url = new URL(path, window.location.origin);
+    for (const [k, v] of Object.entries(query || {})) {
+      if (v !== "" && v !== null && v !== undefined) url.searchParams.set(k, String(v));
+    }
+    const headers = { Authorization: "Bearer " + state.key, Accept: accept || "application/json" };
+    const init = { method, headers, credentials: "omit", cache: "no-store" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(url, init);
+    } catch (err) {
+      throw new ApiProblem(0, { title: "The service cannot be reached", detail: String(err) });
+    }
+    if (!response.ok) {
+      let problem = null;
+      try {
+        problem = await response.json();
+      } catch (_) {
+        problem = { title: response.statusText || "HTTP " + response.status };
+      }
+      if (typeof problem !== "object" || problem === null) problem = { title: String(problem) };
+      problem.status = problem.status || response.status;
+      throw new ApiProblem(response.status, problem);
+    }
+    if (response.status === 204) return null;
+    if ((accept || "").startsWith("text/")) return response.text();
+    return response.json();
+  }
+
+  // ---- messages --------------------------------------------------------------------------------
+
+  function renderProblem(target, err) {
+    clear(target);
+    const body = err instanceof ApiProblem ? err.body : { title: String(err) };
+    const status = err instanceof ApiProblem && err.status ? " (" + err.status + ")" : "";
+    target.append(el("div", { className: "title", text: (body.title || "Error") + status }));
+    if (body.detail) target.append(el("div", { className: "detail", text: body.detail }));
+    if (Array.isArray(body.errors) && body.errors.length) {
+      const list = el("ul");
+      for (const e of body.errors) {
+        const where = e && e.pointer ? e.pointer + ": " : "";
+        list.append(el("li", { text: where + (e && e.detail ? e.detail : "") }));
+      }
+      target.append(list);
+    }
+    if (body.type) {
+      target.append(el("div", { className: "help" }, "Problem type: ", el("code", { text: body.type })));
+    }
+    target.hidden = false;
+  }
+
+  function showProblem(err) {
+    hideNotice();
+    renderProblem($("problem"), err);
+  }
+
+  function hideProblem() {
+    $("problem").hidden = true;
+    clear($("problem"));
+  }
+
+  function showNotice(text, { focus } = {}) {
+    $("notice").textContent = text;
+    $("notice").hidden = false;
+    if (focus) $("notice").focus();
+  }
+
+  function hideNotice() {
+    $("notice").hidden = true;
+    $("notice").textContent = "";
+  }
+
+  // A modal confirmation (native <dialog>: focus is trapped, Escape cancels).
+  function confirmAction(title, text, okLabel) {
+    const dialog = $("confirm");
+    $("confirm-title").textContent = title;
+    $("confirm-text").textContent = text;
+    $("confirm-ok").textContent = okLabel || "Confirm";
+    return new Promise((resolve) => {
+      const done = (answer) => {
+        $("confirm-ok").removeEventListener("click", ok);
+        $("confirm-cancel").removeEventListener("click", cancel);
+        dialog.removeEventListener("cancel", cancel);
+        if (dialog.open) dialog.close();
+        resolve(answer);
+      };
+      const ok = () => done(true);
+      const cancel = (event) => {
+        if (event) event.preventDefault();
+        done(false);
+      };
+      $("confirm-ok").addEventListener("click", ok);
+      $("confirm-cancel").addEventListener("click", cancel);
+      dialog.addEventListener("cancel", cancel);
+      dialog.showModal();
+      $("confirm-cancel").focus();
+    });
+  }
+
+  // ---- sign-in ---------------------------------------------------------------------------------
+
+  async function signIn(key, { quiet } = {}) {
+    state.key = key;
+    try {
+      state.me = await api("GET", "/v1/principals/me");
+    } catch (err) {
+      state.key = null;
+      sessionStorage.removeItem(KEY_STORAGE);
+      if (!quiet) {
+        const body = err instanceof ApiProblem ? err.body : { title: String(err) };
+        const title = err.status === 401 ? "Sign-in failed: this API key is not valid" : "Sign-in failed";
+        renderProblem($("signin-error"), new ApiProblem(err.status, { ...body, title }));
+      }
+      showSignIn();
+      return;
+    }
+    sessionStorage.setItem(KEY_STORAGE, key);
+    $("api-key").value = "";
+    $("signin-error").hidden = true;
+    $("whoami-name").textContent = state.me.name;
+    $("whoami-role").textContent = state.me.role;
+    $("whoami").hidden = false;
+    $("signin").hidden = true;
+    $("app").hidden = false;
+    document.body.dataset.role = state.me.role;
+    await loadPrincipals();
+    await loadDatasets();
+  }
+
+  function signOut() {
+    sessionStorage.removeItem(KEY_STORAGE);
+    state.key = null;
+    state.me = null;
+    state.dataset = null;
+    state.datasets = [];
+    state.principals = new Map();
+    if (state.chart) {
+      state.chart.destroy();
+      state.chart = null;
+    }
+    delete document.body.dataset.role;
+    $("whoami").hidden = true;
+    $("app").hidden = true;
+    hideProblem();
+    hideNotice();
+    showSignIn();
+  }
+
+  function showSignIn() {
+    $("whoami").hidden = true;
+    $("app").hidden = true;
+    $("signin").hidden = false;
+    $("api-key").focus();
+  }
+
+  // ---- data loading ----------------------------------------------------------------------------
+
+  async function loadPrincipals() {
+    state.principals = new Map();
+    if (state.me.role !== "owner" && state.me.role !== "admin") return;
+    try {
+      for (const p of await api("GET", "/v1/principals")) {
+        state.principals.set(p.id, { name: p.name, role: p.role });
+      }
+    } catch (err) {
+      showProblem(err);
+    }
+  }
+
+  async function loadDatasets(selectId) {
+    try {
+      state.datasets = await api("GET", "/v1/datasets");
+    } catch (err) {
+      return handleError(err);
+    }
+    const select = clear($("dataset-select"));
+    for (const d of state.datasets) select.append(el("option", { value: d.id, text: d.name }));
+    $("no-datasets").hidden = state.datasets.length > 0;
+    select.disabled = state.datasets.length === 0;
+    const wanted = selectId || (state.dataset && state.dataset.id);
+    const chosen = state.datasets.find((d) => d.id === wanted) || state.datasets[0] || null;
+    if (chosen) select.value = chosen.id;
+    await selectDataset(chosen);
+  }
+
+  function isOwner() {
+    return Boolean(state.me && state.dataset && state.dataset.owner_id === state.me.id);
+  }
+
+  async function selectDataset(dataset) {
+    state.dataset = dataset;
+    state.ledgerOffset = 0;
+    state.grants = [];
+    for (const node of document.querySelectorAll("[data-owner-only]")) node.hidden = !isOwner();
+    renderDatasets();
+    if (!isOwner() && state.view === "ledger") state.view = "datasets";
+    $("chain").hidden = true;
+    if (isOwner()) await verifyChain();
+    await showView(state.view, { focus: false });
+  }
+
+  async function refreshDataset() {
+    const fresh = await api("GET", "/v1/datasets/" + encodeURIComponent(state.dataset.id));
+    state.datasets = state.datasets.map((d) => (d.id === fresh.id ? fresh : d));
+    state.dataset = fresh;
+    renderDatasets();
+  }
+
+  function handleError(err) {
+    if (err instanceof ApiProblem && err.status === 401) {
+      signOut();
+      renderProblem($("signin-error"), new ApiProblem(401, { ...err.body, title: "Signed out: the API key is no longer valid" }));
+      return;
+    }
+    showProblem(err);
+  }
+
+  // ---- views -----------------------------------------------------------------------------------
+
+  async function showView(view, { focus } = { focus: true }) {
+    if (!KINDS_OF_VIEW.includes(view)) view = "datasets";
+    if (view === "ledger" && !isOwner()) view = "datasets";
+    state.view = view;
+    const token = ++state.viewToken; // a later showView wins over one still loading
+    for (const button of document.querySelectorAll("#views button")) {
+      if (button.dataset.view === view) button.setAttribute("aria-current", "page");
+      else button.removeAttribute("aria-current");
+    }
+    for (const name of KINDS_OF_VIEW) $("view-" + name).hidden = name !== view;
+    if (!state.dataset && view !== "datasets") {
+      $("view-" + view).hidden = true;
+      $("view-datasets").hidden = false;
+    }
+    try {
+      if (state.dataset) {
+        if (view === "budget") await renderBudget();
+        if (view === "ledger") await renderLedger();
+        if (view === "releases") await renderReleases();
+        if (view === "chart") await renderChart();
+      }
+    } catch (err) {
+      if (token === state.viewToken) handleError(err);
+    }
+    if (focus && token === state.viewToken) {
+      const heading = document.querySelector("#view-" + view + " h1");
+      if (heading) heading.focus();
+    }
+  }
+
+  function renderDatasets() {
+    const body = clear($("datasets-table").querySelector("tbody"));
+    for (const d of state.datasets) {
+      const b = d.budget;
+      const row = el(
+        "tr",
+        { "aria-selected": state.dataset && d.id === state.dataset.id ? "true" : "false" },
+        el("td", {}, el("button", { type: "button", className: "link", text: d.name, onclick: () => chooseDataset(d.id) })),
+        cell(d.n, "num"),
+        cell(d.status),
+        cell(d.version, "num"),
+        cell(b.is_set ? fmtNumber(b.epsilon_spent) + " / " + fmtNumber(b.epsilon_total) : "not set", "num"),
+        cell(b.is_set ? fmtNumber(b.delta_spent) + " / " + fmtNumber(b.delta_total) : "not set", "num"),
+        cell(d.allow_paper_mode ? "allowed" : "forbidden"),
+        cell(fmtTime(d.created_at)),
+      );
+      body.append(row);
+    }
+    renderSchema();
+  }
+
+  function renderSchema() {
+    const body = clear($("schema-table").querySelector("tbody"));
+    const d = state.dataset;
+    $("schema-title").textContent = d ? "Public schema of " + d.name : "Public schema";
+    if (!d) {
+      $("schema-summary").textContent = "";
+      return;
+    }
+    const s = d.schema || {};
+    const parts = [];
+    if (s.treatment) parts.push("treatment: " + s.treatment.name);
+    if (s.outcome) parts.push("outcome: " + s.outcome.name + " in [" + s.outcome.lower + ", " + s.outcome.upper + "]");
+    if (s.design) parts.push("design: " + s.design);
+    if (s.treatment_probability !== undefined && s.treatment_probability !== null) {
+      parts.push("treatment probability: " + s.treatment_probability);
+    }
+    parts.push("rows (n): " + d.n);
+    parts.push("schema hash: " + String(d.schema_hash).slice(0, 16) + "…");
+    $("schema-summary").textContent = parts.join(" · ");
+    for (const c of s.covariates || []) {
+      let range = "—";
+      if (Array.isArray(c.codes) && c.codes.length) range = "codes " + c.codes.join(", ");
+      else if (c.lower != null && c.upper != null) range = "[" + c.lower + ", " + c.upper + "]";
+      body.append(el("tr", {}, cell(c.name), cell(c.type || "numeric"), cell(range)));
+    }
+  }
+
+  function chooseDataset(id) {
+    $("dataset-select").value = id;
+    const d = state.datasets.find((x) => x.id === id) || null;
+    hideProblem();
+    hideNotice();
+    selectDataset(d);
+  }
+
+  function gauge(kind, spent, total, isSet) {
+    const meter = $("meter-" + kind);
+    const text = $("gauge-" + kind + "-text");
+    if (!isSet) {
+      meter.max = 1;
+      meter.value = 0;
+      text.textContent = "No budget set yet: no release can be charged.";
+      return;
+    }
+    meter.max = total > 0 ? total : 1;
+    meter.value = Math.min(spent, meter.max);
+    meter.high = meter.max * 0.8;
+    meter.optimum = 0;
+    meter.low = meter.max * 0.5;
+    const left = Math.max(0, total - spent);
+    text.textContent = "spent " + fmtNumber(spent) + " of " + fmtNumber(total) + " · remaining " + fmtNumber(left);
+  }
+
+  function capCell(spent, cap) {
+    if (cap === null || cap === undefined) return el("td", { className: "num", text: fmtNumber(spent) + " / no cap" });
+    const meter = el("meter", { min: "0", max: String(cap > 0 ? cap : 1), value: String(Math.min(spent, cap)), "aria-label": "spent of cap" });
+    return el("td", { className: "num cap" }, fmtNumber(spent) + " / " + fmtNumber(cap), meter);
+  }
+
+  async function renderBudget() {
+    await refreshDataset();
+    const b = state.dataset.budget;
+    gauge("epsilon", b.epsilon_spent, b.epsilon_total, b.is_set);
+    gauge("delta", b.delta_spent, b.delta_total, b.is_set);
+    $("budget-paper").textContent =
+      "Of the ε spent, " + fmtNumber(b.epsilon_spent_paper) + " was charged by paper-mode releases. Paper mode is " +
+      (state.dataset.allow_paper_mode ? "allowed" : "forbidden") + " on this dataset.";
+    try {
+      state.grants = await api("GET", datasetPath("/grants"));
+    } catch (err) {
+      // The admin may read a dataset but not its grants (owner and grantees only).
+      if (!(err instanceof ApiProblem && err.status === 403)) throw err;
+      state.grants = [];
+    }
+    const body = clear($("grants-table").querySelector("tbody"));
+    for (const g of state.grants) {
+      const row = el(
+        "tr",
+        { className: g.revoked ? "state-revoked" : "" },
+        cell(principalName(g.principal_id)),
+        capCell(g.epsilon_spent, g.epsilon_cap),
+        capCell(g.delta_spent, g.delta_cap),
+        cell(g.revoked ? "revoked" : "active"),
+        cell(fmtTime(g.created_at)),
+      );
+      if (isOwner()) {
+        const name = principalName(g.principal_id);
+        row.append(
+          el(
+            "td",
+            {},
+            el("button", { type: "button", text: "Change cap", "aria-label": "Change cap of " + name, onclick: () => prefillGrant(g) }),
+            " ",
+            g.revoked
+              ? null
+              : el("button", { type: "button", className: "danger", text: "Revoke", "aria-label": "Revoke grant of " + name, onclick: () => revokeGrant(g) }),
+          ),
+        );
+      }
+      body.append(row);
+    }
+    $("no-grants").hidden = state.grants.length > 0;
+    if (isOwner()) {
+      $("budget-epsilon").value = b.is_set ? String(b.epsilon_total) : "";
+      $("budget-delta").value = b.is_set ? String(b.delta_total) : "";
+      $("paper-allowed").checked = Boolean(state.dataset.allow_paper_mode);
+      const select = clear($("grant-principal"));
+      for (const [id, p] of state.principals) {
+        if (p.role === "analyst" || p.role === "client") {
+          select.append(el("option", { value: id, text: p.name + " (" + p.role + ")" }));
+        }
+      }
+    }
+  }
+
+  function prefillGrant(grant) {
+    $("grant-principal").value = grant.principal_id;
+    $("grant-epsilon").value = grant.epsilon_cap === null ? "" : String(grant.epsilon_cap);
+    $("grant-delta").value = grant.delta_cap === null ? "" : String(grant.delta_cap);
+    $("grant-epsilon").focus();
+  }
+
+  function numberOrNull(input) {
+    const raw = input.value.trim();
+    if (raw === "") return null;
+    const n = Number(raw);
+    return Number.isFinite(n) ? n : raw; // the API's 422 explains anything else
+  }
+
+  async function act(title, text, okLabel, call, done) {
+    hideProblem();
+    hideNotice();
+    if (!(await confirmAction(title, text, okLabel))) return;
+    try {
+      await call();
+    } catch (err) {
+      handleError(err);
+      $("problem").focus();
+      return;
+    }
+    await loadDatasets(state.dataset.id);
+    showNotice(done, { focus: true }); // the acting button may have been re-rendered away
+  }
+
+  function datasetPath(suffix) {
+    return "/v1/datasets/" + encodeURIComponent(state.dataset.id) + (suffix || "");
+  }
+
+  function onBudgetSubmit(event) {
+    event.preventDefault();
+    const eps = numberOrNull($("budget-epsilon"));
+    const dlt = numberOrNull($("budget-delta"));
+    act(
+      "Set the budget?",
+      "Set the privacy budget of “" + state.dataset.name + "” to ε = " + eps + ", δ = " + dlt +
+        ". Every change is recorded in the ledger; the total can never drop below what is spent.",
+      "Set budget",
+      () => api("PUT", datasetPath("/budget"), { body: { epsilon_total: eps, delta_total: dlt } }),
+      "Budget set to ε = " + eps + ", δ = " + dlt + ".",
+    );
+  }
+
+  function onGrantSubmit(event) {
+    event.preventDefault();
+    const id = $("grant-principal").value;
+    const eps = numberOrNull($("grant-epsilon"));
+    const dlt = numberOrNull($("grant-delta"));
+    const body = {};
+    if (eps !== null) body.epsilon_cap = eps;
+    if (dlt !== null) body.delta_cap = dlt;
+    const caps = (eps === null ? "no ε cap" : "ε cap " + eps) + ", " + (dlt === null ? "no δ cap" : "δ cap " + dlt);
+    act(
+      "Grant access?",
+      "Grant " + principalName(id) + " access to “" + state.dataset.name + "” with " + caps + ".",
+      "Grant",
+      () => api("PUT", datasetPath("/grants/" + encodeURIComponent(id)), { body }),
+      "Granted " + principalName(id) + " (" + caps + ").",
+    );
+  }
+
+  function revokeGrant(grant) {
+    const name = principalName(grant.principal_id);
+    act(
+      "Revoke the grant?",
+      "Revoke " + name + "’s access to “" + state.dataset.name + "”. What they spent stays spent.",
+      "Revoke",
+      () => api("DELETE", datasetPath("/grants/" + encodeURIComponent(grant.principal_id))),
+      "Revoked the grant of " + name + ".",
+    );
+  }
+
+  function onPaperSubmit(event) {
+    event.preventDefault();
+    const allow = $("paper-allowed").checked;
+    act(
+      allow ? "Allow paper mode?" : "Forbid paper mode?",
+      (allow ? "Allow" : "Forbid") + " paper-mode releases on “" + state.dataset.name + "”.",
+      allow ? "Allow paper mode" : "Forbid paper mode",
+      () => api("PATCH", datasetPath(), { body: { allow_paper_mode: allow } }),
+      "Paper mode is now " + (allow ? "allowed" : "forbidden") + ".",
+    );
+  }
+
+  // ---- ledger ------------------------------------------------------------------------------------
+
+  async function verifyChain() {
+    const box = $("chain");
+    let v;
+    try {
+      v = await api("GET", datasetPath("/ledger/verify"));
+    } catch (err) {
+      handleError(err);
+      return;
+    }
+    clear(box);
+    box.className = "chain " + (v.valid ? "ok" : "bad");
+    box.dataset.valid = v.valid ? "true" : "false";
+    if (v.valid) {
+      box.append("✔ Ledger hash chain verified: " + v.entries + " entries intact.");
+      box.append(el("span", { className: "detail", text: "Head hash " + v.head_hash }));
+    } else {
+      box.append("✘ Ledger verification FAILED" + (v.first_invalid_seq ? " at entry " + v.first_invalid_seq : "") + ": " + (v.reason || "unknown reason") + ".");
+      box.append(el("span", { className: "detail", text: "The ledger was altered outside the service. Export it and contact the operator; " + v.entries + " entries were checked." }));
+    }
+    box.hidden = false;
+  }
+
+  function ledgerQuery() {
+    return {
+      principal_id: $("f-principal").value,
+      entry_type: $("f-type").value,
+      release_kind: $("f-kind").value,
+      status: $("f-status").value,
+      guarantee: $("f-guarantee").value,
+    };
+  }
+
+  function fillPrincipalFilter() {
+    const select = $("f-principal");
+    const current = select.value;
+    clear(select).append(el("option", { value: "", text: "any" }));
+    // Only the owner and the grantees (revoked ones too) can appear in this dataset's ledger.
+    const ids = new Set([state.dataset.owner_id, ...state.grants.map((g) => g.principal_id)]);
+    for (const id of ids) select.append(el("option", { value: id, text: principalName(id) }));
+    select.value = current;
+  }
+
+  async function renderLedger() {
+    if (!state.grants.length) {
+      state.grants = await api("GET", datasetPath("/grants"));
+    }
+    fillPrincipalFilter();
+    const size = Number($("f-size").value);
+    const page = await api("GET", datasetPath("/ledger"), {
+      query: { ...ledgerQuery(), order: "desc", limit: size, offset: state.ledgerOffset },
+    });
+    const body = clear($("ledger-table").querySelector("tbody"));
+    for (const e of page.entries) {
+      const hash = e.request_hash ? el("code", { title: e.request_hash, text: e.request_hash.slice(0, 12) + "…" }) : "—";
+      body.append(
+        el(
+          "tr",
+          {},
+          cell(e.seq, "num"),
+          cell(fmtTime(e.created_at)),
+          cell(principalName(e.principal_id)),
+          cell(e.entry_type),
+          cell(e.release_kind),
+          cell(e.guarantee),
+          cell(e.epsilon, "num"),
+          cell(e.delta, "num"),
+          cell(e.release_status),
+          el("td", {}, hash),
+        ),
+      );
+    }
+    const first = page.total === 0 ? 0 : page.offset + 1;
+    const last = page.offset + page.entries.length;
+    $("page-info").textContent = "Entries " + first + "–" + last + " of " + page.total;
+    $("page-prev").disabled = page.offset === 0;
+    $("page-next").disabled = last >= page.total;
+  }
+
+  async function exportCsv() {
+    hideProblem();
+    let text;
+    try {
+      text = await api("GET", datasetPath("/ledger"), { query: { ...ledgerQuery(), format: "csv" }, accept: "text/csv" });
+    } catch (err) {
+      handleError(err);
+      return;
+    }
+    const blob = new Blob([text], { type: "text/csv" });
+    const url = URL.createObjectURL(blob);
+    const link = el("a", { href: url, download: "ledger-" + state.dataset.id + ".csv" });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+    showNotice("Exported the ledger as CSV (with the filters applied).");
+  }
+
+  // ---- releases ----------------------------------------------------------------------------------
+
+  function valueText(value) {
+    if (Array.isArray(value)) {
+      const shown = value.slice(0, 6).map((v) => (typeof v === "number" ? fmtNumber(v) : JSON.stringify(v)));
+      return "[" + shown.join(", ") + (value.length > 6 ? ", … (" + value.length + " values)" : "") + "]";
+    }
+    if (typeof value === "number") return fmtNumber(value);
+    if (value !== null && typeof value === "object") {
+      const json = JSON.stringify(value);
+      return json.length > 160 ? json.slice(0, 160) + "…" : json;
+    }
+    return String(value);
+  }
+
+  function releasedValues(release) {
+    if (release.status === "failed" && release.error) return el("td", { className: "values", text: release.error.title });
+    if (!release.result) return el("td", { className: "values", text: "not yet released" });
+    // The headline values first; every other released value one click away (<details>).
+    const entries = Object.entries(release.result);
+    const list = (pairs) => {
+      const dl = el("dl");
+      for (const [name, value] of pairs) dl.append(el("dt", { text: name }), el("dd", { text: valueText(value) }));
+      return dl;
+    };
+    const td = el("td", { className: "values" }, list(entries.slice(0, 5)));
+    if (entries.length > 5) {
+      td.append(el("details", {}, el("summary", { text: "all " + entries.length + " released values" }), list(entries.slice(5))));
+    }
+    return td;
+  }
+
+  async function renderReleases() {
+    // Analysts may read every release of a dataset granted to them (DP outputs); by default
+    // the console shows their own, and all of them on request.
+    const analyst = state.me.role === "analyst";
+    $("mine-only-row").hidden = !analyst;
+    let releases = await api("GET", datasetPath("/releases"));
+    if (analyst && $("mine-only").checked) releases = releases.filter((r) => r.principal_id === state.me.id);
+    const body = clear($("releases-table").querySelector("tbody"));
+    for (const r of releases.slice().reverse()) {
+      body.append(
+        el(
+          "tr",
+          {},
+          cell(fmtTime(r.created_at)),
+          cell(principalName(r.principal_id)),
+          cell(r.kind),
+          cell(r.guarantee),
+          cell(fmtNumber(r.epsilon), "num"),
+          cell(fmtNumber(r.delta), "num"),
+          cell(r.status),
+          releasedValues(r),
+        ),
+      );
+    }
+    $("no-releases").hidden = releases.length > 0;
+  }
+
+  // ---- chart: cumulative epsilon spent over time, per analyst -----------------------------------
+
+  const COLOURS = ["#0b5cad", "#c2410c", "#15803d", "#7c3aed", "#b91c1c", "#0e7490", "#a16207", "#be185d"];
+
+  async function spendEvents() {
+    // Owner: every charge in the ledger. Others: their own releases (the API's view of them).
+    if (isOwner()) {
+      const page = await api("GET", datasetPath("/ledger"), { query: { entry_type: "charge" } });
+      return page.entries.map((e) => ({ who: e.principal_id, at: e.created_at, epsilon: Number(e.epsilon) }));
+    }
+    const releases = await api("GET", datasetPath("/releases"));
+    return releases
+      .filter((r) => r.principal_id === state.me.id)
+      .map((r) => ({ who: r.principal_id, at: r.created_at, epsilon: Number(r.epsilon) }));
+  }
+
+  async function renderChart() {
+    const events = await spendEvents();
+    events.sort((a, b) => (a.at < b.at ? -1 : a.at > b.at ? 1 : 0));
+    const series = new Map();
+    for (const e of events) {
+      const s = series.get(e.who) || { points: [], total: 0, count: 0, last: null };
+      s.total += e.epsilon;
+      s.count += 1;
+      s.last = e.at;
+      s.points.push({ x: Date.parse(e.at), y: s.total });
+      series.set(e.who, s);
+    }
+    const body = clear($("spend-table").querySelector("tbody"));
+    for (const [who, s] of series) {
+      body.append(el("tr", {}, cell(principalName(who)), cell(s.count, "num"), cell(fmtNumber(s.total), "num"), cell(fmtTime(s.last))));
+    }
+    if (series.size === 0) body.append(el("tr", {}, el("td", { colspan: "4", text: "No charges yet." })));
+    // Each line starts at 0 when the dataset was created and runs on to now.
+    const start = Date.parse(state.dataset.created_at);
+    const end = Date.now();
+    const datasets = [...series].map(([who, s], i) => ({
+      label: principalName(who),
+      data: [{ x: start, y: 0 }, ...s.points, { x: end, y: s.total }],
+      stepped: "before",
+      borderColor: COLOURS[i % COLOURS.length],
+      backgroundColor: COLOURS[i % COLOURS.length],
+      pointRadius: (ctx) => (ctx.dataIndex === 0 || ctx.dataIndex === s.points.length + 1 ? 0 : 3),
+    }));
+    if (state.chart) state.chart.destroy();
+    if (!window.Chart) return;
+    const b = state.dataset.budget;
+    state.chart = new window.Chart($("spend-chart"), {
+      type: "line",
+      data: { datasets },
+      options: {
+        animation: false,
+        maintainAspectRatio: false,
+        parsing: false,
+        scales: {
+          x: { type: "linear", title: { display: true, text: "time (UTC)" }, ticks: { callback: (v) => fmtTime(new Date(v).toISOString()).slice(5, 19), maxTicksLimit: 8 } },
+          y: { beginAtZero: true, suggestedMax: b && b.is_set ? b.epsilon_total : undefined, title: { display: true, text: "cumulative ε spent" } },
+        },
+        plugins: {
+          legend: { position: "bottom" },
+          tooltip: { callbacks: { title: (items) => (items.length ? fmtTime(new Date(items[0].parsed.x).toISOString()) : "") } },
+        },
+      },
+    });
+  }
+
+  // ---- wiring ------------------------------------------------------------------------------------
+
+  function wire() {
+    $("signin-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const key = $("api-key").value.trim();
+      if (!key) {
+        renderProblem($("signin-error"), new ApiProblem(0, { title: "Enter your API key" }));
+        $("api-key").focus();
+        return;
+      }
+      signIn(key);
+    });
+    $("sign-out").addEventListener("click", signOut);
+    $("dataset-select").addEventListener("change", (event) => chooseDataset(event.target.value));
+    for (const button of document.querySelectorAll("#views button")) {
+      button.addEventListener("click", () => {
+        hideProblem();
+        hideNotice();
+        showView(button.dataset.view);
+      });
+    }
+    $("budget-form").addEventListener("submit", onBudgetSubmit);
+    $("grant-form").addEventListener("submit", onGrantSubmit);
+    $("paper-form").addEventListener("submit", onPaperSubmit);
+    $("ledger-filters").addEventListener("submit", (event) => {
+      event.preventDefault();
+      state.ledgerOffset = 0;
+      hideProblem();
+      renderLedger().catch(handleError);
+    });
+    $("export-csv").addEventListener("click", exportCsv);
+    $("mine-only").addEventListener("change", () => renderReleases().catch(handleError));
+    $("verify-again").addEventListener("click", () => verifyChain());
+    $("page-prev").addEventListener("click", () => {
+      state.ledgerOffset = Math.max(0, state.ledgerOffset - Number($("f-size").value));
+      renderLedger().catch(handleError);
+    });
+    $("page-next").addEventListener("click", () => {
+      state.ledgerOffset += Number($("f-size").value);
+      renderLedger().catch(handleError);
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    wire();
+    const saved = sessionStorage.getItem(KEY_STORAGE);
+    if (saved) signIn(saved, { quiet: true });
+    else showSignIn();
+  });
+})();

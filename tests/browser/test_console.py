@@ -1,0 +1,345 @@
+"""The owner console in headless Chromium against a live server: an owner audits and governs a
+dataset (gauge, ledger filters, chain verification, CSV export, grant, revoke, paper mode, a
+problem shown readably), an analyst and a client see no owner actions, a wrong key gets a clear
+sign-in error, and a ledger row altered in the database shows as a failed verification."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.browser.conftest import Live, Watch, auth, make_study, upload_dataset
+from tests.conftest import ADMIN_KEY
+
+SQLITE_ONLY = pytest.mark.parametrize("live", ["sqlite"], indirect=True)
+
+
+def expect(locator: Any) -> Any:
+    from playwright.sync_api import expect as pw_expect
+
+    return pw_expect(locator)
+
+
+def sign_in(page: Any, base: str, key: str) -> None:
+    page.goto(f"{base}/console")
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
+
+
+def view(page: Any, name: str) -> None:
+    page.locator("#views").get_by_role("button", name=name).click()
+
+
+def confirm(page: Any) -> None:
+    dialog = page.locator("dialog#confirm")
+    expect(dialog).to_be_visible()
+    dialog.get_by_role("button", name=re.compile(r"^(?!Cancel)")).click()
+    expect(dialog).to_be_hidden()
+
+
+def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Path) -> None:
+    study = make_study(live.base, None)  # the module's first study: plain names
+    sign_in(page, live.base, study.owner["api_key"])
+    expect(page.locator("#whoami-name")).to_have_text(study.owner["name"])
+    assert study.owner["api_key"] not in page.url
+    # The chain's verification, prominently above every view.
+    chain = page.locator("#chain")
+    expect(chain).to_contain_text("Ledger hash chain verified: 7 entries intact")
+    expect(chain).to_have_attribute("data-valid", "true")
+
+    # Datasets: the public schema and the row count.
+    datasets = page.locator("#datasets-table")
+    expect(datasets).to_contain_text(study.dataset["name"])
+    expect(datasets.locator("tbody tr").first.locator("td").nth(1)).to_have_text("600")
+    expect(page.locator("#schema-table")).to_contain_text("severity")
+    expect(page.locator("#schema-summary")).to_contain_text("treatment: treated")
+    page.screenshot(path=shots / "datasets.png", full_page=True)
+
+    # Budget gauge and per-analyst spend against caps.
+    view(page, "Budget & grants")
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
+    assert page.locator("#meter-epsilon").get_attribute("value") == "2.5"
+    expect(page.locator("#gauge-delta-text")).to_have_text("spent 3e-5 of 1e-4 · remaining 7e-5")
+    grants = page.locator("#grants-table tbody")
+    expect(grants.locator("tr")).to_have_count(2)
+    capped = grants.locator("tr", has_text=study.analyst["name"])
+    expect(capped).to_contain_text("1.5 / 2")
+    expect(grants.locator("tr", has_text=study.second["name"])).to_contain_text("1 / no cap")
+
+    # Grant the client, change the analyst's cap, revoke the second analyst: each confirmed.
+    page.get_by_label("Analyst or client").select_option(study.client["id"])
+    page.get_by_role("button", name="Grant…").click()
+    confirm(page)
+    expect(page.locator("#notice")).to_contain_text(f"Granted {study.client['name']}")
+    expect(grants.locator("tr")).to_have_count(3)
+    capped.get_by_role("button", name="Change cap").click()
+    expect(page.get_by_label("ε cap (optional)")).to_be_focused()
+    page.get_by_label("ε cap (optional)").fill("3")
+    page.get_by_role("button", name="Grant…").click()
+    confirm(page)
+    expect(grants.locator("tr", has_text=study.analyst["name"])).to_contain_text("1.5 / 3")
+    grants.locator("tr", has_text=study.second["name"]).get_by_role("button", name="Revoke").click()
+    expect(page.locator("#confirm-text")).to_contain_text("What they spent stays spent")
+    confirm(page)
+    expect(grants.locator("tr", has_text=study.second["name"])).to_contain_text("revoked")
+    # Cancelling a confirmation does nothing.
+    page.get_by_label("ε total").fill("6")
+    page.get_by_role("button", name="Set budget…").click()
+    page.locator("dialog#confirm").get_by_role("button", name="Cancel").click()
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
+    # Raise the budget.
+    page.get_by_label("ε total").fill("8")
+    page.get_by_role("button", name="Set budget…").click()
+    confirm(page)
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 8 · remaining 5.5")
+    # The API's problem+json, readably: a budget below what is spent.
+    page.get_by_label("ε total").fill("1")
+    page.get_by_role("button", name="Set budget…").click()
+    confirm(page)
+    problem = page.locator("#problem")
+    expect(problem).to_be_visible()
+    expect(problem).to_contain_text("(409)")
+    expect(problem).to_contain_text("budget-below-spent")
+    # Paper mode, allowed then shown in the datasets table.
+    page.get_by_label("Allow paper-mode releases on this dataset").check()
+    page.get_by_role("button", name="Save paper mode…").click()
+    confirm(page)
+    expect(page.locator("#notice")).to_contain_text("Paper mode is now allowed")
+    expect(page.locator("#budget-paper")).to_contain_text("Paper mode is allowed")
+    page.screenshot(path=shots / "budget.png", full_page=True)
+
+    # The ledger: filter, page, export.
+    view(page, "Ledger")
+    # Four more entries: the client's grant, the new cap, the revocation, the raised budget
+    # (the refused budget wrote none; paper mode is a setting of the dataset, not a charge).
+    expect(chain).to_contain_text("11 entries intact")
+    rows = page.locator("#ledger-table tbody tr")
+    expect(page.locator("#page-info")).to_have_text("Entries 1–11 of 11")
+    page.get_by_label("Entry").select_option("charge")
+    page.get_by_role("button", name="Apply filters").click()
+    expect(rows).to_have_count(3)
+    expect(rows.first).to_contain_text("ate")
+    expect(rows.first).to_contain_text("done")
+    expect(rows.first).to_contain_text("strict")
+    page.get_by_label("Guarantee").select_option("paper")
+    page.get_by_role("button", name="Apply filters").click()
+    expect(rows).to_have_count(0)
+    expect(page.locator("#page-info")).to_have_text("Entries 0–0 of 0")
+    page.get_by_label("Guarantee").select_option("strict")
+    page.get_by_label("Principal").select_option(study.analyst["id"])
+    page.get_by_role("button", name="Apply filters").click()
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text(study.analyst["name"])
+    hash_cell = rows.first.locator("code")
+    assert len(hash_cell.get_attribute("title") or "") == 64
+    with page.expect_download() as download_info:
+        page.get_by_role("button", name="Export CSV").click()
+    exported = Path(download_info.value.path()).read_text()
+    lines = list(csv.DictReader(io.StringIO(exported)))
+    assert [r["principal_id"] for r in lines] == [study.analyst["id"]] * 2
+    assert lines[0]["entry_type"] == "charge"
+    # Pages of 5, newest first.
+    page.get_by_label("Principal").select_option("")
+    page.get_by_label("Entry").select_option("")
+    page.get_by_label("Guarantee").select_option("")
+    page.get_by_label("Per page").select_option("5")
+    page.get_by_role("button", name="Apply filters").click()
+    expect(rows).to_have_count(5)
+    expect(rows.first.locator("td").first).to_have_text("11")
+    expect(page.get_by_role("button", name="Previous page")).to_be_disabled()
+    page.get_by_role("button", name="Next page").click()
+    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 11")
+    expect(rows.first.locator("td").first).to_have_text("6")
+    page.get_by_role("button", name="Next page").click()
+    expect(page.locator("#page-info")).to_have_text("Entries 11–11 of 11")
+    expect(page.get_by_role("button", name="Next page")).to_be_disabled()
+    page.get_by_role("button", name="Previous page").click()
+    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 11")
+    page.get_by_label("Per page").select_option("25")
+    page.get_by_role("button", name="Apply filters").click()
+    page.screenshot(path=shots / "ledger.png", full_page=True)
+
+    # Releases with their released values.
+    view(page, "Releases")
+    releases = page.locator("#releases-table tbody tr")
+    expect(releases).to_have_count(3)
+    expect(releases.first).to_contain_text("estimate")
+    expect(releases.first).to_contain_text("strict")
+    page.screenshot(path=shots / "releases.png", full_page=True)
+
+    # Cumulative epsilon per analyst.
+    view(page, "Spending chart")
+    spend = page.locator("#spend-table tbody tr")
+    expect(spend).to_have_count(2)
+    expect(spend.filter(has_text=study.analyst["name"])).to_contain_text("1.5")
+    assert page.evaluate("() => document.getElementById('spend-chart').width > 0")
+    page.screenshot(path=shots / "chart.png", full_page=True)
+
+    # The key stays out of URLs and cookies; signing out forgets it.
+    assert page.context.cookies() == []
+    assert page.evaluate("() => sessionStorage.length") == 1
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_label("API key")).to_be_visible()
+    assert page.evaluate("() => sessionStorage.length") == 0
+    watch.assert_clean()
+
+
+@SQLITE_ONLY
+def test_analyst_and_client_see_no_owner_actions(
+    page: Any, live: Live, watch: Watch, shots: Path
+) -> None:
+    study = make_study(live.base, "analyst")
+    httpx.put(
+        f"{live.base}/v1/datasets/{study.dataset['id']}/grants/{study.client['id']}",
+        json={},
+        headers=auth(study.owner["api_key"]),
+    ).raise_for_status()
+    sign_in(page, live.base, study.analyst["api_key"])
+    expect(page.locator("#whoami-role")).to_have_text("analyst")
+    expect(page.locator("#datasets-table")).to_contain_text(study.dataset["name"])
+    no_owner_ui(page)
+    view(page, "Budget & grants")
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
+    grants = page.locator("#grants-table tbody tr")
+    expect(grants).to_have_count(1)  # their own grant only
+    expect(grants.first).to_contain_text("1.5 / 2")
+    no_owner_ui(page)
+    page.screenshot(path=shots / "analyst.png", full_page=True)
+    view(page, "Releases")
+    releases = page.locator("#releases-table tbody tr")
+    expect(releases).to_have_count(2)  # their own, by default
+    page.get_by_label("Only my releases").uncheck()
+    expect(releases).to_have_count(3)  # every release of the dataset, as the API shows them
+    view(page, "Spending chart")
+    expect(page.locator("#spend-table tbody tr")).to_have_count(1)  # their own spend
+    page.get_by_role("button", name="Sign out").click()
+
+    sign_in(page, live.base, study.client["api_key"])
+    expect(page.locator("#whoami-role")).to_have_text("client")
+    no_owner_ui(page)
+    view(page, "Releases")
+    expect(page.locator("#releases-table tbody tr")).to_have_count(3)
+    expect(page.get_by_label("Only my releases")).to_be_hidden()
+    watch.assert_clean()
+
+
+def no_owner_ui(page: Any) -> None:
+    expect(page.locator("#chain")).to_be_hidden()
+    expect(page.locator("#views").get_by_role("button", name="Ledger")).to_be_hidden()
+    expect(page.locator("#owner-actions")).to_be_hidden()
+    for name in ("Revoke", "Change cap", "Grant…", "Set budget…", "Save paper mode…"):
+        expect(page.get_by_role("button", name=name)).to_have_count(0)
+
+
+@SQLITE_ONLY
+def test_wrong_key_gets_a_clear_sign_in_error(
+    page: Any, live: Live, watch: Watch, shots: Path
+) -> None:
+    sign_in(page, live.base, "dpc_not-a-key")
+    error = page.locator("#signin-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("Sign-in failed: this API key is not valid")
+    expect(error).to_contain_text("(401)")
+    expect(page.locator("#app")).to_be_hidden()
+    assert "dpc_" not in page.url
+    assert page.evaluate("() => sessionStorage.length") == 0
+    page.screenshot(path=shots / "sign-in-error.png")
+    # An empty key is refused before any request.
+    page.get_by_label("API key").fill("")
+    page.get_by_role("button", name="Sign in").click()
+    expect(error).to_contain_text("Enter your API key")
+    watch.assert_clean()
+
+
+@SQLITE_ONLY
+def test_tampered_ledger_fails_verification(
+    page: Any, live: Live, watch: Watch, shots: Path
+) -> None:
+    study = make_study(live.base, "tamper")
+    sign_in(page, live.base, study.owner["api_key"])
+    expect(page.locator("#chain")).to_have_attribute("data-valid", "true")
+    # Someone with database access lowers a charge (seq 5) behind the service's back.
+    engine = create_engine(live.db_url)
+    with engine.begin() as conn:
+        changed = conn.execute(
+            text("UPDATE ledger_entry SET epsilon = 1 WHERE dataset_id = :d AND seq = 5"),
+            {"d": study.dataset["id"]},
+        ).rowcount
+    engine.dispose()
+    assert changed == 1
+    page.reload()
+    chain = page.locator("#chain")
+    expect(chain).to_have_attribute("data-valid", "false")
+    expect(chain).to_contain_text("Ledger verification FAILED at entry 5")
+    expect(chain).to_contain_text("hash mismatch")
+    expect(chain).to_have_class(re.compile(r"\bbad\b"))
+    view(page, "Ledger")
+    expect(page.locator("#ledger-table tbody tr")).to_have_count(7)
+    page.screenshot(path=shots / "tampered.png")
+    watch.assert_clean()
+
+
+@SQLITE_ONLY
+def test_keyboard_only_and_labelled_controls(page: Any, live: Live, watch: Watch) -> None:
+    study = make_study(live.base, "keys")
+    page.goto(f"{live.base}/console")
+    expect(page.get_by_label("API key")).to_be_focused()
+    page.keyboard.type(study.owner["api_key"])
+    page.keyboard.press("Enter")
+    expect(page.locator("#whoami-name")).to_have_text(study.owner["name"])
+    # Every form control has an accessible label.
+    unlabelled = page.evaluate(
+        """() => [...document.querySelectorAll('input, select, textarea')]
+             .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')
+                          && !e.getAttribute('aria-labelledby'))
+             .map(e => e.id || e.outerHTML)"""
+    )
+    assert unlabelled == []
+    # Tab from the dataset picker to the view buttons and open the ledger with the keyboard.
+    expect(page.locator("#chain")).to_have_attribute("data-valid", "true")
+    expect(page.locator("#views button[data-view=datasets]")).to_have_attribute(
+        "aria-current", "page"
+    )
+    page.get_by_label("Dataset", exact=True).focus()
+    for _ in range(3):
+        page.keyboard.press("Tab")
+    expect(page.locator("#views button[data-view=ledger]")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#h-ledger")).to_be_focused()
+    expect(page.locator("#ledger-table tbody tr")).to_have_count(7)
+    # A confirmation opens with the focus on Cancel; Escape closes it without acting.
+    view(page, "Budget & grants")
+    page.get_by_label("ε total").fill("7")
+    page.get_by_label("ε total").press("Enter")
+    expect(page.locator("dialog#confirm")).to_be_visible()
+    expect(page.locator("#confirm-cancel")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(page.locator("dialog#confirm")).to_be_hidden()
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
+    watch.assert_clean()
+
+
+@SQLITE_ONLY
+def test_values_are_shown_as_text(page: Any, live: Live, watch: Watch) -> None:
+    """Markup in names reaches the page as text: nothing is parsed, nothing runs."""
+    owner = httpx.post(
+        f"{live.base}/v1/principals",
+        json={"name": '<b id="bold">Owner</b>', "role": "owner"},
+        headers=auth(ADMIN_KEY),
+    ).json()
+    name = '<img id="pwn" src="x" onerror="window.pwned=1">'
+    upload_dataset(live.base, owner["api_key"], name)
+    sign_in(page, live.base, owner["api_key"])
+    expect(page.locator("#whoami-name")).to_have_text('<b id="bold">Owner</b>')
+    expect(page.locator("#datasets-table tbody")).to_contain_text(name)
+    expect(page.locator("#dataset-select option")).to_have_text(name)
+    assert page.locator("#pwn, #bold").count() == 0
+    assert page.evaluate("() => window.pwned") is None
+    watch.assert_clean()
