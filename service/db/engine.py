@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import get_settings
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, connect_timeout: float | None = None) -> Engine:
     """Create an engine. SQLite gets WAL, a busy timeout and write-locking transactions.
 
     On SQLite every transaction starts with ``BEGIN IMMEDIATE``: it takes the database's write
@@ -47,7 +47,8 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    args = {} if connect_timeout is None else {"connect_timeout": max(1, int(connect_timeout))}
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=args)
 
 
 def make_read_engine(url: str) -> Engine:
