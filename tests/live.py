@@ -31,8 +31,13 @@ def live_server(
     admin_key: str,
     extra_env: dict[str, str] | None = None,
     command: list[str] | None = None,
+    workers: int = 1,
 ) -> Iterator[str]:
-    """Start ``python -m service`` (or ``command``) and yield its base URL; stop it after."""
+    """Start ``python -m service`` (or ``command``) and yield its base URL; stop it after.
+
+    On PostgreSQL the API process runs no jobs: ``workers`` processes of ``python -m
+    service.worker`` are started beside it (none if the environment turns jobs off).
+    """
     port = free_port()
     env = {
         **os.environ,
@@ -50,6 +55,7 @@ def live_server(
         stderr=subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
+    worker_procs: list[subprocess.Popen[bytes]] = []
     try:
         deadline = time.time() + 60
         while True:
@@ -64,8 +70,28 @@ def live_server(
             if time.time() > deadline:
                 raise RuntimeError("server did not become ready")
             time.sleep(0.1)
+        jobs_off = env.get("CURATOR_START_JOB_RUNNER", "").lower() == "false"
+        if database_url.startswith("postgresql") and not jobs_off:
+            for _ in range(workers):
+                worker_procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "service.worker"],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
         yield base
     finally:
+        for worker in worker_procs:
+            worker.terminate()
+        for worker in worker_procs:
+            try:
+                worker.wait(10)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
         proc.terminate()
         try:
             proc.wait(10)
