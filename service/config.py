@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     # uvicorn worker processes (API only on PostgreSQL; see job_runner).
     workers: int = 1
     max_upload_bytes: int = 512 * 1024 * 1024
+    # Connections per process: writes (pool + overflow) and single-statement reads (half of
+    # each). Mind PostgreSQL's max_connections across all API and worker processes.
+    db_pool_size: int = 10
+    db_max_overflow: int = 20
     # Who runs release jobs in an API process: ``auto`` = the embedded runner on SQLite (one
     # command, no other server) and none on PostgreSQL (``python -m service.worker`` processes
     # run them); ``inprocess`` = also on PostgreSQL, a procrastinate worker inside the API

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -54,14 +55,26 @@ def live_server(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    # The server's stderr is drained all along (a full pipe would block the server's threads
+    # mid-request); the tail is kept for the "exited early" message.
+    tail: list[str] = []
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in iter(proc.stderr.readline, b""):
+            tail.append(line.decode(errors="replace"))
+            del tail[:-50]
+
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
     base = f"http://127.0.0.1:{port}"
     worker_procs: list[subprocess.Popen[bytes]] = []
     try:
         deadline = time.time() + 60
         while True:
             if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"server exited early: {err[-2000:]}")
+                time.sleep(0.2)
+                raise RuntimeError(f"server exited early: {''.join(tail)[-2000:]}")
             try:
                 if httpx.get(base + "/readyz", timeout=1).status_code == 200:
                     break
@@ -98,7 +111,8 @@ def live_server(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stderr is not None:
+        drainer.join(5)  # EOF once the server is gone
+        if proc.stderr is not None and not drainer.is_alive():
             proc.stderr.close()
 
 
