@@ -11,7 +11,8 @@ Tasks (queue ``releases``):
   ``recover_stale`` re-queues releases whose worker died before reading the rows and fails the
   others keeping their charge; procrastinate's stalled jobs (their worker stopped beating) are
   retried by the engine, and their re-run finds the release already settled or re-queued; any
-  queued release without a pending job (an upgrade) is deferred.
+  queued release without a pending job (an upgrade) is deferred; finished queue rows older than
+  a week are deleted (the release row keeps the outcome).
 
 Workers run sync tasks in threads (``concurrency`` per process); fits release the GIL in BLAS.
 """
@@ -107,6 +108,15 @@ def make_app(
                     await manager.retry_job_by_id_async(job.id, retry_at=datetime.now(UTC))
                 except Exception:  # another worker's recovery retried it first
                     logger.debug("stalled job %s was retried elsewhere", job.id)
+        # The queue's finished rows are delivery records only (the release row holds the
+        # outcome): keep a week of them.
+        await manager.delete_old_jobs(
+            nb_hours=168,
+            queue=queue.QUEUE,
+            include_failed=True,
+            include_cancelled=True,
+            include_aborted=True,
+        )
 
     return app
 
