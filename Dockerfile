@@ -1,4 +1,6 @@
-# The curator service. Configure with DATABASE_URL and CURATOR_ADMIN_KEY (see README).
+# The curator service, both roles. Configure with DATABASE_URL and CURATOR_ADMIN_KEY (see README).
+#   API (default):  python -m service         (migrates, then serves; HEALTHCHECK below)
+#   worker:         python -m service.worker  (runs release jobs; override the healthcheck)
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -20,5 +22,5 @@ USER curator
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s \
   CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz').status != 200)"
-# Migrates the database (alembic upgrade head), then serves.
+# Migrates the database (alembic upgrade head), then serves. Workers: see docker-compose.yml.
 CMD ["python", "-m", "service"]

@@ -8,6 +8,7 @@ import sys
 BENCHES = (
     "bench.upload",
     "bench.load",
+    "bench.scale",
     "bench.functions",
     "bench.function_defaults",
     "bench.cate_vector",

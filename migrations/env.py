@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import text
 
 from service.db.engine import make_engine
+from service.db.migrate import include_name
 from service.db.models import Base
 
 config = context.config
@@ -33,8 +35,13 @@ def run_migrations_online() -> None:
             connection=connection,
             target_metadata=target_metadata,
             render_as_batch=connection.dialect.name == "sqlite",
+            include_name=include_name,
         )
         with context.begin_transaction():
+            if connection.dialect.name == "postgresql":
+                # API replicas starting together migrate one after the other: the second
+                # waits here, then finds the schema at head and does nothing.
+                connection.execute(text("SELECT pg_advisory_xact_lock(7340432113)"))
             context.run_migrations()
     engine.dispose()
 

@@ -29,17 +29,52 @@ class Settings(BaseSettings):
     state_key: str = DEFAULT_STATE_KEY
     host: str = "127.0.0.1"
     port: int = 8000
-    # uvicorn worker processes; each runs its own job worker threads.
+    # uvicorn worker processes (API only on PostgreSQL; see job_runner).
     workers: int = 1
     max_upload_bytes: int = 512 * 1024 * 1024
-    # Worker threads per server process that run release jobs.
+    # Connections per process: writes (pool + overflow) and single-statement reads (half of
+    # each). Mind PostgreSQL's max_connections across all API and worker processes.
+    db_pool_size: int = 10
+    db_max_overflow: int = 20
+    # Who runs release jobs in an API process: ``auto`` = the embedded runner on SQLite (one
+    # command, no other server) and none on PostgreSQL (``python -m service.worker`` processes
+    # run them); ``inprocess`` = also on PostgreSQL, a procrastinate worker inside the API
+    # process (single-process deployments, tests); ``none`` = never.
+    job_runner: Literal["auto", "inprocess", "none"] = "auto"
+    # Concurrent release jobs per process that runs them (threads).
     job_workers: int = 2
+    # A running job whose worker has not beaten for this long is recovered: re-queued if it had
+    # not read the rows, else failed with its charge kept.
+    job_stale_seconds: float = 30.0
+    # How often the recovery task runs (procrastinate periodic task; seconds, integer).
+    job_recovery_seconds: int = 5
+    # Tests only (``environment=test``): hold every job this long before / after it reads the
+    # rows ("before,after" in seconds) so a test can kill its worker at a known point.
+    test_job_pause: str = ""
     # Job completion times are padded up to the next of these buckets (seconds), so that
     # when a release finishes does not reveal how long the data-dependent work took.
     latency_buckets: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
     job_poll_seconds: float = 0.5
     run_migrations_on_start: bool = True
+    # False: this process runs no jobs whatever job_runner says (benchmarks, openapi export).
     start_job_runner: bool = True
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.database_url.startswith("postgresql")
+
+    @property
+    def runs_jobs_in_process(self) -> bool:
+        if not self.start_job_runner or self.job_runner == "none":
+            return False
+        return self.job_runner == "inprocess" or not self.is_postgres
+
+    @property
+    def job_pause(self) -> tuple[float, float]:
+        if self.environment != "test" or not self.test_job_pause:
+            return (0.0, 0.0)
+        before, _, after = self.test_job_pause.partition(",")
+        return (float(before or 0), float(after or 0))
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> Settings:

@@ -1,4 +1,4 @@
-"""The application: routers, problem handlers, middleware, lifespan (migrations, job runner)."""
+"""The application: routers, problem handlers, middleware, lifespan (migrations, jobs)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from service.config import Settings, get_settings
 from service.console.router import install as install_console
 from service.datasets.router import router as datasets_router
 from service.db import migrate
-from service.db.engine import get_engine, get_sessionmaker
+from service.db.engine import get_engine
 from service.functions.router import router as functions_router
-from service.jobs.runner import JobRunner
+from service.jobs.workers import jobs_in_process
 from service.metrics import Metrics, MetricsMiddleware
 from service.problems import MEDIA_TYPE, PayloadTooLarge, install_handlers, problem_response
 from service.releases.predict import router as predict_router
@@ -46,14 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.run_migrations_on_start and settings.workers == 1:
             migrate.upgrade(settings.database_url)
-        runner = None
-        if settings.start_job_runner:
-            runner = JobRunner(
-                get_sessionmaker(),
-                workers=settings.job_workers,
-                latency_buckets=settings.latency_buckets,
-                poll_seconds=settings.job_poll_seconds,
-            )
+        runner = jobs_in_process(settings) if settings.runs_jobs_in_process else None
+        if runner is not None:
             runner.start()
         app.state.runner = runner
         try:

@@ -69,6 +69,7 @@ def _truncate(url: str) -> None:
     eng = create_engine(url)
     with eng.begin() as conn:
         names = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+        names += ", procrastinate_jobs, procrastinate_workers, procrastinate_periodic_defers"
         conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
     eng.dispose()
 
@@ -95,6 +96,8 @@ def configured(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("CURATOR_JOB_POLL_SECONDS", "0.02")
     monkeypatch.setenv("CURATOR_LATENCY_BUCKETS", "[0.05, 0.1, 0.5, 1, 5, 30, 120]")
     monkeypatch.setenv("CURATOR_RUN_MIGRATIONS_ON_START", "false")
+    # On PostgreSQL too the app runs its jobs (a procrastinate worker in the process).
+    monkeypatch.setenv("CURATOR_JOB_RUNNER", "inprocess")
     get_settings.cache_clear()
     db_engine.reset_caches()
     yield db_url

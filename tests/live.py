@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,8 +32,13 @@ def live_server(
     admin_key: str,
     extra_env: dict[str, str] | None = None,
     command: list[str] | None = None,
+    workers: int = 1,
 ) -> Iterator[str]:
-    """Start ``python -m service`` (or ``command``) and yield its base URL; stop it after."""
+    """Start ``python -m service`` (or ``command``) and yield its base URL; stop it after.
+
+    On PostgreSQL the API process runs no jobs: ``workers`` processes of ``python -m
+    service.worker`` are started beside it (none if the environment turns jobs off).
+    """
     port = free_port()
     env = {
         **os.environ,
@@ -49,13 +55,26 @@ def live_server(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    # The server's stderr is drained all along (a full pipe would block the server's threads
+    # mid-request); the tail is kept for the "exited early" message.
+    tail: list[str] = []
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in iter(proc.stderr.readline, b""):
+            tail.append(line.decode(errors="replace"))
+            del tail[:-50]
+
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
     base = f"http://127.0.0.1:{port}"
+    worker_procs: list[subprocess.Popen[bytes]] = []
     try:
         deadline = time.time() + 60
         while True:
             if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"server exited early: {err[-2000:]}")
+                time.sleep(0.2)
+                raise RuntimeError(f"server exited early: {''.join(tail)[-2000:]}")
             try:
                 if httpx.get(base + "/readyz", timeout=1).status_code == 200:
                     break
@@ -64,15 +83,36 @@ def live_server(
             if time.time() > deadline:
                 raise RuntimeError("server did not become ready")
             time.sleep(0.1)
+        jobs_off = env.get("CURATOR_START_JOB_RUNNER", "").lower() == "false"
+        if database_url.startswith("postgresql") and not jobs_off:
+            for _ in range(workers):
+                worker_procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "service.worker"],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
         yield base
     finally:
+        for worker in worker_procs:
+            worker.terminate()
+        for worker in worker_procs:
+            try:
+                worker.wait(10)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
         proc.terminate()
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stderr is not None:
+        drainer.join(5)  # EOF once the server is gone
+        if proc.stderr is not None and not drainer.is_alive():
             proc.stderr.close()
 
 

@@ -15,7 +15,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import get_settings
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(
+    url: str,
+    *,
+    connect_timeout: float | None = None,
+    pool_size: int = 10,
+    max_overflow: int = 20,
+) -> Engine:
     """Create an engine. SQLite gets WAL, a busy timeout and write-locking transactions.
 
     On SQLite every transaction starts with ``BEGIN IMMEDIATE``: it takes the database's write
@@ -47,10 +53,17 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    args = {} if connect_timeout is None else {"connect_timeout": max(1, int(connect_timeout))}
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        connect_args=args,
+    )
 
 
-def make_read_engine(url: str) -> Engine:
+def make_read_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10) -> Engine:
     """An autocommit engine for single-statement reads on latency-critical paths.
 
     One round trip per read: no ``BEGIN``/``COMMIT`` (a single statement is consistent on its
@@ -75,8 +88,8 @@ def make_read_engine(url: str) -> Engine:
     return create_engine(
         url,
         isolation_level="AUTOCOMMIT",
-        pool_size=5,
-        max_overflow=10,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
         connect_args={"options": "-c default_transaction_read_only=on"},
     )
 
@@ -99,12 +112,16 @@ def read(query: Callable[[Connection], T]) -> T:
 
 @lru_cache
 def get_read_engine() -> Engine:
-    return make_read_engine(get_settings().database_url)
+    s = get_settings()
+    return make_read_engine(
+        s.database_url, pool_size=max(1, s.db_pool_size // 2), max_overflow=s.db_max_overflow // 2
+    )
 
 
 @lru_cache
 def get_engine() -> Engine:
-    return make_engine(get_settings().database_url)
+    s = get_settings()
+    return make_engine(s.database_url, pool_size=s.db_pool_size, max_overflow=s.db_max_overflow)
 
 
 @lru_cache

@@ -20,6 +20,11 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """Autogenerate compares our models only: procrastinate's tables are its own schema."""
+    return not (type_ == "table" and (name or "").startswith("procrastinate_"))
+
+
 def upgrade(url: str) -> None:
     command.upgrade(alembic_config(url), "head")
 

@@ -202,6 +202,12 @@ class Release(Base):
     visible_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Set (durably, by the claiming worker) just before the job reads the rows: from then on
+    # noise may have been drawn, so a job cut off by a crash is failed with its charge kept.
+    # A job cut off before it is re-queued and runs again (the charge answers one release).
+    data_read_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Why a release failed: a public reason code (service.jobs.execute.FAILURES), never data.
+    failure: Mapped[str | None] = mapped_column(String(32), nullable=True)
     ledger_seq: Mapped[int] = mapped_column(Integer)
 
     __table_args__ = (

@@ -1,51 +1,38 @@
-"""Release jobs: claim -> mark started (durably) -> load rows -> kind.run -> store.
+"""The embedded queue: threads that claim ``queued`` release rows and run them.
 
-Several server processes may run jobs against one database: a job is claimed by one atomic
-conditional update, so it runs at most once. A job whose process died is marked failed by the
-stale-job sweep (never re-run, never refunded). Completion is padded to public latency buckets.
+This is how jobs are delivered on the SQLite default (``bash scripts/serve``: one process, no
+other server), inside the API process or in ``python -m service.worker``. On PostgreSQL the
+queue is procrastinate (``service.jobs.engine``) and the API processes run no jobs. Either way
+the job body is ``service.jobs.execute.execute_release_job``; this module only finds work:
+
+* the release row is the queue entry (``status = 'queued'``, indexed), claimed by one atomic
+  conditional update, so several processes can poll one database safely;
+* ``recover_stale`` (every heartbeat) re-queues releases whose worker died before reading the
+  rows and fails, keeping the charge, those whose worker died after.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.datasets import service as datasets
-from service.datasets import storage
-from service.db.models import Dataset, Release
-from service.functions import service as functions
-from service.functions.payload import SECRET_KEY, FunctionSecret
-from service.ledger.service import now_iso
-from service.mechanisms.domain import Arrays
-from service.mechanisms.noise import OpenDPSampler, secure_rng
-from service.releases.kinds import REGISTRY
+from service.db.models import Release
+from service.jobs import execute, queue
+from service.jobs.execute import STALE_AFTER_SECONDS, padded
 
 logger = logging.getLogger("service.jobs")
 
-HEARTBEAT_SECONDS = 5.0
-STALE_AFTER_SECONDS = 60.0
-
-
-def padded(elapsed: float, buckets: tuple[float, ...]) -> float:
-    """The first public bucket at or above ``elapsed`` (or a multiple of the last one)."""
-    for bucket in buckets:
-        if elapsed <= bucket:
-            return bucket
-    last = buckets[-1]
-    return last * (int(elapsed // last) + 1)
+__all__ = ["JobRunner", "padded"]
 
 
 class JobRunner:
-    """Worker threads of one server process."""
+    """Worker threads of one process, polling the release table."""
 
     def __init__(
         self,
@@ -55,16 +42,19 @@ class JobRunner:
         latency_buckets: tuple[float, ...],
         poll_seconds: float = 0.5,
         stale_after: float = STALE_AFTER_SECONDS,
+        pause: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         self.factory = factory
         self.workers = workers
         self.buckets = latency_buckets
         self.poll = poll_seconds
         self.stale_after = stale_after
+        self.pause = pause  # tests only: hold before / after reading the rows
         self.worker_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.heartbeats = execute.Heartbeats(factory, every=execute.beat_interval(stale_after))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._running: set[str] = set()
+        self._claims: dict[str, str] = {}  # claimed by claim_next, not yet executed
         self._lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -73,14 +63,19 @@ class JobRunner:
             t = threading.Thread(target=self._loop, name=f"release-worker-{i}", daemon=True)
             t.start()
             self._threads.append(t)
-        hb = threading.Thread(target=self._heartbeat_loop, name="release-heartbeat", daemon=True)
-        hb.start()
-        self._threads.append(hb)
+        sweep = threading.Thread(target=self._sweep_loop, name="release-recovery", daemon=True)
+        sweep.start()
+        self._threads.append(sweep)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self.heartbeats.stop()
         for t in self._threads:
             t.join(timeout)
+
+    def wait(self) -> None:
+        """Block until ``stop`` (the worker command's main thread)."""
+        self._stop.wait()
 
     # -- loops -----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -93,15 +88,22 @@ class JobRunner:
             if release_id is None:
                 self._stop.wait(self.poll)
                 continue
-            self.execute(release_id)
+            if self.pause[0] > 0:
+                threading.Event().wait(self.pause[0])
+            self.execute(release_id, run_hook=self._after_read_pause())
 
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(execute.beat_interval(self.stale_after)):
             try:
-                self.heartbeat()
-                self.fail_stale()
+                self.recover_stale()
             except Exception:
-                logger.exception("heartbeat failed")
+                logger.exception("recovering stale jobs failed")
+
+    def _after_read_pause(self) -> Callable[[], None] | None:
+        after = self.pause[1]
+        if after <= 0:
+            return None
+        return lambda: _hold(after)
 
     # -- steps -----------------------------------------------------------------------------
     def claim_next(self) -> str | None:
@@ -118,171 +120,38 @@ class JobRunner:
                 .all()
             )
             for release_id in candidates:
-                now = time.time()
-                claimed = session.execute(
-                    update(Release)
-                    .where(Release.id == release_id, Release.status == "queued")
-                    .values(
-                        status="running",
-                        stage="started",
-                        started_at=now_iso(),
-                        heartbeat_at=now,
-                        claimed_by=self.worker_id,
-                    )
-                    .returning(Release.id)
-                ).first()
-                if claimed is not None:
+                token = execute.claim(session, release_id, self.worker_id)
+                if token is not None:
                     session.commit()
                     with self._lock:
-                        self._running.add(release_id)
+                        self._claims[release_id] = token
+                    self.heartbeats.add(release_id, token)
                     return release_id
             session.commit()
         return None
 
-    def execute(self, release_id: str, *, run_hook: Callable[[], None] | None = None) -> None:
-        """Run a claimed release to done or failed. Never raises."""
-        started = time.time()
-        outcome: dict[str, Any] = {}
-        secret: FunctionSecret | None = None
-        dataset_id = ""
-        progress = self._progress_writer(release_id)
-        try:
-            # Outside the session below: on SQLite a second writer would wait for its lock.
-            progress(0.0, "loading rows")
-            with self.factory() as session:
-                release = session.get(Release, release_id)
-                assert release is not None
-                assert release.status == "running"
-                dataset = session.get(Dataset, release.dataset_id)
-                assert dataset is not None
-                dataset_id = dataset.id
-                if dataset.status != "ready":
-                    raise RuntimeError("rows deleted")
-                kind = REGISTRY[release.kind]
-                params = kind.Params.model_validate(json.loads(release.params_json)["params"])
-                domain = datasets.domain_of(dataset)
-                matrix = storage.load_matrix(session, dataset_id=dataset.id)
-                session.commit()
-            q = domain.q
-            arrays = Arrays(x=matrix[:, :q], a=matrix[:, q], y=matrix[:, q + 1])
-            del matrix
-            if run_hook is not None:
-                run_hook()
-            result = kind.run(
-                arrays,
-                domain,
-                params,
-                rng=secure_rng(),
-                noise=OpenDPSampler(),
-                progress=progress,
-            )
-            # A released function's secret state is stored with the result, never in it.
-            secret = result.pop(SECRET_KEY, None)
-            outcome = {"status": "done", "result_json": json.dumps(result, allow_nan=False)}
-        except Exception as exc:
-            # Operators see the exception type only: its text may contain data.
-            logger.warning("release %s failed (%s)", release_id, type(exc).__name__)
-            outcome = {"status": "failed", "result_json": None}
-        finally:
-            elapsed = time.time() - started
-            visible_at = started + padded(elapsed, self.buckets)
-            try:
-                self._finish(release_id, dataset_id, outcome, secret, visible_at)
-            except Exception as exc:
-                # The result (or a released function's state) could not be stored. Nothing of
-                # it may be served, so the release fails now, in a fresh transaction; its charge
-                # stays (the noise was drawn). If even that fails, the stale sweep fails it.
-                logger.warning(
-                    "storing the outcome of release %s failed (%s)", release_id, type(exc).__name__
-                )
-                try:
-                    self._finish(release_id, dataset_id, {"status": "failed"}, None, visible_at)
-                except Exception:
-                    logger.exception("marking release %s failed did not work", release_id)
-            with self._lock:
-                self._running.discard(release_id)
-
-    def _finish(
-        self,
-        release_id: str,
-        dataset_id: str,
-        outcome: dict[str, Any],
-        secret: FunctionSecret | None,
-        visible_at: float,
-    ) -> None:
-        """One transaction: the function's state (if any) and the release's final status."""
-        status = outcome.get("status", "failed")
-        with self.factory() as session:
-            if secret is not None and status == "done":
-                functions.store(
-                    session, release_id=release_id, dataset_id=dataset_id, secret=secret
-                )
-            session.execute(
-                update(Release)
-                .where(Release.id == release_id, Release.status == "running")
-                .values(
-                    status=status,
-                    result_json=outcome.get("result_json") if status == "done" else None,
-                    progress=1.0,
-                    stage=status,
-                    finished_at=now_iso(),
-                    visible_at=visible_at,
-                )
-            )
-            session.commit()
-
-    def _progress_writer(self, release_id: str) -> Callable[[float, str], None]:
-        """Progress updates: every change of stage is written; within a stage at most 2 per s."""
-        last_time = [0.0]
-        last_stage = [""]
-
-        def write(fraction: float, stage: str) -> None:
-            now = time.time()
-            if stage == last_stage[0] and now - last_time[0] < 0.5:
-                return
-            last_time[0], last_stage[0] = now, stage
-            with self.factory() as session:
-                session.execute(
-                    update(Release)
-                    .where(Release.id == release_id, Release.status == "running")
-                    .values(
-                        progress=max(0.0, min(0.99, float(fraction))),
-                        stage=stage[:64],
-                        heartbeat_at=now,
-                    )
-                )
-                session.commit()
-
-        return write
-
-    def heartbeat(self) -> None:
+    def execute(self, release_id: str, *, run_hook: Callable[[], None] | None = None) -> str:
+        """Run a release claimed by ``claim_next`` to done or failed. Never raises."""
         with self._lock:
-            running = list(self._running)
-        if not running:
-            return
-        with self.factory() as session:
-            session.execute(
-                update(Release)
-                .where(Release.id.in_(running), Release.status == "running")
-                .values(heartbeat_at=time.time())
-            )
-            session.commit()
+            token = self._claims.pop(release_id, None)
+        if token is None:
+            return "skipped"
+        return execute.execute_release_job(
+            self.factory,
+            release_id,
+            worker=self.worker_id,
+            buckets=self.buckets,
+            heartbeats=self.heartbeats,
+            token=token,
+            run_hook=run_hook,
+        )
 
-    def fail_stale(self) -> int:
-        """Mark failed every running release whose worker stopped beating. Charges stay."""
-        cutoff = time.time() - self.stale_after
-        with self.factory() as session:
-            rows = session.execute(
-                update(Release)
-                .where(Release.status == "running", Release.heartbeat_at < cutoff)
-                .values(
-                    status="failed",
-                    stage="failed",
-                    finished_at=now_iso(),
-                    progress=1.0,
-                    visible_at=time.time(),
-                )
-                .returning(Release.id)
-            ).all()
-            session.commit()
-        return len(rows)
+    def recover_stale(self) -> tuple[list[str], list[str]]:
+        """Re-queue or fail (charge kept) releases whose worker stopped beating."""
+        return execute.recover_stale(
+            self.factory, stale_after=self.stale_after, enqueue=queue.enqueue
+        )
+
+
+def _hold(seconds: float) -> None:
+    threading.Event().wait(seconds)

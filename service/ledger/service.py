@@ -44,6 +44,17 @@ class Charged:
     delta: int
 
 
+# What an append needs of the budget row, returned by the statement that locks it.
+_CHAIN_STATE = (
+    Budget.entries,
+    Budget.last_hash,
+    Budget.epsilon_spent,
+    Budget.delta_spent,
+    Budget.epsilon_total,
+    Budget.delta_total,
+)
+
+
 def _append(
     session: Session,
     *,
@@ -57,19 +68,22 @@ def _append(
     details: dict[str, Any] | None = None,
     request_hash: str | None = None,
     idempotency_key: str | None = None,
+    state: Any = None,
 ) -> LedgerEntry:
-    """Append one entry. The caller has already locked the budget row in this transaction."""
-    seq, prev_hash = session.execute(
-        update(Budget)
-        .where(Budget.dataset_id == dataset_id)
-        .values(entries=Budget.entries + 1)
-        .returning(Budget.entries, Budget.last_hash)
-    ).one()
-    budget = session.execute(
-        select(
-            Budget.epsilon_spent, Budget.delta_spent, Budget.epsilon_total, Budget.delta_total
-        ).where(Budget.dataset_id == dataset_id)
-    ).one()
+    """Append one entry. The caller has already locked the budget row in this transaction.
+
+    ``state``: the budget row as the caller's own locking update returned it, with ``entries``
+    already advanced (``charge`` does this in its one conditional statement); else it is read
+    and advanced here.
+    """
+    if state is None:
+        state = session.execute(
+            update(Budget)
+            .where(Budget.dataset_id == dataset_id)
+            .values(entries=Budget.entries + 1)
+            .returning(*_CHAIN_STATE)
+        ).one()
+    seq, prev_hash, budget = state.entries, state.last_hash, state
     fields: dict[str, Any] = {
         "dataset_id": dataset_id,
         "seq": seq,
@@ -247,7 +261,9 @@ def charge(
     dlt = amounts.delta_cost_units(record.delta)
     if eps == 0 and dlt == 0:
         raise ValueError("a release must have a positive cost")
-    # The charge: one conditional statement, checked and applied by the database.
+    # The charge: one conditional statement, checked and applied by the database. It also
+    # takes the ledger's next sequence number and returns the chain state for the entry, so
+    # the budget row's lock is held for as few round trips as possible.
     charged = session.execute(
         update(Budget)
         .where(
@@ -256,8 +272,12 @@ def charge(
             Budget.epsilon_spent + eps <= Budget.epsilon_total,
             Budget.delta_spent + dlt <= Budget.delta_total,
         )
-        .values(epsilon_spent=Budget.epsilon_spent + eps, delta_spent=Budget.delta_spent + dlt)
-        .returning(Budget.epsilon_spent)
+        .values(
+            epsilon_spent=Budget.epsilon_spent + eps,
+            delta_spent=Budget.delta_spent + dlt,
+            entries=Budget.entries + 1,
+        )
+        .returning(*_CHAIN_STATE)
     ).first()
     if charged is None:
         is_set = session.execute(
@@ -299,6 +319,7 @@ def charge(
         details=record.to_dict(),
         request_hash=request_hash,
         idempotency_key=idempotency_key,
+        state=charged,
     )
     return Charged(seq=entry.seq, epsilon=eps, delta=dlt)
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from service.auth.service import Caller, Role
 from service.datasets import service as datasets
 from service.db.models import Dataset, Release
+from service.jobs import failures, queue
 from service.ledger import amounts
 from service.ledger import service as ledger
 from service.ledger.chain import canonical_json
@@ -149,9 +150,18 @@ def _charge_and_record(
     stored_params: dict[str, Any],
     via_grant: bool,
 ) -> Release:
-    """Charge, then insert the release, in one savepoint: both or neither."""
+    """Defer the job, charge, insert the release, in one savepoint: all or nothing.
+
+    Only the charge, its ledger entry and the release row are written under the budget row's
+    lock (held to the commit); everything else (serialising, the job's row) is done first.
+    """
     release_id = uuid.uuid4().hex
+    params_json = canonical_json(stored_params)
+    record_json = canonical_json(record.to_dict())
+    guarantee = str(record.guarantee)
     with session.begin_nested():
+        # Runs only after the commit (the job row and its NOTIFY are not visible before it).
+        queue.enqueue(session, release_id)
         charged = ledger.charge(
             session,
             dataset_id=dataset_id,
@@ -167,17 +177,17 @@ def _charge_and_record(
             dataset_id=dataset_id,
             principal_id=caller.id,
             kind=body.kind,
-            params_json=canonical_json(stored_params),
+            params_json=params_json,
             request_hash=digest,
             reuse_key=None if body.fresh else digest,
             idempotency_key=idempotency_key,
             status="queued",
             progress=0.0,
             stage="queued",
-            guarantee=str(record.guarantee),
+            guarantee=guarantee,
             epsilon=charged.epsilon,
             delta=charged.delta,
-            record_json=canonical_json(record.to_dict()),
+            record_json=record_json,
             created_at=ledger.now_iso(),
             ledger_seq=charged.seq,
         )
@@ -291,7 +301,7 @@ def view(release: Release, *, cached: bool = False, now: float | None = None) ->
         error = ReleaseError(
             type=ReleaseFailedProblem.type_uri(),
             title=ReleaseFailedProblem.title,
-            detail="the release failed after its charge; the charge is kept",
+            detail=failures.detail(release.failure),
         )
     stored = json.loads(release.params_json)
     return ReleaseRead(

@@ -75,7 +75,7 @@ def test_killed_job_fails_keeps_charge_and_never_reruns(
     from service.jobs.runner import JobRunner
 
     sweeper = JobRunner(get_sessionmaker(), workers=1, latency_buckets=(0.01,), stale_after=0.0)
-    assert sweeper.fail_stale() == 1
+    assert sweeper.recover_stale() == ([], [release_id])  # it had read the rows: failed
     assert sweeper.claim_next() is None  # never re-run
     body = client.get(f"/v1/releases/{release_id}", headers=api.auth(analyst["api_key"])).json()
     assert body["status"] == "failed"
@@ -93,6 +93,38 @@ def test_killed_job_fails_keeps_charge_and_never_reruns(
     assert again.status_code == 200
     assert again.json()["id"] == release_id
     assert client.get(f"/v1/datasets/{ds['id']}/budget", headers=h).json()["epsilon_spent"] == 1.0
+
+
+def test_job_cut_off_before_reading_rows_is_requeued_and_released_once(
+    api: Api, client: TestClient, db_url: str
+) -> None:
+    """Issue 13 item 10: a job whose worker died after the claim but before the durable
+    'rows read' marker touched no private data, so it is re-queued and its one charge answers
+    the re-run; the dead worker's claim is void (it could not write anything any more)."""
+    owner, analyst, ds, r = _queued_release(api, client, "ate")
+    release_id = r.json()["id"]
+
+    from service.db.engine import get_sessionmaker
+    from service.jobs.runner import JobRunner
+
+    dead = JobRunner(get_sessionmaker(), workers=1, latency_buckets=(0.01,), stale_after=0.0)
+    assert dead.claim_next() == release_id  # ... and the worker dies here
+    dead.heartbeats.discard(release_id)
+    assert _status(db_url, release_id) == "running"
+    assert dead.recover_stale() == ([release_id], [])
+    assert _status(db_url, release_id) == "queued"
+    assert dead.execute(release_id) == "skipped"  # a stale claim reads nothing, writes nothing
+    other = JobRunner(get_sessionmaker(), workers=1, latency_buckets=(0.01,))
+    assert other.claim_next() == release_id
+    assert other.execute(release_id) == "done"
+    assert other.claim_next() is None
+    time.sleep(0.05)
+    body = client.get(f"/v1/releases/{release_id}", headers=api.auth(analyst["api_key"])).json()
+    assert body["status"] == "done"
+    assert body["result"] is not None
+    h = api.auth(owner["api_key"])
+    assert client.get(f"/v1/datasets/{ds['id']}/budget", headers=h).json()["epsilon_spent"] == 1.0
+    assert client.get(f"/v1/datasets/{ds['id']}/ledger/verify", headers=h).json()["valid"]
 
 
 def test_function_state_that_cannot_be_stored_fails_the_release_at_once(

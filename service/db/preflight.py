@@ -1,0 +1,58 @@
+"""Start-up check: is the database reachable? One clear line if not, never a traceback."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from service.db import migrate
+from service.db.engine import make_engine
+
+
+def safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(unparseable DATABASE_URL)"
+
+
+def _reason(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = [line.strip() for line in str(orig).splitlines() if line.strip()]
+    return (lines[0] if lines else type(orig).__name__)[:300]
+
+
+def unreachable(url: str, timeout: float = 5.0) -> str | None:
+    """None if ``SELECT 1`` works on ``url``; else the one line to print before exiting."""
+    try:
+        engine = make_engine(url, connect_timeout=timeout)
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        finally:
+            engine.dispose()
+    except Exception as exc:
+        return f"error: cannot reach the database {safe_url(url)}: {_reason(exc)}"
+    return None
+
+
+def wait_for_schema(url: str, seconds: float) -> str | None:
+    """Wait until the database's migrations are at head (the API migrates at start-up)."""
+    deadline = time.time() + seconds
+    while True:
+        try:
+            engine = make_engine(url, connect_timeout=5.0)
+            try:
+                if migrate.at_head(engine, url):
+                    return None
+            finally:
+                engine.dispose()
+        except Exception as exc:
+            last = _reason(exc)
+        else:
+            last = "its schema is not at the current migration (start an API process first)"
+        if time.time() > deadline:
+            return f"error: database {safe_url(url)} not ready: {last}"
+        time.sleep(1.0)

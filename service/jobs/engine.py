@@ -1,0 +1,205 @@
+"""procrastinate, the job queue on PostgreSQL: the app, its tasks and an in-process worker.
+
+Tasks (queue ``releases``):
+
+* ``release(release_id)``: validates its payload, then runs
+  ``service.jobs.execute.execute_release_job``, the same code the embedded SQLite runner runs.
+  A payload that does not validate fails its release (if it names one) with the public reason
+  ``invalid-job``, keeping the charge; the job itself ends without retry, so it cannot poison
+  the queue.
+* ``recover`` (periodic, every ``recovery_seconds``; one run per tick across all workers):
+  ``recover_stale`` re-queues releases whose worker died before reading the rows and fails the
+  others keeping their charge; procrastinate's stalled jobs (their worker stopped beating) are
+  retried by the engine, and their re-run finds the release already settled or re-queued; any
+  queued release without a pending job (an upgrade) is deferred; finished queue rows older than
+  a week are deleted (the release row keeps the outcome).
+
+Workers run sync tasks in threads (``concurrency`` per process); fits release the GIL in BLAS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import procrastinate
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.jobs import execute, queue
+
+logger = logging.getLogger("service.jobs")
+
+
+class ReleaseJob(BaseModel):
+    """The payload of a ``release`` job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    release_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+
+def conninfo(database_url: str) -> str:
+    """libpq connection string of a SQLAlchemy ``postgresql+psycopg://`` URL."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def make_app(
+    database_url: str,
+    factory: sessionmaker[Session],
+    *,
+    buckets: tuple[float, ...],
+    stale_after: float,
+    recovery_seconds: int = 5,
+    pause: tuple[float, float] = (0.0, 0.0),
+) -> procrastinate.App:
+    """The procrastinate app with the release and recovery tasks bound to ``factory``.
+
+    ``pause`` (before, after reading the rows; tests only) holds a job so a test can kill its
+    worker at a known point.
+    """
+    app = procrastinate.App(
+        connector=procrastinate.PsycopgConnector(conninfo=conninfo(database_url))
+    )
+    worker = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    heartbeats = execute.Heartbeats(factory, every=execute.beat_interval(stale_after))
+
+    def hook(when: float) -> Any:
+        return (lambda: _sleep(when)) if when > 0 else None
+
+    @app.task(name=queue.TASK, queue=queue.QUEUE)
+    def release(**payload: Any) -> str:
+        try:
+            job = ReleaseJob.model_validate(payload)
+        except ValidationError:
+            named = payload.get("release_id")
+            if isinstance(named, str) and len(named) <= 64:
+                execute.fail_invalid(factory, named)
+            logger.warning("a release job with an invalid payload was dropped")
+            return "invalid"
+        before, after = pause
+        if before > 0:
+            return _paused_run(factory, job.release_id, worker, buckets, heartbeats, pause)
+        return execute.execute_release_job(
+            factory,
+            job.release_id,
+            worker=worker,
+            buckets=buckets,
+            heartbeats=heartbeats,
+            run_hook=hook(after),
+        )
+
+    @app.periodic(cron=f"* * * * * */{max(1, int(recovery_seconds))}", periodic_id="recover")
+    @app.task(name="recover", queue=queue.QUEUE, queueing_lock="recover", pass_context=True)
+    async def recover(context: procrastinate.JobContext, timestamp: int) -> None:
+        await asyncio.to_thread(
+            execute.recover_stale, factory, stale_after=stale_after, enqueue=queue.enqueue
+        )
+        await asyncio.to_thread(queue.enqueue_orphans, factory)
+        manager = context.app.job_manager
+        for job in await manager.get_stalled_jobs(seconds_since_heartbeat=stale_after):
+            if job.id is not None and job.id != context.job.id:
+                try:
+                    await manager.retry_job_by_id_async(job.id, retry_at=datetime.now(UTC))
+                except Exception:  # another worker's recovery retried it first
+                    logger.debug("stalled job %s was retried elsewhere", job.id)
+        # The queue's finished rows are delivery records only (the release row holds the
+        # outcome): keep a week of them.
+        await manager.delete_old_jobs(
+            nb_hours=168,
+            queue=queue.QUEUE,
+            include_failed=True,
+            include_cancelled=True,
+            include_aborted=True,
+        )
+
+    return app
+
+
+def _sleep(seconds: float) -> None:
+    threading.Event().wait(seconds)
+
+
+def _paused_run(
+    factory: sessionmaker[Session],
+    release_id: str,
+    worker: str,
+    buckets: tuple[float, ...],
+    heartbeats: execute.Heartbeats,
+    pause: tuple[float, float],
+) -> str:
+    """Tests only: claim, hold before the rows are read, then run (holding after if asked)."""
+    with factory() as session:
+        token = execute.claim(session, release_id, worker)
+        session.commit()
+    if token is None:
+        return "skipped"
+    heartbeats.add(release_id, token)
+    _sleep(pause[0])
+    return execute.execute_release_job(
+        factory,
+        release_id,
+        worker=worker,
+        buckets=buckets,
+        heartbeats=heartbeats,
+        token=token,
+        run_hook=(lambda: _sleep(pause[1])) if pause[1] > 0 else None,
+    )
+
+
+def worker_options(concurrency: int, stale_after: float) -> dict[str, Any]:
+    return {
+        "queues": [queue.QUEUE],
+        "concurrency": concurrency,
+        "install_signal_handlers": False,
+        "update_heartbeat_interval": max(0.5, min(10.0, stale_after / 4)),
+        "stalled_worker_timeout": stale_after,
+        "shutdown_graceful_timeout": 5.0,
+        "fetch_job_polling_interval": 1.0,
+    }
+
+
+class InProcessWorker:
+    """A procrastinate worker on its own event loop in a thread of this process.
+
+    Used by an API process that should run jobs itself on PostgreSQL (``CURATOR_JOB_RUNNER=
+    inprocess``; a single-process deployment, and the test suite). Same tasks, same engine.
+    """
+
+    def __init__(self, app: procrastinate.App, *, concurrency: int, stale_after: float) -> None:
+        self.app = app
+        self.options = worker_options(concurrency, stale_after)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="procrastinate", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(30)
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        async with self.app.open_async():
+            self._task = asyncio.create_task(self.app.run_worker_async(**self.options))
+            self._ready.set()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                logger.exception("the in-process worker stopped")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+        self._thread.join(timeout)

@@ -1,0 +1,91 @@
+"""``python -m service.worker``: run release jobs, on any machine that reaches the database.
+
+    python -m service.worker [--concurrency N]
+
+On PostgreSQL this is a procrastinate worker (queue ``releases``) running N jobs at once; start
+as many processes, on as many machines, as there are cores to fit on. On SQLite it runs the
+embedded runner (the same one ``bash scripts/serve`` runs inside the API process), which polls
+the release table. Either way the job code is ``service.jobs.execute.execute_release_job``.
+
+The worker does not migrate: it waits (up to ``--wait`` seconds) for the API to have brought the
+schema to head. An unreachable database is one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from types import FrameType
+
+from service.config import get_settings
+from service.db import preflight
+from service.db.engine import get_sessionmaker
+
+logger = logging.getLogger("service.worker")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m service.worker", description=__doc__)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="jobs run at once by this process (default: CURATOR_JOB_WORKERS)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the database schema to be migrated",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+    problem = preflight.unreachable(settings.database_url)
+    if problem is None:
+        problem = preflight.wait_for_schema(settings.database_url, args.wait)
+    if problem is not None:
+        raise SystemExit(problem)
+    concurrency = args.concurrency or settings.job_workers
+    if settings.is_postgres:
+        from service.jobs.engine import make_app, worker_options
+
+        app = make_app(
+            settings.database_url,
+            get_sessionmaker(),
+            buckets=settings.latency_buckets,
+            stale_after=settings.job_stale_seconds,
+            recovery_seconds=settings.job_recovery_seconds,
+            pause=settings.job_pause,
+        )
+        options = worker_options(concurrency, settings.job_stale_seconds)
+        options["install_signal_handlers"] = True  # SIGTERM/SIGINT: finish running jobs, stop
+        logger.warning("worker: procrastinate, concurrency %d", concurrency)
+        app.run_worker(**options)
+        return
+
+    from service.jobs.runner import JobRunner
+
+    runner = JobRunner(
+        get_sessionmaker(),
+        workers=concurrency,
+        latency_buckets=settings.latency_buckets,
+        poll_seconds=settings.job_poll_seconds,
+        stale_after=settings.job_stale_seconds,
+        pause=settings.job_pause,
+    )
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        runner.stop(timeout=0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    runner.start()
+    logger.warning("worker: embedded (SQLite), concurrency %d", concurrency)
+    runner.wait()
+    runner.stop()
+
+
+if __name__ == "__main__":
+    main()

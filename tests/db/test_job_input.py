@@ -1,0 +1,123 @@
+"""Bad input to the job layer: invalid payloads fail cleanly; an unreachable database at
+start-up is one clear line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from service.config import get_settings
+from service.jobs.workers import jobs_in_process
+from tests.conftest import RCT_SCHEMA, Api
+from tests.live import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _sql(db_url: str, sql: str, **params: Any) -> list[Any]:
+    eng = create_engine(db_url)
+    with eng.begin() as conn:
+        result = conn.execute(text(sql), params)
+        rows = list(result) if result.returns_rows else []
+    eng.dispose()
+    return rows
+
+
+def _wait_status(client: TestClient, release_id: str, headers: dict[str, str]) -> dict[str, Any]:
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        body: dict[str, Any] = client.get(f"/v1/releases/{release_id}", headers=headers).json()
+        if body["status"] in ("done", "failed"):
+            return body
+        time.sleep(0.05)
+    raise AssertionError("release did not finish")
+
+
+def test_invalid_job_payload_fails_the_release_keeps_charge_and_queue_moves_on(
+    api: Api, client: TestClient, db_url: str
+) -> None:
+    client.app.state.runner.stop()  # type: ignore[attr-defined]
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], n=300, schema=RCT_SCHEMA, epsilon_total=3.0)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    ah = api.auth(analyst["api_key"])
+    body = {"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}, "fresh": True}
+
+    bad = client.post(
+        f"/v1/datasets/{ds['id']}/releases", json=body, headers=ah | {"Idempotency-Key": "bad"}
+    ).json()
+    # The stored request no longer validates inside the worker (as after an incompatible
+    # upgrade of the kind's parameters).
+    _sql(
+        db_url,
+        "UPDATE release SET params_json = :p WHERE id = :id",
+        p=json.dumps({"params": {"epsilon": "lots", "bogus": 1}, "fresh": True}),
+        id=bad["id"],
+    )
+    postgres = db_url.startswith("postgresql")
+    if postgres:
+        # Payloads that are not a release job at all: one naming no release, one naming a
+        # release with an extra field. Neither may be retried forever or block the others.
+        for args in ({"nope": 1}, {"release_id": 42}):
+            _sql(
+                db_url,
+                "SELECT procrastinate_defer_jobs_v1(ARRAY[ROW('releases', 'release', 0, "
+                "NULL::text, NULL::text, CAST(:a AS jsonb), NULL::timestamptz)]"
+                "::procrastinate_job_to_defer_v1[])",
+                a=json.dumps(args),
+            )
+
+    runner = jobs_in_process(get_settings())
+    runner.start()
+    try:
+        good = client.post(
+            f"/v1/datasets/{ds['id']}/releases",
+            json=body,
+            headers=ah | {"Idempotency-Key": "good"},
+        ).json()
+        failed = _wait_status(client, bad["id"], ah)
+        done = _wait_status(client, good["id"], ah)
+    finally:
+        runner.stop()
+    assert failed["status"] == "failed"
+    assert failed["result"] is None
+    assert failed["error"]["type"].endswith("/release-failed")
+    assert "did not validate" in failed["error"]["detail"]
+    assert done["status"] == "done"
+    oh = api.auth(owner["api_key"])
+    budget = client.get(f"/v1/datasets/{ds['id']}/budget", headers=oh).json()
+    assert budget["epsilon_spent"] == 2.0  # the failed release keeps its charge
+    assert client.get(f"/v1/datasets/{ds['id']}/ledger/verify", headers=oh).json()["valid"]
+    if postgres:
+        left = _sql(
+            db_url,
+            "SELECT args, status FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+        )
+        assert left == []
+
+
+@pytest.mark.parametrize("module", ["service", "service.worker"])
+def test_unreachable_database_at_start_up_is_one_line(module: str) -> None:
+    port = 1  # nothing listens there
+    url = f"postgresql+psycopg://curator:secret@127.0.0.1:{port}/curator"
+    proc = subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "DATABASE_URL": url, "CURATOR_ADMIN_KEY": uuid.uuid4().hex},
+        capture_output=True,
+        timeout=60,
+    )
+    err = proc.stderr.decode().strip()
+    assert proc.returncode == 1
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: cannot reach the database postgresql+psycopg://curator:***@")
+    assert "secret" not in err
