@@ -89,6 +89,7 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     expect(page.locator("#confirm-text")).to_contain_text("What they spent stays spent")
     confirm(page)
     expect(grants.locator("tr", has_text=study.second["name"])).to_contain_text("revoked")
+    expect(page.locator("#notice")).to_contain_text("Revoked the grant of")  # the action is over
     # Cancelling a confirmation does nothing.
     page.get_by_label("ε total").fill("6")
     page.get_by_role("button", name="Set budget…").click()
@@ -99,6 +100,9 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     page.get_by_role("button", name="Set budget…").click()
     confirm(page)
     expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 8 · remaining 5.5")
+    # the action is over (its view re-rendered the form) before the next value is typed: else
+    # the re-render can put 8 back into the field after "1" was filled (seen once in CI)
+    expect(page.locator("#notice")).to_contain_text("Budget set to ε = 8")
     # The API's problem+json, readably: a budget below what is spent.
     page.get_by_label("ε total").fill("1")
     page.get_by_role("button", name="Set budget…").click()
