@@ -320,6 +320,9 @@ def test_keyboard_only_and_labelled_controls(page: Any, live: Live, watch: Watch
     expect(page.locator("#ledger-table tbody tr")).to_have_count(7)
     # A confirmation opens with the focus on Cancel; Escape closes it without acting.
     view(page, "Budget & grants")
+    # the view has finished loading (its form re-rendered) before a value is typed into it
+    expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
+    expect(page.get_by_label("ε total")).to_have_value("5")
     page.get_by_label("ε total").fill("7")
     page.get_by_label("ε total").press("Enter")
     expect(page.locator("dialog#confirm")).to_be_visible()
