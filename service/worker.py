@@ -20,7 +20,7 @@ from types import FrameType
 
 from service.config import get_settings
 from service.db import preflight
-from service.db.engine import get_sessionmaker
+from service.jobs.workers import embedded_runner, procrastinate_app
 
 logger = logging.getLogger("service.worker")
 
@@ -49,32 +49,15 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(problem)
     concurrency = args.concurrency or settings.job_workers
     if settings.is_postgres:
-        from service.jobs.engine import make_app, worker_options
+        from service.jobs.engine import worker_options
 
-        app = make_app(
-            settings.database_url,
-            get_sessionmaker(),
-            buckets=settings.latency_buckets,
-            stale_after=settings.job_stale_seconds,
-            recovery_seconds=settings.job_recovery_seconds,
-            pause=settings.job_pause,
-        )
         options = worker_options(concurrency, settings.job_stale_seconds)
         options["install_signal_handlers"] = True  # SIGTERM/SIGINT: finish running jobs, stop
         logger.warning("worker: procrastinate, concurrency %d", concurrency)
-        app.run_worker(**options)
+        procrastinate_app(settings).run_worker(**options)
         return
 
-    from service.jobs.runner import JobRunner
-
-    runner = JobRunner(
-        get_sessionmaker(),
-        workers=concurrency,
-        latency_buckets=settings.latency_buckets,
-        poll_seconds=settings.job_poll_seconds,
-        stale_after=settings.job_stale_seconds,
-        pause=settings.job_pause,
-    )
+    runner = embedded_runner(settings, concurrency)
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         runner.stop(timeout=0)

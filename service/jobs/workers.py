@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from service.config import Settings
 from service.db.engine import get_sessionmaker
+from service.jobs.runner import JobRunner
 
 
 class Runner(Protocol):
@@ -14,29 +15,40 @@ class Runner(Protocol):
     def stop(self, timeout: float = ...) -> None: ...
 
 
-def jobs_in_process(settings: Settings, *, concurrency: int | None = None) -> Runner:
-    """The job runner for this process's database: procrastinate on PostgreSQL, else the
-    embedded runner. Both run ``service.jobs.execute.execute_release_job``."""
-    n = concurrency or settings.job_workers
-    if settings.is_postgres:
-        from service.jobs.engine import InProcessWorker, make_app
+def procrastinate_app(settings: Settings) -> Any:
+    """The procrastinate app of this database, configured from the settings (PostgreSQL)."""
+    from service.jobs.engine import make_app
 
-        app = make_app(
-            settings.database_url,
-            get_sessionmaker(),
-            buckets=settings.latency_buckets,
-            stale_after=settings.job_stale_seconds,
-            recovery_seconds=settings.job_recovery_seconds,
-            pause=settings.job_pause,
-        )
-        return InProcessWorker(app, concurrency=n, stale_after=settings.job_stale_seconds)
-    from service.jobs.runner import JobRunner
+    return make_app(
+        settings.database_url,
+        get_sessionmaker(),
+        buckets=settings.latency_buckets,
+        stale_after=settings.job_stale_seconds,
+        recovery_seconds=settings.job_recovery_seconds,
+        pause=settings.job_pause,
+    )
 
+
+def embedded_runner(settings: Settings, concurrency: int) -> JobRunner:
+    """The embedded row-claim runner (SQLite), configured from the settings."""
     return JobRunner(
         get_sessionmaker(),
-        workers=n,
+        workers=concurrency,
         latency_buckets=settings.latency_buckets,
         poll_seconds=settings.job_poll_seconds,
         stale_after=settings.job_stale_seconds,
         pause=settings.job_pause,
     )
+
+
+def jobs_in_process(settings: Settings, *, concurrency: int | None = None) -> Runner:
+    """The job runner for this process's database: procrastinate on PostgreSQL, else the
+    embedded runner. Both run ``service.jobs.execute.execute_release_job``."""
+    n = concurrency or settings.job_workers
+    if settings.is_postgres:
+        from service.jobs.engine import InProcessWorker
+
+        return InProcessWorker(
+            procrastinate_app(settings), concurrency=n, stale_after=settings.job_stale_seconds
+        )
+    return embedded_runner(settings, n)

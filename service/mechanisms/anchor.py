@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.stats import chi2
 
-from service.mechanisms import ate_strict
+from service.mechanisms import ate_strict, versus_ate
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.noise import NoiseSampler, release_gaussian
 from service.mechanisms.records import NoiseEvent
@@ -45,8 +45,6 @@ JAMES_STEIN_LEVEL = 0.99  # pure noise keeps lambda = 0 with probability about 0
 def anchor_share(noise_sd_at_default_share: float, outcome_range: float) -> float:
     """The public anchor share: ANCHOR_SHARE, or ANCHOR_SHARE_NOISY where the CATE's public
     per-prediction noise sd at ANCHOR_SHARE is at least WORTH_IT_RATIO times R_Y / 24."""
-    from service.mechanisms import versus_ate
-
     heterogeneity = outcome_range / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
     noisy = noise_sd_at_default_share >= versus_ate.WORTH_IT_RATIO * heterogeneity
     return ANCHOR_SHARE_NOISY if noisy else ANCHOR_SHARE

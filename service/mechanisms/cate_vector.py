@@ -64,7 +64,7 @@ from service.mechanisms.anchor import (
     james_stein_factor,
     plan_anchor,
 )
-from service.mechanisms.anchor import anchor_share as anchor_rule
+from service.mechanisms.anchor import anchor_share as anchor_rule  # cate_vector's own rule wraps it
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
     default_delta,

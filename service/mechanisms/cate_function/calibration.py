@@ -389,23 +389,28 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         ):
             raise InvalidParameters("anchor must be a number in [-R_Y, R_Y] (the outcome range)")
         fixed_anchor = float(fixed_anchor)
+
+    def scale_at(eps: float, dlt: float) -> NoiseScale:
+        return noise_scale(
+            mode=params.mode,
+            learner=params.learner,
+            q=q,
+            bandwidth=bandwidth,
+            lambda0=lambda0,
+            n2=n2,
+            epsilon=eps,
+            delta=dlt,
+            outcome_range=domain.outcome_range,
+            propensity_bound=propensity_bound,
+        )
+
     if shrinkage == "ate" and fixed_anchor is None:
         # the share rule reads the GP's public noise at the default share (anchor.anchor_share)
-        share = anchor_share(
-            noise_scale(
-                mode=params.mode,
-                learner=params.learner,
-                q=q,
-                bandwidth=bandwidth,
-                lambda0=lambda0,
-                n2=n2,
-                epsilon=ate_strict.split_share(epsilon, ANCHOR_SHARE)[1],
-                delta=ate_strict.split_share(delta, ANCHOR_SHARE)[1],
-                outcome_range=domain.outcome_range,
-                propensity_bound=propensity_bound,
-            ).r0,
-            domain.outcome_range,
+        at_default = scale_at(
+            ate_strict.split_share(epsilon, ANCHOR_SHARE)[1],
+            ate_strict.split_share(delta, ANCHOR_SHARE)[1],
         )
+        share = anchor_share(at_default.r0, domain.outcome_range)
         epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, share)
         delta_anchor, delta_gp = ate_strict.split_share(delta, share)
         anchor, anchor_events = plan_anchor(
@@ -417,18 +422,7 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
             dr_bound=domain.outcome_range / propensity_bound,
             n2=n2,
         )
-    scale = noise_scale(
-        mode=params.mode,
-        learner=params.learner,
-        q=q,
-        bandwidth=bandwidth,
-        lambda0=lambda0,
-        n2=n2,
-        epsilon=epsilon_gp,
-        delta=delta_gp,
-        outcome_range=domain.outcome_range,
-        propensity_bound=propensity_bound,
-    )
+    scale = scale_at(epsilon_gp, delta_gp)
     if not (math.isfinite(scale.r0) and scale.r0 > 0.0 and scale.r0 > 2.0**-1000):
         raise InvalidParameters("the noise scale underflows; use a smaller regularization")
     fit: Literal["exact", "nystrom", "rff"]
