@@ -93,6 +93,9 @@ def test_strict_estimators_run_end_to_end(
     accuracy = quote.json()["accuracy"]
     assert accuracy["half_width_basis"] == "noise_only"
     assert accuracy["epsilon_for_target_half_width"] > 0
+    # observational: the quote says before any charge that nuisance error is not covered
+    assert accuracy["coverage"]["basis"] == "nuisance_models"
+    assert accuracy["coverage"]["nuisance_error_covered"] is False
     r = post_release(client, analyst["api_key"], ds["id"], params)
     assert r.status_code == 202, r.text
     done = wait(client, analyst["api_key"], r.json()["id"])
@@ -104,6 +107,7 @@ def test_strict_estimators_run_end_to_end(
     ).json()["entries"]
     assert ledger[-1]["guarantee"] == "strict"
     assert result["epsilon"] == pytest.approx(2.0)
+    assert result["coverage"] == accuracy["coverage"]
 
 
 def test_rct_difference_end_to_end_and_refused_on_observational(
@@ -121,12 +125,14 @@ def test_rct_difference_end_to_end_and_refused_on_observational(
     quote = _quote(client, analyst["api_key"], rct["id"], params)
     assert quote.status_code == 200, quote.text
     assert quote.json()["delta"] == 0.0
+    assert quote.json()["accuracy"]["coverage"]["basis"] == "design"
     r = post_release(client, analyst["api_key"], rct["id"], params)
     assert r.status_code == 202, r.text
     done = wait(client, analyst["api_key"], r.json()["id"])
     result = _check_done(done, "strict", "rct_difference")
     assert result["delta"] == 0.0
     assert done["delta"] == 0.0
+    assert result["coverage"]["nuisance_error_covered"] is True
 
 
 def test_unsupported_combination_names_the_field(client: TestClient, observational: Any) -> None:

@@ -100,6 +100,8 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
     quote = run(analyst, "release", "quote", ds, "-p", "epsilon=1.0", "-p", "nuisance=none")
     assert "fits budget" in quote.stdout
     assert "min half width" in quote.stdout
+    assert "interval covers" in quote.stdout
+    assert "Randomised design" in quote.stdout
     uplift = run(analyst, "release", "quote", ds, "--kind", "uplift_table", "-p", "epsilon=1")
     assert "suggested bins" in uplift.stdout  # the kind's own accuracy fields are shown
     assert "min half width" not in uplift.stdout
@@ -109,6 +111,7 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
     )
     assert "estimate" in req.stdout
     assert "95% CI" in req.stdout
+    assert "interval covers" in req.stdout
     assert "charged epsilon 1" in req.stderr
     releases = run.json(analyst, "release", "list", ds)
     assert [r["status"] for r in releases] == ["done"]

@@ -50,6 +50,30 @@ def test_each_combination_records_and_quotes_both_ways(
 
 
 @pytest.mark.parametrize(
+    ("extra", "domain", "basis"),
+    [
+        ({}, OBSERVATIONAL, "nuisance_models"),
+        ({"estimator": "ipw"}, OBSERVATIONAL, "nuisance_models"),
+        ({"mode": "paper"}, PAPER, "nuisance_models"),
+        ({}, RCT, "design"),
+        ({"nuisance": "none"}, RCT, "design"),
+        ({"estimator": "rct_difference"}, RCT, "design"),
+        ({"estimator": "ipw"}, RCT, "nuisance_models"),
+    ],
+)
+def test_quote_states_what_the_interval_covers(
+    extra: dict[str, Any], domain: PublicDomain, basis: str
+) -> None:
+    # An observational interval treats the DP nuisance models as exact; only the randomised
+    # design with the declared probability (strict aipw, rct_difference) covers without them.
+    preview = AteKind().quote(AteParams.model_validate({"epsilon": 1.0, **extra}), domain)
+    coverage = preview["coverage"]
+    assert coverage["basis"] == basis
+    assert coverage["nuisance_error_covered"] is (basis == "design")
+    assert ("not the error left by the DP" in coverage["message"]) is (basis != "design")
+
+
+@pytest.mark.parametrize(
     ("body", "message"),
     [
         ({"mode": "paper", "estimator": "ipw"}, "not DP for the estimation fold"),

@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import Field, StrictBool, StrictFloat, model_validator
 
 from service.mechanisms import ate_ipw, ate_privATE, ate_rct, ate_strict
+from service.mechanisms.ate_coverage import ate_coverage
 from service.mechanisms.calibration import default_delta
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.errors import InvalidParameters
@@ -260,6 +261,7 @@ class AteKind:
             out = ate_ipw.quote(domain, mechanism, target_half_width=target)
         else:
             out = ate_strict.quote(domain, mechanism, target_half_width=target)
+        out["coverage"] = ate_coverage(domain, mode=checked.mode, estimator=checked.estimator)
         return out
 
     def run(
@@ -273,15 +275,20 @@ class AteKind:
         progress: Progress,
     ) -> dict[str, Any]:
         """Run the release after the charge; raises ``ReleaseFailed`` on any data-time failure."""
-        mechanism = to_mechanism_params(_as_params(params), domain)
+        checked = _as_params(params)
+        mechanism = to_mechanism_params(checked, domain)
         options: dict[str, Any] = {"rng": rng, "noise": noise, "progress": progress}
         if isinstance(mechanism, ate_privATE.PrivateParams):
-            return ate_privATE.run(arrays, domain, mechanism, **options)
-        if isinstance(mechanism, ate_rct.AteRctParams):
-            return ate_rct.run(arrays, domain, mechanism, **options)
-        if isinstance(mechanism, ate_ipw.AteIpwParams):
-            return ate_ipw.run(arrays, domain, mechanism, **options)
-        return ate_strict.run(arrays, domain, mechanism, **options)
+            out = ate_privATE.run(arrays, domain, mechanism, **options)
+        elif isinstance(mechanism, ate_rct.AteRctParams):
+            out = ate_rct.run(arrays, domain, mechanism, **options)
+        elif isinstance(mechanism, ate_ipw.AteIpwParams):
+            out = ate_ipw.run(arrays, domain, mechanism, **options)
+        else:
+            out = ate_strict.run(arrays, domain, mechanism, **options)
+        # public: from the design and the request only (service.mechanisms.ate_coverage)
+        out["coverage"] = ate_coverage(domain, mode=checked.mode, estimator=checked.estimator)
+        return out
 
 
 def _as_params(params: Any) -> AteParams:

@@ -65,9 +65,13 @@ class AteResult:
     delta: float
     design: str | None
     raw: dict[str, Any] = field(repr=False)
+    # What the interval covers (the service's ``coverage.message``); None from older servers.
+    coverage_note: str | None = None
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> AteResult:
+        coverage = result.get("coverage")
+        note = coverage.get("message") if isinstance(coverage, dict) else None
         return cls(
             estimate=float(result["estimate"]),
             ci_lower=float(result["ci_lower"]),
@@ -81,6 +85,7 @@ class AteResult:
             delta=float(result.get("delta", 0.0)),
             design=str(result["design"]) if result.get("design") is not None else None,
             raw=dict(result),
+            coverage_note=str(note) if note is not None else None,
         )
 
 

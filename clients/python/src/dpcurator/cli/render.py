@@ -148,6 +148,9 @@ def quote(q: Quote) -> str:
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
                 value = "; ".join(value) if value else "none"
             items.append((key.replace("_", " "), value))
+    coverage = q.accuracy.get("coverage")
+    if isinstance(coverage, dict) and coverage.get("message"):
+        items.append(("interval covers", coverage["message"]))
     return pairs(items)
 
 
@@ -208,6 +211,7 @@ def result(parsed: TypedResult) -> str:
                 ("design", parsed.design),
                 ("epsilon", parsed.epsilon),
                 ("delta", parsed.delta),
+                *([("interval covers", parsed.coverage_note)] if parsed.coverage_note else []),
             ]
         )
     if isinstance(parsed, UpliftTable):
