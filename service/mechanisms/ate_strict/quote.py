@@ -8,16 +8,17 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from scipy.special import ndtri
+import numpy as np
+from numpy.typing import NDArray
+from scipy.special import ndtr, ndtri
 
 from service.mechanisms.ate_strict.calibration import (
     ADAPTIVE_CLIP_LEVEL,
-    ADAPTIVE_CLIP_SHARE,
     Plan,
     adaptive_calibrations,
     adaptive_clip_bound,
     adaptive_clip_candidates,
-    float_slack,
+    adaptive_clip_inflation,
     make_plan,
     public_parameters,
 )
@@ -39,6 +40,7 @@ from service.mechanisms.calibration import (
 from service.mechanisms.domain import PublicDomain, StudyDesign
 from service.mechanisms.noise import (
     calibrate_gaussian,
+    quantile_scale,
 )
 
 # Quote only: the pseudo-outcome sd assumed for the expected half-width is R / this (public).
@@ -50,10 +52,75 @@ def assumed_pseudo_outcome_sd(domain: PublicDomain) -> float:
     return domain.outcome_range / ADAPTIVE_QUOTE_RANGE_RATIO
 
 
+# Points of the grid on which the quantile's law is integrated (quote only).
+_LAW_GRID = 2001
+# The grid spans this many noise scales above the best utility (exp(-40): negligible mass).
+_LAW_SPAN = 40.0
+
+
 def assumed_clip(domain: PublicDomain, state: Plan) -> float:
-    """The clip K the quote expects: kappa(n2) times the 0.9-quantile of |N(0, sd^2)|."""
+    """The clip K at the assumed scale without the quantile's noise: kappa(n2) times the
+    0.9-quantile of |N(0, sd^2)| (the value the noise scatters around)."""
     quantile = float(ndtri(0.5 + ADAPTIVE_CLIP_LEVEL / 2.0)) * assumed_pseudo_outcome_sd(domain)
     return adaptive_clip_bound(quantile, state.bound, state.n2)
+
+
+def quantile_law(
+    fractions_below: NDArray[np.float64], level: float, n: int, epsilon: float
+) -> NDArray[np.float64]:
+    """The exact law of the candidate OpenDP's ``make_private_quantile`` releases (quote only).
+
+    OpenDP 0.16 releases the candidate maximising ``-|L(c) - level n| + E_c`` with independent
+    exponential noise ``E_c`` of scale ``quantile_scale(epsilon)`` (report-noisy-max, the
+    permute-and-flip law), where ``L(c)`` is the number of values below ``c``. Given the
+    expected counts ``L(c) = n * fractions_below(c)`` the probability that candidate i wins is
+    ``int f_i(t) prod_{j != i} F_j(t) dt``, integrated here on a fixed grid. Public inputs only.
+    """
+    all_utility = -np.abs(np.asarray(fractions_below, dtype=np.float64) * n - level * n)
+    scale = quantile_scale(epsilon)
+    top = float(all_utility.max())
+    # a candidate more than _LAW_SPAN scales below the best wins with probability < e^-40
+    near = all_utility >= top - _LAW_SPAN * scale
+    utility = all_utility[near]
+    grid = np.linspace(top, top + _LAW_SPAN * scale, _LAW_GRID)
+    gap = (grid[None, :] - utility[:, None]) / scale  # >= 0 only where candidate j can reach t
+    reachable = gap >= 0.0
+    with np.errstate(divide="ignore"):
+        log_cdf = np.where(reachable, np.log(-np.expm1(-np.maximum(gap, 0.0))), -np.inf)
+    density = np.where(reachable, np.exp(-np.maximum(gap, 0.0)) / scale, 0.0)
+    finite = np.where(np.isfinite(log_cdf), log_cdf, 0.0)
+    total = finite.sum(axis=0)
+    unreachable = (~np.isfinite(log_cdf)).sum(axis=0)
+    # prod_{j != i} F_j(t): zero wherever a candidate other than i cannot reach t yet
+    others = np.exp(total[None, :] - finite)
+    others = np.where((unreachable[None, :] - (~reachable).astype(int)) > 0, 0.0, others)
+    weights = np.trapezoid(density * others, grid, axis=1)
+    law = np.zeros(all_utility.size, dtype=np.float64)
+    law[near] = np.maximum(weights, 0.0)
+    return np.asarray(law / law.sum(), dtype=np.float64)
+
+
+def expected_adaptive_half_width(domain: PublicDomain, state: Plan, z: float) -> dict[str, float]:
+    """The quote's expected half-width with the adaptive clip: the pseudo-outcomes' |Gamma|
+    assumed half-normal with sd ``assumed_pseudo_outcome_sd``; the DP quantile's exact law
+    (``quantile_law``) at the expected counts gives the law of the clip ``K = min(B, kappa Q)``,
+    and the half-width ``z sqrt(sd^2 / n2 + s_theta(K)^2)`` is averaged over it (``s_theta``
+    proportional to K). Public inputs only."""
+    if state.quantile_epsilon is None:
+        raise ValueError("no adaptive clip in this plan")
+    sd = assumed_pseudo_outcome_sd(domain)
+    candidates = adaptive_clip_candidates(state.bound)
+    law = quantile_law(
+        2.0 * ndtr(candidates / sd) - 1.0, ADAPTIVE_CLIP_LEVEL, state.n2, state.quantile_epsilon
+    )
+    clips = np.minimum(state.bound, adaptive_clip_inflation(state.n2) * candidates)
+    sigmas = state.mean.sigma * clips / state.bound
+    widths = z * np.sqrt(sd * sd / state.n2 + sigmas * sigmas)
+    return {
+        "half_width": float(law @ widths),
+        "clip": float(law @ clips),
+        "s_theta": float(math.sqrt(law @ (sigmas * sigmas))),
+    }
 
 
 def quote(
@@ -86,18 +153,17 @@ def quote(
             float(adaptive_clip_candidates(state.bound)[0]), state.bound, state.n2
         )
         assumed_sd = assumed_pseudo_outcome_sd(domain)
-        clip = assumed_clip(domain, state)
-        expected_mean, expected_second = adaptive_calibrations(state, clip)
+        expected = expected_adaptive_half_width(domain, state, z)
+        _, expected_second = adaptive_calibrations(state, expected["clip"])
         out.update(
             {
                 "min_half_width": z * adaptive_calibrations(state, smallest)[0].sigma,
                 "max_noise_half_width": z * state.mean.sigma,
-                "expected_half_width": z
-                * math.sqrt(assumed_sd**2 / state.n2 + expected_mean.sigma**2),
+                "expected_half_width": expected["half_width"],
                 "half_width_basis": "assumed_scale",
                 "assumed_pseudo_outcome_sd": assumed_sd,
-                "expected_clip": clip,
-                "s_theta": expected_mean.sigma,
+                "expected_clip": expected["clip"],
+                "s_theta": expected["s_theta"],
                 "s_2": expected_second.sigma,
             }
         )
@@ -153,10 +219,7 @@ def _epsilon_for_half_width_pinned(
     z = float(ndtri(1.0 - base.params.alpha / 2.0))
     sensitivity = base.mean.sensitivity_l2
     delta = base.record.delta
-    sampling_variance = 0.0
-    if base.quantile_epsilon is not None:
-        sensitivity = float_slack(2.0 * assumed_clip(domain, base) / base.n2, base.n2)
-        sampling_variance = assumed_pseudo_outcome_sd(domain) ** 2 / base.n2
+    adaptive = base.quantile_epsilon is not None
 
     def reaches(epsilon: float) -> bool:
         # the shares may depend on epsilon (public cross-fitting rule): re-resolve them and
@@ -166,12 +229,14 @@ def _epsilon_for_half_width_pinned(
         if nuisance_share is not None:
             _, epsilon = split_share(epsilon, nuisance_share)
             _, delta_stat = split_share(delta, nuisance_share)
-        if base.quantile_epsilon is not None:
-            _, epsilon = split_share(epsilon, ADAPTIVE_CLIP_SHARE)
+        if adaptive:
+            # the same expected half-width as the quote: the plan at this epsilon
+            state = make_plan(domain, replace(params, epsilon=epsilon))
+            return expected_adaptive_half_width(domain, state, z)["half_width"] <= target
         epsilon_theta, _ = split_share(epsilon, share)
         delta_theta, _ = split_share(delta_stat, share)
         sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity).sigma
-        return z * math.sqrt(sampling_variance + sigma * sigma) <= target
+        return z * sigma <= target
 
     if not reaches(MAX_EPSILON):
         return None
