@@ -18,6 +18,7 @@ BENCHES = (
     "bench.ate_service",
     "bench.lee",
     "bench.realistic",
+    "bench.nuisance_bias",
 )
 
 
