@@ -238,7 +238,7 @@ def test_paper_quote_is_public_and_matches_the_formula(
         raise AssertionError("the quote must not touch data")
 
     for name in ("prepare_arrays", "random_folds", "fit", "_paper_nuisance", "influence_sup"):
-        monkeypatch.setattr(cv, name, forbidden)
+        monkeypatch.setattr(cv.estimation, name, forbidden)
     dom = domain(3000, rct=rct, paper=True)
     body = {
         "points": [[0.1, 0.2], [0.9, 0.4]],
@@ -389,7 +389,7 @@ def test_suggested_ridge_is_public_and_the_adapter_default(
         raise AssertionError("the rule must not touch data")
 
     for name in ("prepare_arrays", "random_folds", "fit", "_strict_nuisance"):
-        monkeypatch.setattr(cv, name, forbidden)
+        monkeypatch.setattr(cv.estimation, name, forbidden)
     dom = _bench_domain()
     kind = CateVectorKind()
     previous = math.inf
