@@ -73,6 +73,32 @@ def test_quote_states_what_the_interval_covers(
     assert ("not the error left by the DP" in coverage["message"]) is (basis != "design")
 
 
+def test_quote_says_whether_the_target_half_width_is_reachable() -> None:
+    kind = AteKind()
+    base = kind.quote(AteParams.model_validate({"epsilon": 1.0}), RCT)
+    expected = base["expected_half_width"]
+
+    def verdict(target: float) -> dict[str, Any]:
+        return kind.quote(
+            AteParams.model_validate({"epsilon": 1.0, "target_half_width": target}), RCT
+        )
+
+    met = verdict(expected * 1.01)
+    assert met["meets_target"] is True
+    assert "meets the target" in met["target_message"]
+    short = verdict(expected * 0.8)
+    assert short["meets_target"] is False
+    needed = short["epsilon_for_target_half_width"]
+    assert needed is not None
+    assert needed > 1.0
+    assert f"{needed:.3g}" in short["target_message"]
+    unreachable = verdict(1e-6)
+    assert unreachable["meets_target"] is False
+    assert unreachable["epsilon_for_target_half_width"] is None
+    assert "No epsilon up to the maximum" in unreachable["target_message"]
+    assert "meets_target" not in base
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

@@ -262,6 +262,8 @@ class AteKind:
         else:
             out = ate_strict.quote(domain, mechanism, target_half_width=target)
         out["coverage"] = ate_coverage(domain, mode=checked.mode, estimator=checked.estimator)
+        if target is not None:
+            out.update(_target_verdict(out, checked.epsilon, target))
         return out
 
     def run(
@@ -289,6 +291,30 @@ class AteKind:
         # public: from the design and the request only (service.mechanisms.ate_coverage)
         out["coverage"] = ate_coverage(domain, mode=checked.mode, estimator=checked.estimator)
         return out
+
+
+def _target_verdict(quoted: dict[str, Any], epsilon: float, target: float) -> dict[str, Any]:
+    """Whether the quoted release meets ``target_half_width``, and what would (in words)."""
+    expected = float(quoted["expected_half_width"])
+    needed = quoted.get("epsilon_for_target_half_width")
+    meets = expected <= target
+    if meets:
+        message = (
+            f"At epsilon = {epsilon:g} the expected half-width {expected:.3g} meets the "
+            f"target {target:g}."
+        )
+    elif needed is None:
+        message = (
+            f"No epsilon up to the maximum reaches a half-width of {target:g} on this dataset "
+            f"(expected {expected:.3g} at epsilon = {epsilon:g}): the sampling error or the "
+            "declared bounds set a floor. Accept a wider interval, or use a larger dataset."
+        )
+    else:
+        message = (
+            f"At epsilon = {epsilon:g} the expected half-width is {expected:.3g}, above the "
+            f"target {target:g}; epsilon = {float(needed):.3g} would reach it."
+        )
+    return {"meets_target": meets, "target_message": message}
 
 
 def _as_params(params: Any) -> AteParams:

@@ -161,6 +161,7 @@ _QUOTE_ACCURACY_KEYS = (
     "min_half_width",
     "target_half_width",
     "epsilon_for_target_half_width",
+    "target_message",
     "noise_sd_upper_bound",
     "noise_sd_lower_bound",
     "learner",
