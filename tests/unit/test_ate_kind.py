@@ -180,17 +180,21 @@ def _mechanism_cross_fit(domain: PublicDomain, **extra: Any) -> bool:
 
 
 def test_dp_linear_cross_fits_by_a_public_rule_in_n_epsilon() -> None:
-    """Omitted cross_fit: dp_linear (observational) cross-fits when n eps > 5000 (n = 4000)."""
+    """Omitted cross_fit: dp_linear cross-fits when n eps > 5000 on an observational design and
+    n eps > 10000 on a randomised one (the RCT default nuisance is dp_linear); n = 4000."""
     lin = {"nuisance": "dp_linear"}
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=1.25, **lin) is False  # n eps = 5000
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=1.26, **lin) is True
-    # An explicit choice, given folds, other nuisances and RCT designs are left alone.
+    assert _mechanism_cross_fit(RCT, epsilon=2.5) is False  # n eps = 10000
+    assert _mechanism_cross_fit(RCT, epsilon=2.51) is True
+    assert _mechanism_cross_fit(RCT, epsilon=2.51, nuisance="none") is False
+    # An explicit choice, given folds and other nuisances are left alone.
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=5.0, cross_fit=False, **lin) is False
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=0.5, cross_fit=True, **lin) is True
     folds = {"fold_fractions": (0.25, 0.25, 0.5)}
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=5.0, **lin, **folds) is False
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=5.0) is False  # dp_ebm
-    assert _mechanism_cross_fit(RCT, epsilon=5.0, **lin) is False
+    assert _mechanism_cross_fit(RCT, epsilon=5.0, fold_fractions=(0.5, 0.5), **lin) is False
     # The record and the charge follow the resolved design (two halves, one charge).
     record = AteKind().record(AteParams.model_validate({"epsilon": 5.0, **lin}), OBSERVATIONAL)
     assert record.fold_sizes == {"half_1": 2000, "half_2": 2000}

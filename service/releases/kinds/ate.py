@@ -90,8 +90,8 @@ class AteParams(KindParams):
     # None: strict, the public rule ate_strict.default_nuisance ("dp_linear" on RCT designs,
     # "dp_ebm" otherwise); paper, "kernel".
     nuisance: Literal["dp_ebm", "dp_linear", "none", "kernel", "linear"] | None = None
-    # None: the public rule ate_strict.default_cross_fit (dp_linear, observational design:
-    # cross-fit when n epsilon > 5000 and no fold_fractions are given).
+    # None: the public rule ate_strict.default_cross_fit (dp_linear, no fold_fractions:
+    # cross-fit when n epsilon > 5000 on observational designs, > 10000 on randomised ones).
     cross_fit: StrictBool | None = None
     # None: the public rule clip(25000 / (n epsilon), 0.05, 0.5) (cross_fit only).
     nuisance_share: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
