@@ -152,8 +152,28 @@ def _sql(db_url: str, sql: str) -> list[Any]:
 
 
 # -- accept path ---------------------------------------------------------------------------
+def commit_ms(db_url: str, commits: int = 50) -> float:
+    """Median time of a one-row durable commit on this database (one statement, autocommit).
+
+    Charges of one dataset are serialised by its budget row (or SQLite's write lock) held to
+    the end of their commit, so one dataset cannot take more than about 1000 / this per second.
+    """
+    eng = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    times = []
+    with eng.connect() as conn:
+        conn.execute(text("CREATE TABLE bench_commit_probe (x INTEGER)"))
+        for i in range(commits):
+            t0 = time.perf_counter()
+            conn.execute(text("INSERT INTO bench_commit_probe VALUES (:x)"), {"x": i})
+            times.append(time.perf_counter() - t0)
+        conn.execute(text("DROP TABLE bench_commit_probe"))
+    eng.dispose()
+    return round(float(np.median(times)) * 1000, 2)
+
+
 def accept(db_url: str, requests: int, datasets: int, clients: int, threads: int) -> dict[str, Any]:
     env = _env(CURATOR_WORKERS="4", CURATOR_START_JOB_RUNNER="false")
+    load_before = round(os.getloadavg()[0], 2)
     with live_server(db_url, admin_key=ADMIN, extra_env=env, workers=0) as base:
         oh = _owner(base)
         per = requests // datasets
@@ -171,6 +191,10 @@ def accept(db_url: str, requests: int, datasets: int, clients: int, threads: int
         "datasets": datasets,
         **_summary(out, wall),
         "ledger_valid": valid,
+        # 1-minute load average of this (shared) machine before and at the end of the phase.
+        "load_1min_before": load_before,
+        "load_1min_after": round(os.getloadavg()[0], 2),
+        "commit_ms_median": commit_ms(db_url),
     }
 
 
@@ -431,6 +455,11 @@ def main() -> None:
         default=None,
         help="accept_one_dataset accept_100_datasets overspend scaling kill (default: all)",
     )
+    parser.add_argument(
+        "--result",
+        default="scale",
+        help="bench/results/<RESULT>.json (default scale; e.g. a run of some phases only)",
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {}
     if args.only != "postgres":
@@ -454,7 +483,7 @@ def main() -> None:
             ok = ok and k["double_charges"] == 0 and k["not_terminal"] == 0
             ok = ok and k["stuck_queue_jobs"] == 0 and k["ledger_valid"]
     results["pass"] = ok
-    out = write_result("scale", results, quick=args.quick)
+    out = write_result(args.result, results, quick=args.quick, module="bench.scale")
     print(f"wrote {out}")
     if not ok:
         raise SystemExit("scale check failed: overspend, double charge or stuck job")

@@ -9,6 +9,7 @@ BENCHES = (
     "bench.upload",
     "bench.load",
     "bench.scale",
+    "bench.accept_profile",
     "bench.functions",
     "bench.function_defaults",
     "bench.cate_vector",

@@ -6,11 +6,14 @@ transaction: the charge, the release row and its job commit together or not at a
 charged release can never be left without a job (and its NOTIFY wakes a worker at commit). On
 SQLite the ``queued`` release row is itself the queue entry (``service.jobs.runner``), so
 nothing more is written. The queue layer knows no release kind: the job carries only the id.
+A release's charge defers its job through ``job_of`` inside the ledger's one-statement charge
+(``curator_charge_v1``, PostgreSQL), or through ``enqueue`` on the statement-by-statement path.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,6 +35,19 @@ _ORPHANS = text(
 )
 
 
+@dataclass(frozen=True)
+class Job:
+    """A release's job as procrastinate's ``procrastinate_defer_jobs_v1`` takes it."""
+
+    queue: str
+    task: str
+    args_json: str
+
+
+def job_of(release_id: str) -> Job:
+    return Job(QUEUE, TASK, json.dumps({"release_id": release_id}))
+
+
 def uses_engine(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
@@ -40,9 +56,8 @@ def enqueue(session: Session, release_id: str) -> None:
     """Defer the job of ``release_id`` in the session's transaction (PostgreSQL only)."""
     if not uses_engine(session):
         return
-    session.execute(
-        _DEFER, {"queue": QUEUE, "task": TASK, "args": json.dumps({"release_id": release_id})}
-    )
+    job = job_of(release_id)
+    session.execute(_DEFER, {"queue": job.queue, "task": job.task, "args": job.args_json})
 
 
 def enqueue_orphans(factory: sessionmaker[Session]) -> list[str]:

@@ -6,6 +6,13 @@ the dataset's budget row. That update is the charge itself: ``spent + cost <= to
 by the database in the same statement that adds the cost, so concurrent requests can never
 overspend, and the row it locks (PostgreSQL) or the write lock (SQLite, ``BEGIN IMMEDIATE``)
 serialises the chain. Costs are never refunded.
+
+A release's charge on PostgreSQL is one statement, ``curator_charge_v1`` (a PL/pgSQL function
+created by the migration ``ledger_charge_function``): the conditional update, the grant's cap,
+the entry (hashed in SQL from ``chain.body_parts``, the same bytes ``chain.row_hash`` hashes),
+the release row and its job, committed as the statement ends, so the budget row's lock is held
+for that statement and its commit only. SQLite writes the same rows statement by statement
+under its database-wide write lock. ``in_one_statement`` is the one place that chooses.
 """
 
 from __future__ import annotations
@@ -15,14 +22,16 @@ import io
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from service.db.models import Budget, Grant, LedgerEntry
+from service.db.models import Budget, Grant, LedgerEntry, Release
+from service.jobs import queue
 from service.ledger import amounts
-from service.ledger.chain import HASHED_FIELDS, genesis_hash, row_hash
+from service.ledger.chain import HASHED_FIELDS, body_parts, genesis_hash, row_hash
 from service.mechanisms.records import MechanismRecord
 from service.problems import (
     BudgetBelowSpent,
@@ -251,19 +260,207 @@ def charge(
     request_hash: str,
     idempotency_key: str,
     via_grant: bool,
+    release: Release | None = None,
 ) -> Charged:
     """Charge a release's cost atomically, before any data is touched.
 
-    Raises ``BudgetExhausted`` / ``BudgetNotSet`` / ``PrincipalCapExceeded``; the caller's
-    transaction must then be rolled back (the session dependency does this).
+    ``release``: the release row the charge pays for (its ``epsilon``, ``delta``,
+    ``created_at`` and ``ledger_seq`` are set here); it is inserted, and its job deferred, in
+    the charge's transaction. On PostgreSQL all of it is one statement (``curator_charge_v1``):
+    the budget row's lock is held for the rest of that statement and the commit. Elsewhere
+    (SQLite, whose write lock is held for the whole transaction anyway) the same writes are
+    made statement by statement in a savepoint. The object is not added to the session on the
+    one-statement path (it is a transient copy of the row written).
+
+    Raises ``BudgetExhausted`` / ``BudgetNotSet`` / ``PrincipalCapExceeded`` / ``NotFound``;
+    the caller's transaction must then be rolled back (the session dependency does this).
     """
     eps = amounts.epsilon_cost_units(record.epsilon)
     dlt = amounts.delta_cost_units(record.delta)
     if eps == 0 and dlt == 0:
         raise ValueError("a release must have a positive cost")
+    if release is not None:
+        release.epsilon, release.delta = eps, dlt
+    details = record.to_dict()
+    if in_one_statement(session):
+        seq, created_at = _charge_in_one_statement(
+            session,
+            dataset_id=dataset_id,
+            principal_id=principal_id,
+            release_id=release_id,
+            record=record,
+            eps=eps,
+            dlt=dlt,
+            via_grant=via_grant,
+            guarantee=str(record.guarantee),
+            details=details,
+            request_hash=request_hash,
+            idempotency_key=idempotency_key,
+            release=release,
+        )
+        if release is not None:
+            release.ledger_seq, release.created_at = seq, created_at
+        return Charged(seq=seq, epsilon=eps, delta=dlt)
+    with session.begin_nested():
+        if release is not None:
+            # Runs only after the commit (on PostgreSQL the job row and its NOTIFY are not
+            # visible before it; on SQLite the queued release row is the queue entry).
+            queue.enqueue(session, release_id)
+        entry = _charge_in_statements(
+            session,
+            dataset_id=dataset_id,
+            principal_id=principal_id,
+            release_id=release_id,
+            record=record,
+            eps=eps,
+            dlt=dlt,
+            via_grant=via_grant,
+            details=details,
+            request_hash=request_hash,
+            idempotency_key=idempotency_key,
+        )
+        if release is not None:
+            release.ledger_seq, release.created_at = entry.seq, entry.created_at
+            session.add(release)
+            session.flush()
+    return Charged(seq=entry.seq, epsilon=eps, delta=dlt)
+
+
+def charge_release(
+    session: Session,
+    *,
+    dataset_id: str,
+    principal_id: str,
+    record: MechanismRecord,
+    via_grant: bool,
+    release: Release,
+) -> Charged:
+    """Charge ``release``'s cost, insert its row and defer its job, and commit: all or nothing.
+
+    The session's transaction must not have written anything (the caller has only read): on
+    PostgreSQL it is ended first and the charge is one statement run outside any transaction
+    block, so the server commits it as the statement ends (synchronously, like any commit) and
+    the budget row's lock is released there, with no round trip and no Python in between. On
+    SQLite the charge is written in the caller's transaction, which is then committed.
+    """
+    if in_one_statement(session):
+        session.commit()  # the caller's reads: nothing to write, no lock held
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    charged = charge(
+        session,
+        dataset_id=dataset_id,
+        principal_id=principal_id,
+        release_id=release.id,
+        record=record,
+        request_hash=release.request_hash,
+        idempotency_key=release.idempotency_key,
+        via_grant=via_grant,
+        release=release,
+    )
+    session.commit()
+    return charged
+
+
+def in_one_statement(session: Session) -> bool:
+    """The one place that chooses how a charge is written: one SQL call on PostgreSQL."""
+    return session.get_bind().dialect.name == "postgresql"
+
+
+_CHARGE_SQL = text(
+    "SELECT entry_seq, entry_created_at FROM curator_charge_v1("
+    ":dataset_id, :principal_id, :epsilon, :delta, :via_grant, :body, :release_id, :guarantee, "
+    ":details_json, :request_hash, :idempotency_key, CAST(:release AS jsonb), :job_queue, "
+    ":job_task, CAST(:job_args AS jsonb))"
+)
+
+# SQLSTATEs raised by curator_charge_v1 for a refused charge (nothing is written).
+_REFUSALS = {"CU001": "not_found", "CU002": "not_set", "CU003": "exhausted", "CU004": "cap"}
+
+
+def _charge_in_one_statement(
+    session: Session,
+    *,
+    dataset_id: str,
+    principal_id: str,
+    release_id: str,
+    record: MechanismRecord,
+    eps: int,
+    dlt: int,
+    via_grant: bool,
+    guarantee: str,
+    details: dict[str, Any],
+    request_hash: str,
+    idempotency_key: str,
+    release: Release | None,
+) -> tuple[int, str]:
+    details_json = json.dumps(details, sort_keys=True, separators=(",", ":"))
+    fields = {
+        "dataset_id": dataset_id,
+        "entry_type": "charge",
+        "principal_id": principal_id,
+        "release_id": release_id,
+        "epsilon": eps,
+        "delta": dlt,
+        "guarantee": guarantee,
+        "details_json": details_json,
+        "request_hash": request_hash,
+        "idempotency_key": idempotency_key,
+    }
+    row = None
+    if release is not None:
+        row = {c.name: getattr(release, c.key) for c in Release.__table__.columns}
+    job = queue.job_of(release_id) if release is not None else None
+    try:
+        seq, created_at = session.execute(
+            _CHARGE_SQL,
+            {
+                **fields,
+                "via_grant": via_grant,
+                "body": body_parts(fields),
+                "release": None if row is None else json.dumps(row),
+                "job_queue": None if job is None else job.queue,
+                "job_task": None if job is None else job.task,
+                "job_args": None if job is None else job.args_json,
+            },
+        ).one()
+    except DBAPIError as exc:
+        refusal = _REFUSALS.get(getattr(exc.orig, "sqlstate", None) or "")
+        if refusal is None:
+            raise
+        _refuse(refusal, record)
+    return int(seq), str(created_at)
+
+
+def _refuse(reason: str, record: MechanismRecord) -> NoReturn:
+    if reason == "not_found":
+        raise NotFound("dataset not found")
+    if reason == "not_set":
+        raise BudgetNotSet("the dataset's owner has not set a privacy budget")
+    if reason == "cap":
+        raise PrincipalCapExceeded("this release would exceed your per-principal cap")
+    raise BudgetExhausted(
+        "this release would exceed the dataset's privacy budget",
+        epsilon_requested=record.epsilon,
+        delta_requested=record.delta,
+    )
+
+
+def _charge_in_statements(
+    session: Session,
+    *,
+    dataset_id: str,
+    principal_id: str,
+    release_id: str,
+    record: MechanismRecord,
+    eps: int,
+    dlt: int,
+    via_grant: bool,
+    details: dict[str, Any],
+    request_hash: str,
+    idempotency_key: str,
+) -> LedgerEntry:
     # The charge: one conditional statement, checked and applied by the database. It also
-    # takes the ledger's next sequence number and returns the chain state for the entry, so
-    # the budget row's lock is held for as few round trips as possible.
+    # takes the ledger's next sequence number and returns the chain state for the entry.
     charged = session.execute(
         update(Budget)
         .where(
@@ -283,15 +480,7 @@ def charge(
         is_set = session.execute(
             select(Budget.is_set).where(Budget.dataset_id == dataset_id)
         ).scalar_one_or_none()
-        if is_set is None:
-            raise NotFound("dataset not found")
-        if not is_set:
-            raise BudgetNotSet("the dataset's owner has not set a privacy budget")
-        raise BudgetExhausted(
-            "this release would exceed the dataset's privacy budget",
-            epsilon_requested=record.epsilon,
-            delta_requested=record.delta,
-        )
+        _refuse("not_found" if is_set is None else "exhausted" if is_set else "not_set", record)
     if via_grant:
         capped = session.execute(
             update(Grant)
@@ -306,8 +495,8 @@ def charge(
             .returning(Grant.id)
         ).first()
         if capped is None:
-            raise PrincipalCapExceeded("this release would exceed your per-principal cap")
-    entry = _append(
+            _refuse("cap", record)
+    return _append(
         session,
         dataset_id=dataset_id,
         entry_type="charge",
@@ -316,12 +505,11 @@ def charge(
         delta=dlt,
         release_id=release_id,
         guarantee=str(record.guarantee),
-        details=record.to_dict(),
+        details=details,
         request_hash=request_hash,
         idempotency_key=idempotency_key,
         state=charged,
     )
-    return Charged(seq=entry.seq, epsilon=eps, delta=dlt)
 
 
 def record_rows_deleted(session: Session, *, dataset_id: str, principal_id: str) -> None:
@@ -444,6 +632,7 @@ __all__ = [
     "Charged",
     "Verification",
     "charge",
+    "charge_release",
     "entries",
     "entry_view",
     "export_csv",

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from service.auth.service import Caller, Role
 from service.datasets import service as datasets
 from service.db.models import Dataset, Release
-from service.jobs import failures, queue
+from service.jobs import failures
 from service.ledger import amounts
 from service.ledger import service as ledger
 from service.ledger.chain import canonical_json
@@ -150,49 +150,37 @@ def _charge_and_record(
     stored_params: dict[str, Any],
     via_grant: bool,
 ) -> Release:
-    """Defer the job, charge, insert the release, in one savepoint: all or nothing.
+    """Charge, insert the release, defer its job and commit: all or nothing.
 
-    Only the charge, its ledger entry and the release row are written under the budget row's
-    lock (held to the commit); everything else (serialising, the job's row) is done first.
+    Everything that needs no lock (the row's fields, the JSON) is prepared first; on
+    PostgreSQL the charge, its ledger entry, the release row and its job are then one
+    statement that commits as it ends (``ledger.charge_release``), so the budget row's lock is
+    held for that statement and its commit only.
     """
     release_id = uuid.uuid4().hex
-    params_json = canonical_json(stored_params)
-    record_json = canonical_json(record.to_dict())
-    guarantee = str(record.guarantee)
-    with session.begin_nested():
-        # Runs only after the commit (the job row and its NOTIFY are not visible before it).
-        queue.enqueue(session, release_id)
-        charged = ledger.charge(
-            session,
-            dataset_id=dataset_id,
-            principal_id=caller.id,
-            release_id=release_id,
-            record=record,
-            request_hash=digest,
-            idempotency_key=idempotency_key,
-            via_grant=via_grant,
-        )
-        release = Release(
-            id=release_id,
-            dataset_id=dataset_id,
-            principal_id=caller.id,
-            kind=body.kind,
-            params_json=params_json,
-            request_hash=digest,
-            reuse_key=None if body.fresh else digest,
-            idempotency_key=idempotency_key,
-            status="queued",
-            progress=0.0,
-            stage="queued",
-            guarantee=guarantee,
-            epsilon=charged.epsilon,
-            delta=charged.delta,
-            record_json=record_json,
-            created_at=ledger.now_iso(),
-            ledger_seq=charged.seq,
-        )
-        session.add(release)
-        session.flush()
+    release = Release(
+        id=release_id,
+        dataset_id=dataset_id,
+        principal_id=caller.id,
+        kind=body.kind,
+        params_json=canonical_json(stored_params),
+        request_hash=digest,
+        reuse_key=None if body.fresh else digest,
+        idempotency_key=idempotency_key,
+        status="queued",
+        progress=0.0,
+        stage="queued",
+        guarantee=str(record.guarantee),
+        record_json=canonical_json(record.to_dict()),
+    )
+    ledger.charge_release(
+        session,
+        dataset_id=dataset_id,
+        principal_id=caller.id,
+        record=record,
+        via_grant=via_grant,
+        release=release,
+    )
     return release
 
 
