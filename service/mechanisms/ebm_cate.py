@@ -577,6 +577,7 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
         "warnings": warnings,
     }
     if state.calibration is not None:
+        out["anchor_rows"] = state.fold_sizes[-1]  # the anchor reads the whole effect fold
         out["calibration_rows"] = state.calibration_size
         out["calibration_noise_sd"] = state.calibration.sigma
     return out
