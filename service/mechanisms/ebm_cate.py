@@ -22,6 +22,13 @@ Claim (strict learners S and DR):
     weights (T - e_hat)^2 to interpret, whose noise then depends on max(weight) and whose
     binning threshold on the weight total (§6 item 6): paper label only.
 
+    Shrinkage ``"ate"`` (the DR default, proof step 6): the effect fold spends a public 20 %
+    of its (epsilon, delta) on a DP ATE anchor of the whole fold (exact split), the effect model
+    (centred targets) runs on the fold's fitting rows and DP calibration sums on its disjoint
+    calibration rows, each at the rest: per record of the fold, anchor + one of the two, so the
+    total is still (epsilon, delta). The factor and ``anchor + lambda * deviation`` are
+    post-processing.
+
     Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
 
 References:

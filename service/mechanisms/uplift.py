@@ -18,7 +18,10 @@ Claim:
     y_hi - y_lo``). Each vector gets the Laplace mechanism at epsilon / 2 with those
     sensitivities (scales 4 / epsilon and 2 W / epsilon = 4 D_y / epsilon, D_y = W / 2), plus
     the lattice inflation; sequential composition gives epsilon. The grid is public (declared
-    box and analyst-chosen bins), so the partition costs nothing. Proof:
+    box and analyst-chosen bins), so the partition costs nothing. Shrinkage ``"ate"`` (the
+    default, >= 2 cells) first spends 10 % of the table's epsilon on the arms' centred second
+    moments (Laplace, L1 sensitivity W^2 / 2); the anchor (the count-weighted mean of the cell
+    uplifts) and the James–Stein factor are post-processing. Proof:
     docs/proofs/uplift_table.md.
 
 Causal reading: uplift = CATE only under an RCT, or when the cells form a valid adjustment set
