@@ -111,6 +111,7 @@ _WARNING_EPSILON_CAP = 4.0
 # proof step 6 (shrinkage "ate"): the calibration rows are the last CALIBRATION_FRACTION of the
 # effect fold (at least MIN_FOLD_SIZE records); the effect model is fitted on the others.
 CALIBRATION_FRACTION = 0.2
+MIN_CALIBRATION_ROWS = 20
 # The factor keeps the deviations only where the DP calibration slope is significant at this
 # one-sided level (pure noise: lambda = 0 with probability about 0.99).
 CALIBRATION_LEVEL = 0.99
@@ -174,7 +175,8 @@ class EbmCateParams:
 
 
 def resolved_shrinkage(params: EbmCateParams) -> Shrinkage:
-    """The request's shrinkage, or the learner's default (``"ate"`` for DR)."""
+    """The request's shrinkage, or the learner's default (``"ate"`` for DR; ``make_plan``
+    falls back to ``"none"`` where the effect fold is too small for calibration rows)."""
     if params.shrinkage is None:
         return "ate" if params.learner == "dr" else "none"
     return params.shrinkage
@@ -327,6 +329,14 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             "R-learner is paper-label)"
         )
     calibration_size = calibration_rows(sizes[-1]) if shrinkage == "ate" else 0
+    if shrinkage == "ate" and calibration_size == 0:
+        if params.shrinkage is not None:
+            raise InvalidParameters(
+                f"shrinkage 'ate' needs an effect fold of at least "
+                f"{MIN_FOLD_SIZE + MIN_CALIBRATION_ROWS} records (fitting and calibration "
+                "rows); use shrinkage 'none' or a larger fold"
+            )
+        shrinkage = "none"  # the default on a too small effect fold (public n only)
     delta = validate_delta(params.delta, n_min=min((*sizes, calibration_size or sizes[0])))
     big_r = domain.outcome_range
     propensity: float | None = None
@@ -476,14 +486,15 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
 
 def calibration_rows(effect_size: int) -> int:
     """proof step 6: the public number of calibration rows of an effect fold of ``effect_size``
-    records: ``CALIBRATION_FRACTION`` of it, at least ``MIN_FOLD_SIZE``; the fitting rows must
-    keep ``MIN_FOLD_SIZE`` too (``InvalidParameters`` before any charge)."""
-    size = max(math.floor(CALIBRATION_FRACTION * effect_size), MIN_FOLD_SIZE)
-    if effect_size - size < MIN_FOLD_SIZE:
-        raise InvalidParameters(
-            f"shrinkage 'ate' needs an effect fold of at least {2 * MIN_FOLD_SIZE} records "
-            "(fitting and calibration rows); use shrinkage 'none' or a larger fold"
-        )
+    records: ``CALIBRATION_FRACTION`` of it, raised towards ``MIN_FOLD_SIZE`` as far as the
+    fitting rows keep ``MIN_FOLD_SIZE`` (a DP-EBM fit's minimum); 0 where that leaves fewer than
+    ``MIN_CALIBRATION_ROWS`` (no anchored release is possible; public n only)."""
+    size = max(
+        math.floor(CALIBRATION_FRACTION * effect_size),
+        min(MIN_FOLD_SIZE, effect_size - MIN_FOLD_SIZE),
+    )
+    if size < MIN_CALIBRATION_ROWS or effect_size - size < MIN_FOLD_SIZE:
+        return 0
     return size
 
 

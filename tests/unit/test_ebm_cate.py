@@ -433,3 +433,19 @@ def test_quote_of_the_default_is_anchored() -> None:
     assert quote["calibration_rows"] == 400
     s = EbmCateKind().quote(EbmCateRequest(epsilon=1.0, learner="s"), domain())
     assert s["versus_ate"]["anchored"] is False
+
+
+def test_small_effect_folds_fall_back_to_the_unanchored_default() -> None:
+    """n = 220, RCT: an effect fold of 110 records cannot hold 100 fitting and 20 calibration
+    rows: the default is then shrinkage "none" (public n only), an explicit "ate" is refused;
+    n = 400 (service defaults): 100 fitting rows and 40 calibration rows."""
+    small = domain(220, rct=True)
+    record = ec.plan(small, ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert [e.module for e in record.events] == ["outcome", "effect"]
+    assert ec.quote(small, ec.EbmCateParams(epsilon=1.0, delta=1e-5))["shrinkage"] == "none"
+    with pytest.raises(InvalidParameters):
+        ec.plan(small, ec.EbmCateParams(epsilon=1.0, delta=1e-5, shrinkage="ate"))
+    from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
+
+    sizes = EbmCateKind().record(EbmCateRequest(epsilon=1.0), domain(400)).fold_sizes
+    assert sizes == {"propensity": 100, "outcome": 160, "effect": 100, "calibration": 40}

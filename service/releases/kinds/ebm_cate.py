@@ -79,7 +79,7 @@ class EbmCateKind:
         request = _as_params(params)
         checked = to_mechanism_params(request, domain)
         out = ebm_cate.quote(domain, checked)
-        anchored = ebm_cate.resolved_shrinkage(checked) == "ate"
+        anchored = out["shrinkage"] == "ate"
         out["versus_ate"] = versus_ate_block(
             request, domain, lambda r: _noise_sd(r, domain), anchored=anchored
         )
