@@ -299,7 +299,9 @@ def test_anchored_plan_spends_exactly_the_request(rct: bool) -> None:
     assert [e.type for e in effect] == ["exponential_quantile", "gaussian", "gdp_module"]
     assert math.fsum(e.epsilon for e in effect) == epsilon
     assert math.fsum(e.delta for e in effect) == delta
-    assert effect[0].epsilon + effect[1].epsilon == pytest.approx(ec.ANCHOR_SHARE_EBM * epsilon)
+    share = ec.ebm_anchor_share(4000, epsilon)  # n eps = 5200 < 50000: the noisy share, 0.8
+    assert share == 0.8
+    assert effect[0].epsilon + effect[1].epsilon == pytest.approx(share * epsilon)
     (calibration,) = [e for e in record.events if e.module == "calibration"]
     assert (calibration.epsilon, calibration.delta) == (effect[2].epsilon, effect[2].delta)
     effect_mu = float(effect[2].params["mu"])
@@ -311,6 +313,16 @@ def test_anchored_plan_spends_exactly_the_request(rct: bool) -> None:
         if event.module not in ("effect", "calibration"):
             assert (event.epsilon, event.delta) == (epsilon, delta)
     assert record.fold_sizes["calibration"] == 400  # 20 % of the effect fold (2000 records)
+
+
+def test_anchor_share_rule() -> None:
+    assert ec.ebm_anchor_share(20000, 4.0) == 0.2  # n eps = 80000: the effect model gets 80 %
+    assert ec.ebm_anchor_share(20000, 1.0) == 0.8
+    assert ec.ebm_anchor_share(5000, 4.0) == 0.8
+    record = ec.plan(domain(20000), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
+    quantile, mean = (e for e in record.events if e.module == "effect" and e.type != "gdp_module")
+    assert quantile.epsilon + mean.epsilon == pytest.approx(0.8)
+    assert float(mean.params["bound_max"]) == pytest.approx(7.0 / 0.05)  # natural bound R_Y / c
 
 
 def test_calibration_sensitivity_covers_every_row_change() -> None:
