@@ -322,7 +322,10 @@ def test_anchor_share_rule() -> None:
     record = ec.plan(domain(20000), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
     quantile, mean = (e for e in record.events if e.module == "effect" and e.type != "gdp_module")
     assert quantile.epsilon + mean.epsilon == pytest.approx(0.8)
-    assert float(mean.params["bound_max"]) == pytest.approx(7.0 / 0.05)  # natural bound R_Y / c
+    assert float(mean.params["bound_max"]) == pytest.approx(7.0)  # observational: the learner's K
+    rct = ec.plan(domain(20000, rct=True), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
+    (rct_mean,) = (e for e in rct.events if e.params.get("statistic") == "anchor_ate_mean")
+    assert float(rct_mean.params["bound_max"]) == pytest.approx(7.0 / 0.5)  # RCT: R_Y / c
 
 
 def test_calibration_sensitivity_covers_every_row_change() -> None:
