@@ -22,6 +22,13 @@ Claim (strict learners S and DR):
     weights (T - e_hat)^2 to interpret, whose noise then depends on max(weight) and whose
     binning threshold on the weight total (§6 item 6): paper label only.
 
+    Shrinkage ``"ate"`` (the DR default, proof step 6): the effect fold spends a public 20 %
+    of its (epsilon, delta) on a DP ATE anchor of the whole fold (exact split), the effect model
+    (centred targets) runs on the fold's fitting rows and DP calibration sums on its disjoint
+    calibration rows, each at the rest: per record of the fold, anchor + one of the two, so the
+    total is still (epsilon, delta). The factor and ``anchor + lambda * deviation`` are
+    post-processing.
+
     Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
 
 References:
@@ -36,12 +43,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from service.mechanisms import ate_strict
+from service.mechanisms.anchor import (
+    ANCHOR_SHARE,
+    ANCHOR_SHARE_NOISY,
+    AnchorPlan,
+    anchor_pseudo_outcomes,
+    draw_anchor,
+    plan_anchor,
+)
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
     default_delta,
@@ -64,6 +80,7 @@ from service.mechanisms.dp_ebm import (
     solve_dp_ebm_epsilon_p,
 )
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, ReleaseFailed
+from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
 from service.mechanisms.partition import (
     MIN_FOLD_SIZE,
     checked_fractions,
@@ -74,9 +91,10 @@ from service.mechanisms.partition import (
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ebm_cate"
-VERSION = "1"
+VERSION = "2"  # 2: shrinkage "ate" (the anchored DR default, proof step 6)
 
 Learner = Literal["dr", "r", "s"]
+Shrinkage = Literal["ate", "none"]
 Progress = Callable[[float, str], None]
 
 MIN_EPSILON = 0.05
@@ -91,6 +109,26 @@ MIN_MAX_ROUNDS, MAX_MAX_ROUNDS = 10, 1000
 # at eps = 1 for Niu et al.'s configuration). eps above 4 was not measured, hence the cap.
 SMALL_N_EPSILON_WARNING = 8000.0
 _WARNING_EPSILON_CAP = 4.0
+# proof step 6 (shrinkage "ate"): the calibration rows are the last CALIBRATION_FRACTION of the
+# effect fold (at least MIN_FOLD_SIZE records); the effect model is fitted on the others.
+CALIBRATION_FRACTION = 0.2
+MIN_CALIBRATION_ROWS = 20
+# The factor keeps the deviations only where the DP calibration slope is significant at this
+# one-sided level (pure noise: lambda = 0 with probability about 0.99).
+CALIBRATION_LEVEL = 0.99
+CALIBRATION_STATISTICS = 3  # sum g^2, sum r g, (G / K) sum r^2 over the calibration rows
+# The released deviations are clipped to [-G, G], G = DEVIATION_BOUND_OF_K * K (public): the
+# calibration sums' sensitivity is then G sqrt(G^2 + 5 K^2) instead of sqrt(6) K^2.
+DEVIATION_BOUND_OF_K = 0.25
+# The anchor's share of the effect fold's budget (public rule ``ebm_anchor_share``):
+# anchor.ANCHOR_SHARE where n * epsilon >= EBM_USEFUL_N_EPSILON, else ANCHOR_SHARE_NOISY. On the
+# realistic studies (bench/README.md, "ebm_cate and uplift_table anchored") the DR effect model
+# beat the constant ATE only at n * epsilon = 80000 (n 20000, eps 4; PEHE 2.1-2.3 against 3.15);
+# at 20000 and below its deviations were noise (factor 0), so the release is the anchor and the
+# anchor should get the budget. anchor.anchor_share's switch reads the public per-prediction
+# noise scale, which for this kind is too rough (prediction_noise_sd: about 2x the deviations'
+# sd at the data at n 20000, eps 4, so it would have chosen the noisy share there too).
+EBM_USEFUL_N_EPSILON = 50_000.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +157,14 @@ class EbmCateParams:
             fewer rounds trade a little shrinkage for less noise. First-stage nuisance models
             always use interpret's 300: their shrinkage would bias the pseudo-outcomes (it did
             on Setup C: bench/README.md). Default 300 (interpret's and Niu et al.'s).
+        shrinkage: ``"ate"`` (the DR learner's default; proof step 6): a public share of the
+            effect fold's budget buys a DP ATE anchor of the effect fold, the effect model is
+            fitted to pseudo-outcomes centred at it on the effect fold's fitting rows, and a
+            DP calibration slope of the model's deviations on the fold's held-out calibration
+            rows sets the factor lambda in [0, 1] of ``anchor + lambda * deviation`` (0 unless
+            the deviations predict the held-out pseudo-outcomes significantly). ``"none"``:
+            the unshrunk effect model (the S-learner's only value: its CATE is constant in x;
+            the paper-label R-learner's too). None: ``"ate"`` for DR, ``"none"`` otherwise.
     """
 
     epsilon: float
@@ -129,6 +175,15 @@ class EbmCateParams:
     fold_fractions: tuple[float, ...] | None = None
     max_bins: int = DP_EBM_MAX_BINS
     max_rounds: int = DP_EBM_MAX_ROUNDS
+    shrinkage: Shrinkage | None = None
+
+
+def resolved_shrinkage(params: EbmCateParams) -> Shrinkage:
+    """The request's shrinkage, or the learner's default (``"ate"`` for DR; ``make_plan``
+    falls back to ``"none"`` where the effect fold is too small for calibration rows)."""
+    if params.shrinkage is None:
+        return "ate" if params.learner == "dr" else "none"
+    return params.shrinkage
 
 
 def modules(domain: PublicDomain, learner: Learner) -> tuple[str, ...]:
@@ -215,6 +270,17 @@ class Plan:
     propensity: float | None  # RCT: the declared p
     accounting: DpEbmAccounting
     record: MechanismRecord
+    # shrinkage "ate" (proof step 6): the effect model's own accounting at the effect fold's
+    # remaining budget, the anchor, the calibration Gaussian, the public fit/calibration split
+    effect_accounting: DpEbmAccounting | None = None
+    anchor: AnchorPlan | None = None
+    anchor_share: float = 0.0
+    calibration: GaussianCalibration | None = None
+    calibration_size: int = 0
+
+    @property
+    def effect_fit_size(self) -> int:
+        return self.fold_sizes[-1] - self.calibration_size
 
 
 def _fractions(
@@ -258,7 +324,24 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     fractions = _fractions(domain, learner, params.fold_fractions)
     names = modules(domain, learner)
     sizes = fold_sizes(domain.n, fractions)
-    delta = validate_delta(params.delta, n_min=min(sizes))
+    shrinkage = resolved_shrinkage(params)
+    if shrinkage not in ("ate", "none"):
+        raise InvalidParameters("shrinkage must be 'ate' or 'none'")
+    if shrinkage == "ate" and learner != "dr":
+        raise InvalidParameters(
+            "shrinkage 'ate' is for the DR learner (the S-learner's CATE is constant in x; the "
+            "R-learner is paper-label)"
+        )
+    calibration_size = calibration_rows(sizes[-1]) if shrinkage == "ate" else 0
+    if shrinkage == "ate" and calibration_size == 0:
+        if params.shrinkage is not None:
+            raise InvalidParameters(
+                f"shrinkage 'ate' needs an effect fold of at least "
+                f"{MIN_FOLD_SIZE + MIN_CALIBRATION_ROWS} records (fitting and calibration "
+                "rows); use shrinkage 'none' or a larger fold"
+            )
+        shrinkage = "none"  # the default on a too small effect fold (public n only)
+    delta = validate_delta(params.delta, n_min=min((*sizes, calibration_size or sizes[0])))
     big_r = domain.outcome_range
     propensity: float | None = None
     clip = validate_finite_positive(params.propensity_clip, "propensity_clip")
@@ -284,6 +367,38 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     accounting = solve_dp_ebm_epsilon_p(epsilon, delta)
     q = domain.q
     events: list[NoiseEvent] = []
+    # proof step 6 (shrinkage "ate"): the effect fold spends the public ebm_anchor_share on the
+    # anchor; the effect model (fitting rows) and the calibration statistics (calibration rows,
+    # disjoint) each get the rest.
+    effect_epsilon, effect_delta, effect_accounting = epsilon, delta, accounting
+    anchor: AnchorPlan | None = None
+    anchor_events: list[NoiseEvent] = []
+    share = 0.0
+    calibration: GaussianCalibration | None = None
+    if shrinkage == "ate":
+        share = ebm_anchor_share(domain.n, epsilon)
+        epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
+        delta_anchor, effect_delta = ate_strict.split_share(delta, share)
+        anchor, planned = plan_anchor(
+            "dr",
+            epsilon_anchor,
+            delta_anchor,
+            outcome_range=big_r,
+            propensity_clip=clip,
+            dr_bound=anchor_bound(domain, clip, clip_k),
+            n2=sizes[-1],
+        )
+        anchor_events = [
+            replace(event, module="effect", params={**event.params, "rows": "effect fold"})
+            for event in planned
+        ]
+        effect_accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
+        calibration = calibrate_gaussian(
+            effect_epsilon,
+            effect_delta,
+            ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
+            dim=CALIBRATION_STATISTICS,
+        )
     for name in names:
         if name == "propensity":
             events.append(
@@ -315,12 +430,13 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                 )
             )
         else:
+            events.extend(anchor_events)
             events.append(
                 dp_ebm_event(
                     name,
-                    epsilon,
-                    delta,
-                    accounting,
+                    effect_epsilon,
+                    effect_delta,
+                    effect_accounting,
                     n_features=q,
                     target_range=2.0 * clip_k,
                     learner="Regressor",
@@ -328,19 +444,115 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                     max_rounds=max_rounds,
                 )
             )
-    # proof step 3: Theorem 6 - the max over modules.
+    recorded_sizes = dict(zip(names, sizes, strict=True))
+    if calibration is not None:
+        recorded_sizes["effect"] = sizes[-1] - calibration_size
+        recorded_sizes["calibration"] = calibration_size
+        events.append(_calibration_event(calibration, clip_k, calibration_size))
+    # proof step 3: Theorem 6 - the max over modules; with the anchor (step 6) the effect
+    # fold's own total is the anchor's plus the effect model's (the calibration statistics are
+    # on disjoint rows of the same fold at the same budget as the effect model): exact sums.
+    epsilon_total = max(
+        math.fsum(e.epsilon for e in events if e.module == "effect"),
+        *(e.epsilon for e in events if e.module not in ("effect", "calibration")),
+    )
+    delta_total = max(
+        math.fsum(e.delta for e in events if e.module == "effect"),
+        *(e.delta for e in events if e.module not in ("effect", "calibration")),
+    )
     record = MechanismRecord(
         mechanism=MECHANISM,
         version=VERSION,
         guarantee=guarantee,
         n=domain.n,
-        fold_sizes=dict(zip(names, sizes, strict=True)),
+        fold_sizes=recorded_sizes,
         composition=Composition.THEOREM6_MAX if len(names) > 1 else Composition.SEQUENTIAL,
         events=tuple(events),
-        epsilon=max(e.epsilon for e in events),
-        delta=max(e.delta for e in events),
+        epsilon=epsilon_total,
+        delta=delta_total,
     )
-    return Plan(params, guarantee, names, sizes, clip_k, propensity, accounting, record)
+    return Plan(
+        params,
+        guarantee,
+        names,
+        sizes,
+        clip_k,
+        propensity,
+        accounting,
+        record,
+        effect_accounting=effect_accounting if shrinkage == "ate" else None,
+        anchor=anchor,
+        anchor_share=share,
+        calibration=calibration,
+        calibration_size=calibration_size,
+    )
+
+
+def anchor_bound(domain: PublicDomain, clip: float, clip_k: float) -> float:
+    """The anchor pseudo-outcome's public bound B_a (the adaptive clip K_a <= B_a): in an RCT
+    the natural bound R_Y / c (c = min(p, 1 - p): a few R_Y; clipping the skewed AIPW term at
+    the learner's K biased the anchor there), observationally the learner's K (R_Y / c with
+    c = 0.05 is 20 R_Y, and the anchor's noise grows with the bound: PEHE 44 against 2.2 at
+    K, n 1000, eps 1, bench/README.md)."""
+    if domain.design == StudyDesign.RCT:
+        return domain.outcome_range / clip
+    return clip_k
+
+
+def ebm_anchor_share(n: int, epsilon: float) -> float:
+    """The anchor's public share of the effect fold's budget (see ``EBM_USEFUL_N_EPSILON``)."""
+    return ANCHOR_SHARE if n * epsilon >= EBM_USEFUL_N_EPSILON else ANCHOR_SHARE_NOISY
+
+
+def calibration_rows(effect_size: int) -> int:
+    """proof step 6: the public number of calibration rows of an effect fold of ``effect_size``
+    records: ``CALIBRATION_FRACTION`` of it, raised towards ``MIN_FOLD_SIZE`` as far as the
+    fitting rows keep ``MIN_FOLD_SIZE`` (a DP-EBM fit's minimum); 0 where that leaves fewer than
+    ``MIN_CALIBRATION_ROWS`` (no anchored release is possible; public n only)."""
+    size = max(
+        math.floor(CALIBRATION_FRACTION * effect_size),
+        min(MIN_FOLD_SIZE, effect_size - MIN_FOLD_SIZE),
+    )
+    if size < MIN_CALIBRATION_ROWS or effect_size - size < MIN_FOLD_SIZE:
+        return 0
+    return size
+
+
+def deviation_bound(clip_k: float) -> float:
+    """G: the public bound of the released deviations (``DEVIATION_BOUND_OF_K * K``)."""
+    return DEVIATION_BOUND_OF_K * clip_k
+
+
+def calibration_sensitivity(clip_k: float) -> float:
+    """proof step 6: replace-one L2 sensitivity of ``(sum g^2, sum r g, (G / K) sum r^2)`` with
+    g in [-G, G] and r in [-K, K]: one row's triple moves by at most ``(G^2, 2 K G, G K)``, so
+    ``G sqrt(G^2 + 5 K^2)``."""
+    bound = deviation_bound(clip_k)
+    return bound * math.sqrt(bound * bound + 5.0 * clip_k * clip_k)
+
+
+def _calibration_event(calibration: GaussianCalibration, clip_k: float, rows: int) -> NoiseEvent:
+    return NoiseEvent(
+        type="gaussian",
+        module="calibration",
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": "calibration sums (g^2, r g, r^2) of the effect model's deviations",
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "rows": "calibration rows of the effect fold (disjoint from the effect model's)",
+            "sensitivity_l2_nominal": calibration_sensitivity(clip_k),
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "dim": calibration.dim,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "bound": clip_k,
+            "deviation_bound": deviation_bound(clip_k),
+            "calibration_rows": rows,
+        },
+    )
 
 
 def plan(domain: PublicDomain, params: EbmCateParams) -> MechanismRecord:
@@ -363,6 +575,8 @@ def _public(state: Plan, domain: PublicDomain) -> dict[str, Any]:
         "max_bins": state.params.max_bins,
         "max_rounds": state.params.max_rounds,
         "design": str(domain.design),
+        "shrinkage": "ate" if state.anchor is not None else "none",
+        "anchor_share": state.anchor_share,
     }
 
 
@@ -374,14 +588,15 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
     a leaf's size it is the per-step noise on the shape function. All public.
     """
     state = make_plan(domain, params)
-    mu_boost = state.accounting.mu_boosting
+    # the final model's own accounting (with the anchor: the effect fold's remaining budget)
+    mu_boost = (state.effect_accounting or state.accounting).mu_boosting
     q = domain.q
     width = q + 1 if params.learner == "s" else q
     target_range = domain.outcome_range if params.learner == "s" else 2.0 * state.clip_k
     rounds = params.max_rounds
     sigma_boost = math.sqrt(rounds * width) * DP_EBM_LEARNING_RATE * target_range
     sigma_boost /= mu_boost
-    last = state.fold_sizes[-1]
+    last = state.effect_fit_size
     # A rough public scale for the per-bin noise of one shape function (32 bins, 3 leaves per
     # step, 300 rounds): sigma_boost * sqrt(rounds) / (leaf size ~ n_last / 3).
     shape_noise = sigma_boost * math.sqrt(rounds) / max(last / 3.0, 1.0)
@@ -393,12 +608,17 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
             "the DR learner was then usually less accurate than the constant ATE of learner 's' "
             "(bench/README.md, DP-EBM section)"
         )
-    return {
+    out = {
         **_public(state, domain),
         "boosting_noise_sd_per_step": sigma_boost,
         "approx_shape_noise_sd": shape_noise,
         "warnings": warnings,
     }
+    if state.calibration is not None:
+        out["anchor_rows"] = state.fold_sizes[-1]  # the anchor reads the whole effect fold
+        out["calibration_rows"] = state.calibration_size
+        out["calibration_noise_sd"] = state.calibration.sigma
+    return out
 
 
 def prediction_noise_sd(domain: PublicDomain, quoted: dict[str, Any]) -> float:
@@ -419,11 +639,17 @@ def run(
     rng: np.random.Generator,
     progress: Progress,
     feature_names: list[str] | None = None,
+    noise: NoiseSampler | None = None,
 ) -> dict[str, Any]:
-    """Fit the learner after the charge; ``ReleaseFailed`` on any data-time failure."""
+    """Fit the learner after the charge; ``ReleaseFailed`` on any data-time failure.
+
+    ``noise`` draws the anchor's and the calibration statistics' noise (shrinkage ``"ate"``;
+    interpret draws the DP-EBMs' own)."""
     state = make_plan(domain, params)
     try:
-        return _run(arrays, domain, state, rng=rng, progress=progress, names=feature_names)
+        return _run(
+            arrays, domain, state, rng=rng, progress=progress, names=feature_names, noise=noise
+        )
     except Exception:
         raise ReleaseFailed() from None
 
@@ -436,6 +662,7 @@ def _run(
     rng: np.random.Generator,
     progress: Progress,
     names: list[str] | None,
+    noise: NoiseSampler | None = None,
 ) -> dict[str, Any]:
     params = state.params
     lower = np.asarray(domain.x_lower, dtype=np.float64)
@@ -518,6 +745,10 @@ def _run(
         # proof step 1 (applied): row-wise AIPW pseudo-outcome, clipped to [-K, K].
         psi = pseudo_outcomes(a2, y2, e_hat, mu0, mu1, bound=k)
         weight = None
+        if state.anchor is not None:
+            if noise is None:
+                raise ValueError("the anchor needs the noise sampler")
+            return _run_anchored(x2, a2, y2, e_hat, mu0, mu1, domain, state, noise, feature_names)
     else:
         eta_model, mid = fit_regressor(
             x[rows],
@@ -563,12 +794,137 @@ def _run(
     }
 
 
+def _run_anchored(
+    x2: NDArray[np.float64],
+    a2: NDArray[np.float64],
+    y2: NDArray[np.float64],
+    e_hat: NDArray[np.float64],
+    mu0: NDArray[np.float64],
+    mu1: NDArray[np.float64],
+    domain: PublicDomain,
+    state: Plan,
+    noise: NoiseSampler,
+    feature_names: list[str],
+) -> dict[str, Any]:
+    """proof step 6: the anchor on the effect fold, the centred effect model on its fitting
+    rows, the DP calibration sums on its calibration rows, and the factor (post-processing)."""
+    anchor_plan, calibration = state.anchor, state.calibration
+    accounting = state.effect_accounting
+    if anchor_plan is None or calibration is None or accounting is None:
+        raise ValueError("not an anchored plan")
+    params = state.params
+    k = state.clip_k
+    big_r = domain.outcome_range
+    # step 6.1: the DP anchor ATE of the whole effect fold (the AIPW pseudo-outcome up to the
+    # public anchor_bound, the adaptive clip K_a below it; pi_hat is already in [c, 1 - c]).
+    gamma = anchor_pseudo_outcomes("dr", a2, y2, e_hat, mu0, mu1, anchor_plan.bound)
+    anchor = draw_anchor(gamma, anchor_plan, big_r, noise)
+    # step 6.2: targets centred at the anchor, clipped to [-K, K] (row-wise, DP constant)
+    targets = np.clip(gamma - anchor, -k, k)
+    del gamma
+    # The effect fold's rows are in uniformly random order (random_folds): the first
+    # effect_fit_size fit the model, the rest are the calibration rows (public sizes).
+    fit, held = slice(0, state.effect_fit_size), slice(state.effect_fit_size, None)
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    effect_model, offset = fit_regressor(
+        x2[fit],
+        targets[fit],
+        lower,
+        upper,
+        -k,
+        k,
+        accounting,
+        max_bins=params.max_bins,
+        max_rounds=params.max_rounds,
+    )
+    safe = SafeEbm.from_model(effect_model, offset=offset, names=feature_names)
+    del effect_model
+    centre = safe.offset + safe.intercept
+    # step 6.3: calibration sums on the held-out rows: g = the released deviation (a DP
+    # output of the fitting rows) at each row, in [-G, G], r = its centred target, in [-K, K].
+    bound = deviation_bound(k)
+    g = np.clip(np.nan_to_num(safe.predict(x2[held]) - centre), -bound, bound)
+    r = targets[held]
+    sums = np.array(
+        [
+            math.fsum((g * g).tolist()),
+            math.fsum((r * g).tolist()),
+            bound / k * math.fsum((r * r).tolist()),
+        ]
+    )
+    del g, r, targets
+    noisy = noise.gaussian(sums, sigma=calibration.sigma, sensitivity_l2=calibration.sensitivity_l2)
+    # step 6.4 (post-processing): the factor from the DP sums and the public sigma.
+    noisy[2] *= k / bound  # post-processing: back to sum r^2 (its noise sd is sigma K / G)
+    factor = calibration_factor(noisy, calibration.sigma, state.calibration_size)
+    shapes = safe.shape_functions()
+    for shape in shapes:
+        shape["values"] = [factor * float(v) for v in shape["values"]]
+    return {
+        **_public(state, domain),
+        "ate": anchor,
+        "ate_anchor": anchor,
+        "shrinkage_factor": factor,
+        "anchor_centre": centre,
+        "model": {
+            "kind": "effect",
+            "effect": safe.to_dict(),
+            "shrinkage": {
+                "anchor": anchor,
+                "factor": factor,
+                "centre": centre,
+                "deviation_bound": bound,
+                "value_bound": big_r,
+            },
+        },
+        "shape_functions": shapes,
+    }
+
+
+def calibration_factor(sums: NDArray[np.float64], sigma: float, rows: int) -> float:
+    """proof step 6.4: lambda in [0, 1] from the DP sums ``(S_gg, S_rg, S_rr)`` of the
+    calibration rows and their public noise sd (post-processing).
+
+    The least-squares slope of the centred targets on the deviations is ``S_rg / S_gg``. With no
+    heterogeneity the targets' conditional mean is constant, so ``S_rg`` has mean about 0 and
+    variance at most ``S_gg S_rr / m + sigma^2`` (``S_rr / m`` bounds the targets' variance from
+    above; ``sigma^2`` is the privacy noise); ``t = S_rg / sqrt(that)``. lambda is 0 unless
+    ``t`` exceeds the ``CALIBRATION_LEVEL`` normal quantile z, else the slope (at most 1)
+    times the positive-part James–Stein factor ``1 - (z / t)^2``.
+    """
+    from scipy.stats import norm
+
+    s_gg, s_rg, s_rr = (float(v) for v in sums)
+    if not (math.isfinite(s_gg) and math.isfinite(s_rg) and math.isfinite(s_rr)):
+        return 0.0
+    if s_gg <= 0.0 or s_rg <= 0.0:
+        return 0.0
+    spread = s_gg * max(s_rr, 0.0) / max(rows, 1) + sigma * sigma
+    t = s_rg / math.sqrt(spread)
+    z = float(norm.ppf(CALIBRATION_LEVEL))
+    if t <= z:
+        return 0.0
+    return min(1.0, s_rg / s_gg) * (1.0 - (z / t) ** 2)
+
+
 def predict(result: dict[str, Any], points: NDArray[np.float64]) -> NDArray[np.float64]:
-    """CATE at public points from a stored result (post-processing of the DP model)."""
+    """CATE at public points from a stored result (post-processing of the DP model).
+
+    Anchored (shrinkage ``"ate"``): ``anchor + lambda * clip(model(x) - centre, -G, G)``,
+    clipped to the public CATE range [-R_Y, R_Y]."""
     model = result["model"]
     x = np.atleast_2d(np.asarray(points, dtype=np.float64))
     if model["kind"] == "s_learner":
         safe = SafeEbm.from_dict(model["outcome"])
         ones = np.ones((x.shape[0], 1))
         return safe.predict(np.hstack([ones, x])) - safe.predict(np.hstack([0.0 * ones, x]))
-    return SafeEbm.from_dict(model["effect"]).predict(x)
+    values = SafeEbm.from_dict(model["effect"]).predict(x)
+    shrink = model.get("shrinkage")
+    if shrink is None:
+        return values
+    bound = float(shrink["deviation_bound"])
+    deviation = np.clip(np.nan_to_num(values - float(shrink["centre"])), -bound, bound)
+    out = float(shrink["anchor"]) + float(shrink["factor"]) * deviation
+    value_bound = float(shrink["value_bound"])
+    return np.asarray(np.clip(out, -value_bound, value_bound), dtype=np.float64)

@@ -18,7 +18,10 @@ Claim:
     y_hi - y_lo``). Each vector gets the Laplace mechanism at epsilon / 2 with those
     sensitivities (scales 4 / epsilon and 2 W / epsilon = 4 D_y / epsilon, D_y = W / 2), plus
     the lattice inflation; sequential composition gives epsilon. The grid is public (declared
-    box and analyst-chosen bins), so the partition costs nothing. Proof:
+    box and analyst-chosen bins), so the partition costs nothing. Shrinkage ``"ate"`` (the
+    default, >= 2 cells) first spends 10 % of the table's epsilon on the arms' centred second
+    moments (Laplace, L1 sensitivity W^2 / 2); the anchor (the count-weighted mean of the cell
+    uplifts) and the James–Stein factor are post-processing. Proof:
     docs/proofs/uplift_table.md.
 
 Causal reading: uplift = CATE only under an RCT, or when the cells form a valid adjustment set
@@ -40,6 +43,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from service.mechanisms import versus_ate
+from service.mechanisms.anchor import james_stein_factor
+from service.mechanisms.ate_strict import split_share
 from service.mechanisms.calibration import validate_epsilon, validate_finite_positive
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
@@ -47,7 +53,7 @@ from service.mechanisms.noise import LaplaceCalibration, NoiseSampler, calibrate
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "uplift_table"
-VERSION = "1"
+VERSION = "2"  # 2: shrinkage "ate" (the default, proof step 5)
 Progress = Callable[[float, str], None]
 
 MIN_EPSILON = 0.01
@@ -57,6 +63,9 @@ MAX_BINS_PER_FEATURE = 1_000
 MAX_CLUSTERS = 1_000
 MAX_KMEANS_ITERATIONS = 20
 COUNT_SHARE = 0.5  # epsilon / 2 for counts, epsilon / 2 for sums (Betlei et al. Alg. 1)
+# proof step 5 (shrinkage "ate", at least 2 cells): the share of the table's epsilon spent on the
+# two arms' centred second moments, which bound the cells' sampling variance for the factor.
+SECOND_MOMENT_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,13 @@ class UpliftParams:
         clusters: number of k-means cells (``"kmeans"`` only).
         kmeans_share: share of epsilon spent on the k-means (the rest on the table).
         kmeans_iterations: T public DPLloyd iterations.
+        shrinkage: ``"ate"`` (default; proof step 5): the released cell uplifts are shrunk
+            toward the table's own DP ATE (the count-weighted mean of the cell uplifts,
+            post-processing) by a James–Stein factor against their variance (the public
+            privacy-noise variance plus a sampling variance from a charged DP second moment
+            of each arm, ``SECOND_MOMENT_SHARE`` of the table's epsilon), so a table whose cell
+            differences the noise can explain falls back to that ATE. ``"none"``: the raw
+            table (Betlei et al.).
     """
 
     epsilon: float
@@ -86,6 +102,7 @@ class UpliftParams:
     clusters: int = 0
     kmeans_share: float = 0.5
     kmeans_iterations: int = 5
+    shrinkage: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,8 @@ class Plan:
     record: MechanismRecord
     kmeans_counts: LaplaceCalibration | None = None  # per iteration
     kmeans_sums: LaplaceCalibration | None = None  # per iteration
+    shrinks: bool = False  # shrinkage "ate" (proof step 5)
+    second_moments: LaplaceCalibration | None = None  # shrinkage "ate" with >= 2 cells
 
 
 def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
@@ -146,6 +165,19 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     validate_finite_positive(params.low_count_threshold, "low_count_threshold")
     width = domain.outcome_range
     validate_finite_positive(width, "outcome range")
+    shrinkage = params.shrinkage or "ate"
+    if shrinkage not in ("ate", "none"):
+        raise InvalidParameters("shrinkage must be 'ate' or 'none'")
+    # proof step 5: with at least 2 cells, shrinkage "ate" spends SECOND_MOMENT_SHARE of the
+    # table's epsilon on the arms' centred second moments (L1 sensitivity W^2 / 2); exact split.
+    second_moments: LaplaceCalibration | None = None
+    second_events: tuple[NoiseEvent, ...] = ()
+    if shrinkage == "ate" and cells >= 2:
+        epsilon_second, epsilon_table = split_share(epsilon_table, SECOND_MOMENT_SHARE)
+        second_moments = calibrate_laplace(
+            epsilon_second, second_moment_sensitivity(width, domain.n), dim=2
+        )
+        second_events = (_event("centred_second_moments", second_moments, width * width / 2.0),)
     # proof steps 1-2: replace-one L1 sensitivities 2 (counts) and W (centred sums), eps / 2 each.
     epsilon_counts = epsilon_table * COUNT_SHARE
     epsilon_sums = epsilon_table - epsilon_counts
@@ -153,6 +185,7 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     sums = calibrate_laplace(epsilon_sums, sum_sensitivity(width, domain.n), dim=2 * cells)
     events = (
         *kmeans_events,
+        *second_events,
         _event("counts", counts, 2.0),
         _event("centred_sums", sums, width),
     )
@@ -167,7 +200,17 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
         epsilon=math.fsum(e.epsilon for e in events),
         delta=0.0,
     )
-    return Plan(params, cells, counts, sums, record, kmeans_counts, kmeans_sums)
+    return Plan(
+        params,
+        cells,
+        counts,
+        sums,
+        record,
+        kmeans_counts,
+        kmeans_sums,
+        shrinks=shrinkage == "ate",
+        second_moments=second_moments,
+    )
 
 
 def _grid_cells(domain: PublicDomain, bins: tuple[int, ...]) -> int:
@@ -332,6 +375,7 @@ def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
         "sum_noise_scale": b_s,
         "expected_records_per_cell": per_cell,
         "approx_uplift_sd_per_cell": math.sqrt(variance),
+        **_shrinkage_fields(state),
         **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
     }
 
@@ -401,6 +445,106 @@ def sum_sensitivity(width: float, n: int) -> float:
     2``, and two groups change, so ``W (1 + (n + 8) 2^-50)`` covers the rounding.
     """
     return math.nextafter(width * (1.0 + (n + 8) * 2.0**-50), math.inf)
+
+
+def second_moment_sensitivity(width: float, n: int) -> float:
+    """Replace-one L1 sensitivity of the arms' centred second moments ``sum (y - m_y)^2`` (proof
+    step 5): each term is in [0, W^2 / 4] and a replaced record changes at most two arms' sums,
+    so ``W^2 / 2``, with fsum's float slack as in ``sum_sensitivity``."""
+    nominal = width * width / 2.0
+    return math.nextafter(nominal * (1.0 + (n + 8) * 2.0**-50), math.inf)
+
+
+def second_moment_sums(
+    a: NDArray[np.float64], y: NDArray[np.float64], domain: PublicDomain
+) -> NDArray[np.float64]:
+    """Exact ``sum (y - m_y)^2`` of the control and the treated arm (NEVER released)."""
+    midpoint = (domain.y_lower + domain.y_upper) / 2.0
+    centred = np.clip(y, domain.y_lower, domain.y_upper) - midpoint
+    treated = a >= 0.5
+    return np.array(
+        [
+            math.fsum((centred[~treated] ** 2).tolist()),
+            math.fsum((centred[treated] ** 2).tolist()),
+        ]
+    )
+
+
+def shrink_to_anchor(
+    released: dict[str, Any],
+    noisy_counts: NDArray[np.float64],
+    noisy_sums: NDArray[np.float64],
+    noisy_second: NDArray[np.float64] | None,
+    domain: PublicDomain,
+    params: UpliftParams,
+    *,
+    count_scale: float,
+    sum_scale: float,
+) -> dict[str, Any]:
+    """proof step 5 (post-processing of the DP counts, sums and second moments): the anchor
+    ``a = sum_k w_k u_k`` with ``w_k`` the cells' shares of the noisy counts, and the released
+    uplifts ``a + lambda (u_k - a)``, lambda the positive-part James–Stein factor of
+    ``anchor.james_stein_factor`` on the count-weighted deviations ``sqrt(w_k) (u_k - a)``
+    against their covariance under no heterogeneity: ``W^1/2 (I - 1 w') V (I - w 1') W^1/2``,
+    ``V = diag(v_k)``, ``v_k`` the cell's privacy-noise variance (delta method, as
+    ``uplift_noise_sd``) plus its sampling variance ``s_1^2 / c_k1 + s_0^2 / c_k0`` with ``s_t^2``
+    the arm's variance from the DP second moment (an upper bound of the within-cell variance).
+    One cell: the release is its own uplift, the anchor (lambda = 0)."""
+    width = domain.outcome_range
+    midpoint = (domain.y_lower + domain.y_upper) / 2.0
+    uplift = np.asarray(released["uplift"], dtype=np.float64)
+    counts = noisy_counts.reshape(-1, 2)
+    floor = np.maximum(counts, params.min_count)
+    size = np.maximum(counts, 0.0).sum(axis=1)
+    total = float(size.sum())
+    weights = size / total if total > 0.0 else np.full(uplift.size, 1.0 / uplift.size)
+    anchor = float(np.clip(np.dot(weights, uplift), -width, width))
+    factor = 0.0
+    variances = [0.0, 0.0]
+    if uplift.size >= 2 and noisy_second is not None:
+        sums = noisy_sums.reshape(-1, 2)
+        arm_counts = np.maximum(counts.sum(axis=0), params.min_count)
+        arm_means = np.clip(sums.sum(axis=0) / arm_counts, -width / 2.0, width / 2.0)
+        variances = [
+            float(np.clip(noisy_second[t] / arm_counts[t] - arm_means[t] ** 2, 0.0, width**2 / 4))
+            for t in (0, 1)
+        ]
+        means = np.column_stack(
+            [np.asarray(released["mean_control"]), np.asarray(released["mean_treated"])]
+        )
+        centred = means - midpoint
+        privacy = (2 * sum_scale**2 + centred**2 * 2 * count_scale**2) / floor**2
+        sampling = np.column_stack([variances[0] / floor[:, 0], variances[1] / floor[:, 1]])
+        v = (privacy + sampling).sum(axis=1)
+        trace, trace_squared = _deviation_traces(weights, v)
+        prior = width / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
+        factor = james_stein_factor(
+            np.sqrt(weights) * (uplift - anchor), trace, trace_squared, prior
+        )
+    shrunk = np.clip(anchor + factor * (uplift - anchor), -width, width)
+    return {
+        **released,
+        "uplift": shrunk.tolist(),
+        "uplift_unshrunk": uplift.tolist(),
+        "ate_anchor": anchor,
+        "shrinkage_factor": factor,
+        "arm_variance": {"control": variances[0], "treated": variances[1]},
+    }
+
+
+def _deviation_traces(weights: NDArray[np.float64], v: NDArray[np.float64]) -> tuple[float, float]:
+    """``tr M`` and ``tr M^2`` of ``M = W^1/2 (I - 1 w') V (I - w 1') W^1/2`` in O(p):
+    ``M_ij = sqrt(w_i w_j) (v_i [i = j] + c - a_i - a_j)`` with ``a = w v``, ``c = sum w a``."""
+    a = weights * v
+    c = float(np.dot(weights, a))
+    total = float(weights.sum())
+    b1 = float(np.dot(weights, a))
+    b2 = float(np.dot(weights, a * a))
+    diagonal_e = c - 2.0 * a
+    trace = float(np.dot(weights, v + diagonal_e))
+    off = c * c * total * total + 2.0 * total * b2 - 4.0 * c * total * b1 + 2.0 * b1 * b1
+    trace_squared = float(np.dot(weights * weights, v * v + 2.0 * v * diagonal_e)) + off
+    return trace, max(trace_squared, 0.0)
 
 
 def unit_scale(x: NDArray[np.float64], domain: PublicDomain) -> NDArray[np.float64]:
@@ -561,6 +705,14 @@ def _run(
             "upper": [float(v) for v in upper],
             "order": "row-major over covariates",
         }
+    noisy_second: NDArray[np.float64] | None = None
+    if state.second_moments is not None:
+        # proof step 5: the arms' centred second moments, Laplace at their public scale.
+        noisy_second = noise.laplace(
+            second_moment_sums(a, y, domain),
+            scale=state.second_moments.scale,
+            sensitivity_l1=state.second_moments.sensitivity_l1,
+        )
     del x, a, y
     # proof step 3: two Laplace vectors with public scales.
     noisy_counts = noise.laplace(counts, scale=state.counts.scale, sensitivity_l1=2.0)
@@ -577,6 +729,17 @@ def _run(
         count_scale=state.counts.scale,
         sum_scale=state.sums.scale,
     )
+    if state.shrinks:
+        out = shrink_to_anchor(
+            out,
+            noisy_counts,
+            noisy_sums,
+            noisy_second,
+            domain,
+            params,
+            count_scale=state.counts.scale,
+            sum_scale=state.sums.scale,
+        )
     progress(1.0, "done")
     return {
         "mode": "strict",
@@ -589,7 +752,18 @@ def _run(
         "sum_noise_scale": state.sums.scale,
         "min_count": params.min_count,
         "low_count_threshold": params.low_count_threshold,
+        **_shrinkage_fields(state),
         **out,
+    }
+
+
+def _shrinkage_fields(state: Plan) -> dict[str, Any]:
+    """Public fields of the shrinkage rule (proof step 5): the anchor costs no budget (it is
+    post-processing of the table); the second moments take their share of the table's."""
+    return {
+        "shrinkage": "ate" if state.shrinks else "none",
+        "anchor_share": 0.0,
+        "second_moment_share": SECOND_MOMENT_SHARE if state.second_moments is not None else 0.0,
     }
 
 

@@ -57,6 +57,9 @@ CASES: list[tuple[str, dict[str, Any], StudyDesign]] = [
     ("ate", {"epsilon": 1.0, "nuisance": "none", "clip": "declared"}, RCT),
     ("ate", {"epsilon": 2.0, "nuisance": "dp_linear", "clip": "declared"}, RCT),
     ("uplift_table", {"epsilon": 1.0}, RCT),
+    ("uplift_table", {"epsilon": 1.0, "bins": [2, 1, 1]}, RCT),  # shrinkage "ate", 2 cells
+    ("ebm_cate", {"epsilon": 1.0}, OBS),  # the anchored DR default: calibration sums
+    ("ebm_cate", {"epsilon": 4.0, "pseudo_outcome_clip": 2.0}, RCT),
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, RCT),
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]], "learner": "dr"}, OBS),
     ("cate_vector", {"epsilon": 2.0, "points": [[0.5, 0.5, 0.5]], "shrinkage": "none"}, OBS),
@@ -97,8 +100,13 @@ def _proof_sensitivity(
         return 2.0  # a replaced row leaves one cell and joins another (ate_rct.md, uplift.md)
     if statistic in ("arm_centred_sums", "centred_sums"):
         return R  # |y - m| <= R / 2 in the cell it leaves and the one it joins
-    if statistic == "arm_centred_sums_of_squares":
-        return 2.0 * (R / 2.0) ** 2
+    if statistic in ("arm_centred_sums_of_squares", "centred_second_moments"):
+        return 2.0 * (R / 2.0) ** 2  # uplift_table.md step 5: two arms' sums move by R^2 / 4
+    if statistic.startswith("calibration sums"):
+        # ebm_cate.md step 6.3: one row's (g^2, r g, (G / K) r^2) moves by (G^2, 2 K G, G K)
+        k = float(quote["pseudo_outcome_clip"])
+        g = k / 4.0
+        return g * math.sqrt(g * g + 5.0 * k * k)
     if statistic == "per_arm_ridge_sufficient_statistics":
         return math.sqrt(6.0)  # ate_strict.md "Sensitivity sqrt 6"
     if statistic == "dp_logistic_regression_weights":

@@ -62,6 +62,7 @@ from service.mechanisms import dp_ebm
 from service.mechanisms import ebm_cate as ec
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.dp_ebm import dp_ebm_accounting
+from service.mechanisms.noise import OpenDPSampler
 from tests.audit.test_ate_strict_audit import FAMILY_LEVEL, epsilon_lower_bound
 
 EPSILON, DELTA = 0.25, 1e-3
@@ -170,8 +171,13 @@ def _recording() -> Iterator[list[tuple[float, NDArray[np.float64]]]]:
         Native.generate_gaussian_random = original  # type: ignore[method-assign]
 
 
-def _np_state(learner: str, design: StudyDesign, n: int) -> ec.Plan:
-    params = ec.EbmCateParams(epsilon=NP_EPSILON, delta=NP_DELTA, learner=learner)  # type: ignore[arg-type]
+def _np_state(learner: str, design: StudyDesign, n: int, shrinkage: str | None = None) -> ec.Plan:
+    params = ec.EbmCateParams(
+        epsilon=NP_EPSILON,
+        delta=NP_DELTA,
+        learner=learner,  # type: ignore[arg-type]
+        shrinkage=shrinkage,  # type: ignore[arg-type]
+    )
     return ec.make_plan(_np_domain(design, n), params)
 
 
@@ -186,12 +192,15 @@ def _record_release(
             rng=np.random.default_rng(8),
             progress=lambda f, s: None,
             names=None,
+            noise=OpenDPSampler(),  # the anchor's and calibration's noise (shrinkage "ate")
         )
     return calls
 
 
-def _planned_sigmas(state: ec.Plan, n_features: int, target_range: float) -> tuple[float, float]:
-    acc = state.accounting
+def _planned_sigmas(
+    state: ec.Plan, n_features: int, target_range: float, *, effect: bool = False
+) -> tuple[float, float]:
+    acc = state.effect_accounting if effect and state.effect_accounting else state.accounting
     sigma_bin = math.sqrt(n_features) / acc.mu_binning
     queries = dp_ebm.DP_EBM_MAX_ROUNDS * n_features * dp_ebm.DP_EBM_OUTER_BAGS
     sigma_boost = math.sqrt(queries) * dp_ebm.DP_EBM_LEARNING_RATE * target_range
@@ -229,18 +238,28 @@ def test_noise_path_recorded_scales_match_the_plan() -> None:
     _check_draws(np.concatenate(boosting), sigma_boost, 2)
 
 
-def test_noise_path_dr_modules_share_the_planned_mu() -> None:
-    n = 800  # folds 200 / 200 / 400
-    state = _np_state("dr", StudyDesign.OBSERVATIONAL, n)
+@pytest.mark.parametrize("shrinkage", ["none", "ate"])
+def test_noise_path_dr_modules_share_the_planned_mu(shrinkage: str) -> None:
+    """Every interpret draw is at a planned sd; with shrinkage "ate" (the DR default) the effect
+    model draws at the effect fold's remaining budget (its own accounting, proof step 6), which
+    must differ from the first stage's (the anchor took its share)."""
+    n = 800  # folds 200 / 200 / 400 (anchored: 300 fitting and 100 calibration rows)
+    state = _np_state("dr", StudyDesign.OBSERVATIONAL, n, shrinkage)
     calls = _record_release(state, StudyDesign.OBSERVATIONAL, n)
     scales = sorted({s for s, _ in calls})
+    effect = _planned_sigmas(state, 1, 2.0 * state.clip_k, effect=True)  # effect model on [-K, K]
     planned = {
         *_planned_sigmas(state, 1, 1.0),  # propensity classifier (R = 1)
         *_planned_sigmas(state, 2, 10.0),  # outcome model on (A, X)
-        *_planned_sigmas(state, 1, 2.0 * state.clip_k),  # effect model on [-K, K]
+        *effect,
     }
     assert all(any(s == pytest.approx(p, rel=1e-9) for p in planned) for s in scales)
     assert len(calls) == (1 + 2 + 1) + dp_ebm.DP_EBM_MAX_ROUNDS * (1 + 2 + 1)
+    first_stage = _planned_sigmas(state, 1, 2.0 * state.clip_k)
+    assert (effect != first_stage) == (shrinkage == "ate")
+    assert sum(s == pytest.approx(effect[1], rel=1e-9) for s, _ in calls) == (
+        dp_ebm.DP_EBM_MAX_ROUNDS
+    )
 
 
 def _stand_in(

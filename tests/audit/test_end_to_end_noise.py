@@ -14,7 +14,8 @@ their coefficient noise must be exactly ``r0`` times the public transform of tho
 ``r0`` recomputed from the proof's formula (``test_cate_function_finite_basis_noise``). Its GP
 noise, drawn at evaluation, is checked the same way through HTTP in
 ``tests/api/test_functions.py``. Not covered here: DP-EBM's noise (drawn inside interpret; its
-accounting is audited in ``test_ebm_cate_audit``).
+accounting is audited in ``test_ebm_cate_audit``); ``ebm_cate``'s anchor and calibration sums
+(shrinkage "ate") go through the sampler and are covered.
 """
 
 from __future__ import annotations
@@ -130,6 +131,11 @@ CASES = [
     ("ate", {"epsilon": 1.0, "nuisance": "none", "clip": "declared"}, StudyDesign.RCT),
     ("ate", {"epsilon": 1.0}, StudyDesign.RCT),  # adaptive clipping (the RCT default)
     ("uplift_table", {"epsilon": 1.0}, StudyDesign.RCT),
+    # shrinkage "ate" with >= 2 cells: the arms' second moments (proof step 5)
+    ("uplift_table", {"epsilon": 1.0, "bins": [2, 2, 1]}, StudyDesign.RCT),
+    # the DR default's anchor (quantile, mean) and calibration sums (proof step 6)
+    ("ebm_cate", {"epsilon": 1.0}, StudyDesign.OBSERVATIONAL),
+    ("ebm_cate", {"epsilon": 2.0}, StudyDesign.RCT),
     (
         "cate_vector",
         {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8], [0.9, 0.1, 0.4]]},
@@ -261,6 +267,7 @@ def test_cate_function_finite_basis_noise(basis: str) -> None:
 ADAPTIVE_CASES = [
     ("ate", {"epsilon": 1.0}, "mean_pseudo_outcome"),
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, "anchor_ate_mean"),
+    ("ebm_cate", {"epsilon": 1.0}, "anchor_ate_mean"),
 ]
 
 
@@ -286,7 +293,12 @@ def test_adaptive_draws_are_calibrated_at_the_released_clip(
         noise=sampler,
         progress=lambda fraction, stage: None,
     )
-    n2 = int(quote["n2"]) if "n2" in quote else int(quote["fold_sizes"]["estimation"])
+    if "n2" in quote:
+        n2 = int(quote["n2"])
+    elif "anchor_rows" in quote:  # ebm_cate: the anchor reads the whole effect fold
+        n2 = int(quote["anchor_rows"])
+    else:
+        n2 = int(quote["fold_sizes"]["estimation"])
     event = next(e for e in record.events if e.params.get("statistic") == statistic)
     quantile_at = next(
         i for i, d in enumerate(sampler.draws) if d["type"] == "exponential_quantile"

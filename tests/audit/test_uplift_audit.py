@@ -3,8 +3,10 @@
 Setting: the production calibration (``plan``'s scales) on two neighbouring datasets that
 differ in one record moved across cells and arms with an extreme outcome: in D it sits in
 cell 0, control, y = y_lo; in D' in cell 1, treated, y = y_hi. This is a worst case: the count
-vector moves by 2 in L1 and the centred-sum vector by W. Each run is the exact aggregates of
-the real code path (``aggregates``) plus one fresh draw of both Laplace vectors.
+vector moves by 2 in L1, the centred-sum vector by W and (shrinkage "ate", the default with
+two cells) the arms' centred second moments by W^2 / 2. Each run is the exact aggregates of
+the real code path (``aggregates``, ``second_moment_sums``) plus one fresh draw of the three
+Laplace vectors at the production scales (the anchor and the factor are post-processing).
 
 Test statistic: the exact privacy-loss variable ``L(z) = log p_D(z) - log p_D'(z) =
 sum_i (|z_i - mu'_i| - |z_i - mu_i|) / b_i``, thresholded on a fixed grid. For an epsilon-DP
@@ -50,9 +52,11 @@ def _setting() -> tuple[NDArray[np.float64], NDArray[np.float64], up.Plan, Publi
     state = up.make_plan(dom, up.UpliftParams(epsilon=EPSILON, bins=BINS))
     x[0], a[0], y[0] = -0.5, 0.0, -5.0
     c, s = up.aggregates(x, a, y, dom, BINS)
+    q = up.second_moment_sums(a, y, dom)
     x[0], a[0], y[0] = 0.5, 1.0, 5.0
     c2, s2 = up.aggregates(x, a, y, dom, BINS)
-    return np.concatenate([c, s]), np.concatenate([c2, s2]), state, dom
+    q2 = up.second_moment_sums(a, y, dom)
+    return np.concatenate([c, s, q]), np.concatenate([c2, s2, q2]), state, dom
 
 
 def _loss(
@@ -64,18 +68,34 @@ def _loss(
     return np.asarray(np.sum((np.abs(z - mu2) - np.abs(z - mu)) / scales, axis=1))
 
 
-def _audit(count_scale: float, sum_scale: float, seed: int) -> float:
+def _audit(
+    count_scale: float, sum_scale: float, seed: int, second_scale: float | None = None
+) -> float:
+    """``second_scale`` None: the table alone (the paper's release, without second moments)."""
     mu, mu2, _, _ = _setting()
+    cells = 2 * int(np.prod(BINS))
+    if second_scale is None:
+        mu, mu2 = mu[: 2 * cells], mu2[: 2 * cells]
     sampler = SeededSampler(np.random.default_rng(seed))
-    half = mu.size // 2
+    half = cells
     scales = np.concatenate([np.full(half, count_scale), np.full(half, sum_scale)])
+    if second_scale is not None:
+        scales = np.concatenate([scales, np.full(2, second_scale)])
 
     def draw(mean: NDArray[np.float64]) -> NDArray[np.float64]:
         counts = sampler.laplace(
             np.tile(mean[:half], N_RUNS), scale=count_scale, sensitivity_l1=2.0
         )
-        sums = sampler.laplace(np.tile(mean[half:], N_RUNS), scale=sum_scale, sensitivity_l1=10.0)
-        return np.hstack([counts.reshape(N_RUNS, half), sums.reshape(N_RUNS, half)])
+        sums = sampler.laplace(
+            np.tile(mean[half : 2 * half], N_RUNS), scale=sum_scale, sensitivity_l1=10.0
+        )
+        parts = [counts.reshape(N_RUNS, half), sums.reshape(N_RUNS, half)]
+        if second_scale is not None:
+            second = sampler.laplace(
+                np.tile(mean[2 * half :], N_RUNS), scale=second_scale, sensitivity_l1=50.0
+            )
+            parts.append(second.reshape(N_RUNS, 2))
+        return np.hstack(parts)
 
     loss_d = _loss(draw(mu), mu, mu2, scales)  # likelier to be large under D
     loss_d2 = _loss(draw(mu2), mu, mu2, scales)
@@ -85,15 +105,23 @@ def _audit(count_scale: float, sum_scale: float, seed: int) -> float:
 
 def test_neighbours_are_worst_case() -> None:
     mu, mu2, _, _ = _setting()
-    half = mu.size // 2
+    half = 2 * int(np.prod(BINS))
     assert np.abs(mu[:half] - mu2[:half]).sum() == 2.0
-    assert np.abs(mu[half:] - mu2[half:]).sum() == pytest.approx(10.0, rel=1e-12)
-    assert np.abs(mu[half:] - mu2[half:]).sum() <= up.sum_sensitivity(10.0, 200)
+    sums = np.abs(mu[half : 2 * half] - mu2[half : 2 * half]).sum()
+    assert sums == pytest.approx(10.0, rel=1e-12)
+    assert sums <= up.sum_sensitivity(10.0, 200)
+    second = np.abs(mu[2 * half :] - mu2[2 * half :]).sum()
+    assert second == pytest.approx(50.0, rel=1e-12)  # W^2 / 2: the worst case
+    assert second <= up.second_moment_sensitivity(10.0, 200)
 
 
 def test_seeded_audit_of_production_calibration() -> None:
+    """The default release (shrinkage "ate": counts, sums and second moments) at epsilon."""
     _, _, state, _ = _setting()
-    bound = _audit(state.counts.scale, state.sums.scale, seed=1)
+    assert state.second_moments is not None
+    bound = _audit(
+        state.counts.scale, state.sums.scale, seed=1, second_scale=state.second_moments.scale
+    )
     assert bound <= EPSILON
     assert bound > 0.8 * EPSILON  # the worst case is attained: the audit is tight here
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from service.mechanisms import ebm_cate as ec
 from service.mechanisms.calibration import gdp_delta
@@ -20,6 +21,7 @@ from service.mechanisms.dp_ebm import (
     solve_dp_ebm_epsilon_p,
 )
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
+from service.mechanisms.noise import OpenDPSampler, SeededSampler
 from service.mechanisms.records import Composition, Guarantee
 
 
@@ -37,7 +39,7 @@ def domain(n: int = 4000, *, rct: bool = False, paper: bool = False) -> PublicDo
 
 
 def test_dr_plan_is_theorem6_max() -> None:
-    record = ec.plan(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    record = ec.plan(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5, shrinkage="none"))
     assert record.guarantee == Guarantee.STRICT
     assert record.composition == Composition.THEOREM6_MAX
     assert [e.module for e in record.events] == ["propensity", "outcome", "effect"]
@@ -59,11 +61,21 @@ def test_epsilon_p_rule_matches_the_spec() -> None:
 
 
 def test_rct_and_s_learner_folds() -> None:
-    rct = ec.plan(domain(rct=True), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    rct = ec.plan(domain(rct=True), ec.EbmCateParams(epsilon=1.0, delta=1e-5, shrinkage="none"))
     assert [e.module for e in rct.events] == ["outcome", "effect"]
+    anchored = ec.plan(domain(rct=True), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert [e.module for e in anchored.events] == [
+        "outcome",
+        "effect",
+        "effect",
+        "effect",
+        "calibration",
+    ]
     s = ec.plan(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5, learner="s"))
     assert s.fold_sizes == {"outcome": 4000}
     assert s.composition == Composition.SEQUENTIAL
+    with pytest.raises(InvalidParameters):  # the S-learner's CATE is constant: nothing to shrink
+        ec.plan(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5, learner="s", shrinkage="ate"))
 
 
 def test_r_learner_is_paper_only() -> None:
@@ -119,8 +131,8 @@ def test_fitted_noise_scale_matches_the_formula_and_safe_export_predicts_exactly
 
 
 def test_max_bins_and_rounds_reach_every_module_and_leave_the_cost_alone() -> None:
-    base = ec.EbmCateParams(epsilon=1.0, delta=1e-5)
-    few = ec.EbmCateParams(epsilon=1.0, delta=1e-5, max_bins=8, max_rounds=100)
+    base = ec.EbmCateParams(epsilon=1.0, delta=1e-5, shrinkage="none")
+    few = ec.EbmCateParams(epsilon=1.0, delta=1e-5, max_bins=8, max_rounds=100, shrinkage="none")
     record, record_few = ec.plan(domain(), base), ec.plan(domain(), few)
     assert (record_few.epsilon, record_few.delta) == (record.epsilon, record.delta)
     for event, event_few in zip(record.events, record_few.events, strict=True):
@@ -180,6 +192,7 @@ def test_seeded_run_is_near_the_truth(learner: ec.Learner, rct: bool) -> None:
         ec.EbmCateParams(epsilon=16.0, delta=1e-5, learner=learner),
         rng=np.random.default_rng(2),
         progress=lambda f, s: None,
+        noise=OpenDPSampler(),
     )
     assert result["ate"] == pytest.approx(2.0, abs=0.35)
     grid = np.column_stack([np.linspace(0, 1, 21), np.full(21, 0.5)])
@@ -229,8 +242,9 @@ def test_service_defaults_of_the_dr_learner_are_the_public_rule() -> None:
 
     kind = EbmCateKind()
     dr = kind.record(EbmCateRequest(epsilon=1.0), domain())
-    assert dr.fold_sizes == {"propensity": 400, "outcome": 1600, "effect": 2000}
-    by_module = {e.module: e.params for e in dr.events}
+    # shrinkage "ate" (the DR default): the last 20 % of the effect fold are calibration rows
+    assert dr.fold_sizes == {"propensity": 400, "outcome": 1600, "effect": 1600, "calibration": 400}
+    by_module = {e.module: e.params for e in dr.events if e.type == "gdp_module"}
     assert by_module["effect"]["target_range"] == pytest.approx(2 * 0.3 * 7.0)
     assert {p["max_bins"] for p in by_module.values()} == {16}
     assert by_module["effect"]["max_rounds"] == 200
@@ -240,8 +254,16 @@ def test_service_defaults_of_the_dr_learner_are_the_public_rule() -> None:
         (999, {"propensity": 100, "outcome": 399, "effect": 500}),
         (16000, {"propensity": 1600, "outcome": 6400, "effect": 8000}),
     ):
-        assert kind.record(EbmCateRequest(epsilon=1.0), domain(n)).fold_sizes == sizes
-    rct = kind.record(EbmCateRequest(epsilon=1.0), domain(rct=True))
+        request = EbmCateRequest(epsilon=1.0, shrinkage="none")
+        assert kind.record(request, domain(n)).fold_sizes == sizes
+    # anchored: at least 100 calibration rows (n = 800: 20 % of 380 is 76)
+    assert kind.record(EbmCateRequest(epsilon=1.0), domain(800)).fold_sizes == {
+        "propensity": 100,
+        "outcome": 320,
+        "effect": 280,
+        "calibration": 100,
+    }
+    rct = kind.record(EbmCateRequest(epsilon=1.0, shrinkage="none"), domain(rct=True))
     assert rct.fold_sizes == {"outcome": 1200, "effect": 2800}
     s = kind.record(EbmCateRequest(epsilon=1.0, learner="s"), domain())
     assert {e.params["max_bins"] for e in s.events} == {32}
@@ -253,9 +275,192 @@ def test_service_defaults_of_the_dr_learner_are_the_public_rule() -> None:
             pseudo_outcome_clip=7.0,
             max_bins=32,
             max_rounds=300,
+            shrinkage="none",
         ),
         domain(),
     )
     assert mine.fold_sizes == {"propensity": 1000, "outcome": 1000, "effect": 2000}
     assert {e.module: e.params for e in mine.events}["effect"]["target_range"] == 14.0
     assert (dr.epsilon, dr.delta) == (mine.epsilon, mine.delta)  # the rule is privacy-neutral
+
+
+# ---- shrinkage "ate" (proof step 6) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rct", [False, True])
+def test_anchored_plan_spends_exactly_the_request(rct: bool) -> None:
+    """The anchor takes ANCHOR_SHARE of the effect fold's budget, never more: the effect fold's
+    exact sum (quantile, anchor mean, effect model) is the request's (epsilon, delta), and the
+    calibration statistics (disjoint rows) run at the effect model's (epsilon, delta)."""
+    epsilon, delta = 1.3, 1e-5
+    record = ec.plan(domain(rct=rct), ec.EbmCateParams(epsilon=epsilon, delta=delta))
+    assert (record.epsilon, record.delta) == (epsilon, delta)
+    effect = [e for e in record.events if e.module == "effect"]
+    assert [e.type for e in effect] == ["exponential_quantile", "gaussian", "gdp_module"]
+    assert math.fsum(e.epsilon for e in effect) == epsilon
+    assert math.fsum(e.delta for e in effect) == delta
+    share = ec.ebm_anchor_share(4000, epsilon)  # n eps = 5200 < 50000: the noisy share, 0.8
+    assert share == 0.8
+    assert effect[0].epsilon + effect[1].epsilon == pytest.approx(share * epsilon)
+    (calibration,) = [e for e in record.events if e.module == "calibration"]
+    assert (calibration.epsilon, calibration.delta) == (effect[2].epsilon, effect[2].delta)
+    effect_mu = float(effect[2].params["mu"])
+    assert gdp_delta(effect[2].epsilon, effect_mu) <= effect[2].delta
+    assert float(calibration.params["sensitivity_l2"]) >= ec.calibration_sensitivity(
+        float(record.events[-2].params["target_range"]) / 2.0
+    )
+    for event in record.events:
+        if event.module not in ("effect", "calibration"):
+            assert (event.epsilon, event.delta) == (epsilon, delta)
+    assert record.fold_sizes["calibration"] == 400  # 20 % of the effect fold (2000 records)
+
+
+def test_anchor_share_rule() -> None:
+    assert ec.ebm_anchor_share(20000, 4.0) == 0.2  # n eps = 80000: the effect model gets 80 %
+    assert ec.ebm_anchor_share(20000, 1.0) == 0.8
+    assert ec.ebm_anchor_share(5000, 4.0) == 0.8
+    record = ec.plan(domain(20000), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
+    quantile, mean = (e for e in record.events if e.module == "effect" and e.type != "gdp_module")
+    assert quantile.epsilon + mean.epsilon == pytest.approx(0.8)
+    assert float(mean.params["bound_max"]) == pytest.approx(7.0)  # observational: the learner's K
+    rct = ec.plan(domain(20000, rct=True), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
+    (rct_mean,) = (e for e in rct.events if e.params.get("statistic") == "anchor_ate_mean")
+    assert float(rct_mean.params["bound_max"]) == pytest.approx(7.0 / 0.5)  # RCT: R_Y / c
+
+
+def test_calibration_sensitivity_covers_every_row_change() -> None:
+    """One row's (g^2, r g, (G / K) r^2) moves by at most the planned L2 sensitivity, for every
+    g in [-G, G] and r in [-K, K] (vertices and random points)."""
+    k = 3.0
+    bound = ec.deviation_bound(k)
+    rng = np.random.default_rng(0)
+    g = np.concatenate([[-bound, 0.0, bound], rng.uniform(-bound, bound, 200)])
+    r = np.concatenate([[-k, 0.0, k], rng.uniform(-k, k, 200)])
+    triples = np.column_stack([g * g, r * g, bound / k * r * r])
+    worst = max(float(np.max(np.linalg.norm(triples - t, axis=1))) for t in triples)
+    assert worst <= ec.calibration_sensitivity(k) * (1 + 1e-12)
+    assert worst >= 0.8 * ec.calibration_sensitivity(k)  # and it is nearly tight
+
+
+def _null_sums(rng: np.random.Generator, rows: int, sigma: float) -> NDArray[np.float64]:
+    g = rng.normal(0.0, 0.5, rows)  # deviations fitted elsewhere: independent of the targets
+    r = rng.normal(0.0, 1.0, rows)  # centred targets with no heterogeneity
+    sums = np.array([np.sum(g * g), np.sum(r * g), np.sum(r * r)])
+    return sums + rng.normal(0.0, sigma, 3) * np.array([1.0, 1.0, 4.0])
+
+
+def test_calibration_factor_is_zero_without_heterogeneity() -> None:
+    """Pure noise: lambda = 0 in about 99 % of releases (level CALIBRATION_LEVEL); 400 draws
+    with at most 4 % non-zero fail with probability below 1e-6 (binomial, p = 0.01)."""
+    rng = np.random.default_rng(1)
+    for sigma in (0.0, 5.0, 50.0):
+        factors = [
+            ec.calibration_factor(_null_sums(rng, 800, sigma), sigma, 800) for _ in range(400)
+        ]
+        assert np.mean(np.asarray(factors) > 0.0) <= 0.04, sigma
+
+
+def test_calibration_factor_is_near_one_for_strong_heterogeneity() -> None:
+    """Deviations that predict the held-out targets with slope 1 and little noise: lambda
+    near 1 (the slope, times 1 - (z / t)^2 with a large t)."""
+    rng = np.random.default_rng(2)
+    g = rng.normal(0.0, 1.0, 2000)
+    r = g + rng.normal(0.0, 1.0, 2000)
+    sums = np.array([np.sum(g * g), np.sum(r * g), np.sum(r * r)])
+    assert ec.calibration_factor(sums, 10.0, 2000) > 0.9
+
+
+def _constant_effect_data(n: int, seed: int) -> Arrays:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, (n, 2))
+    a = (rng.uniform(size=n) < 0.3 + 0.4 * x[:, 1]).astype(float)
+    y = np.clip(x[:, 1] + 2.0 * a + rng.normal(0, 0.3, n), -2, 5)  # tau = 2 everywhere
+    return Arrays(x, a, y)
+
+
+def test_anchored_release_without_heterogeneity_is_the_anchor() -> None:
+    """Constant effect: the factor is 0 and every prediction is the DP anchor (seeded noise;
+    the factor is 0 with probability about 0.99 for every seed)."""
+    n = 8000
+    result = ec.run(
+        _constant_effect_data(n, 5),
+        domain(n),
+        ec.EbmCateParams(epsilon=4.0, delta=1e-5),
+        rng=np.random.default_rng(6),
+        progress=lambda f, s: None,
+        noise=SeededSampler(np.random.default_rng(7)),
+    )
+    assert result["shrinkage"] == "ate"
+    assert result["shrinkage_factor"] == 0.0
+    assert result["ate"] == result["ate_anchor"] == pytest.approx(2.0, abs=0.3)
+    grid = np.random.default_rng(8).uniform(0, 1, (50, 2))
+    np.testing.assert_array_equal(ec.predict(result, grid), np.full(50, result["ate_anchor"]))
+    assert all(v == 0.0 for shape in result["shape_functions"] for v in shape["values"])
+
+
+def test_anchored_release_with_strong_heterogeneity_keeps_it() -> None:
+    """tau = 1 + 2 x0 at n eps = 128000: the factor is near 1 and predictions are
+    ``anchor + lambda clip(model(x) - centre, -G, G)``."""
+    n = 8000
+    result = ec.run(
+        _data(n, 1, rct=False),
+        domain(n),
+        ec.EbmCateParams(epsilon=16.0, delta=1e-5),
+        rng=np.random.default_rng(2),
+        progress=lambda f, s: None,
+        noise=SeededSampler(np.random.default_rng(3)),
+    )
+    assert result["shrinkage_factor"] > 0.8
+    grid = np.column_stack([np.linspace(0, 1, 21), np.full(21, 0.5)])
+    model = SafeEbm.from_dict(result["model"]["effect"])
+    bound = ec.deviation_bound(result["pseudo_outcome_clip"])
+    expected = result["ate_anchor"] + result["shrinkage_factor"] * np.clip(
+        model.predict(grid) - result["anchor_centre"], -bound, bound
+    )
+    np.testing.assert_allclose(ec.predict(result, grid), expected, rtol=0, atol=1e-12)
+    cate = ec.predict(result, grid)
+    assert cate[-1] - cate[0] > 0.8
+
+
+def test_shrinkage_none_keeps_the_unanchored_release() -> None:
+    n = 4000
+    result = ec.run(
+        _data(n, 3, rct=False),
+        domain(n),
+        ec.EbmCateParams(epsilon=4.0, delta=1e-5, shrinkage="none"),
+        rng=np.random.default_rng(4),
+        progress=lambda f, s: None,
+    )
+    assert result["shrinkage"] == "none"
+    assert "shrinkage" not in result["model"]
+    assert "ate_anchor" not in result
+    model = SafeEbm.from_dict(result["model"]["effect"])
+    points = np.random.default_rng(5).uniform(0, 1, (20, 2))
+    np.testing.assert_array_equal(ec.predict(result, points), model.predict(points))
+
+
+def test_quote_of_the_default_is_anchored() -> None:
+    from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
+
+    quote = EbmCateKind().quote(EbmCateRequest(epsilon=1.0), domain())
+    assert quote["shrinkage"] == "ate"
+    assert quote["versus_ate"]["anchored"] is True
+    assert quote["calibration_rows"] == 400
+    s = EbmCateKind().quote(EbmCateRequest(epsilon=1.0, learner="s"), domain())
+    assert s["versus_ate"]["anchored"] is False
+
+
+def test_small_effect_folds_fall_back_to_the_unanchored_default() -> None:
+    """n = 220, RCT: an effect fold of 110 records cannot hold 100 fitting and 20 calibration
+    rows: the default is then shrinkage "none" (public n only), an explicit "ate" is refused;
+    n = 400 (service defaults): 100 fitting rows and 40 calibration rows."""
+    small = domain(220, rct=True)
+    record = ec.plan(small, ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert [e.module for e in record.events] == ["outcome", "effect"]
+    assert ec.quote(small, ec.EbmCateParams(epsilon=1.0, delta=1e-5))["shrinkage"] == "none"
+    with pytest.raises(InvalidParameters):
+        ec.plan(small, ec.EbmCateParams(epsilon=1.0, delta=1e-5, shrinkage="ate"))
+    from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
+
+    sizes = EbmCateKind().record(EbmCateRequest(epsilon=1.0), domain(400)).fold_sizes
+    assert sizes == {"propensity": 100, "outcome": 160, "effect": 100, "calibration": 40}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +31,7 @@ def domain(n: int = 20000, *, q: int = 1, rct: bool = True) -> PublicDomain:
 @pytest.mark.parametrize("epsilon", [0.5, 1.0, 5.0])
 def test_replace_one_scales(epsilon: float) -> None:
     """adum.md §3.2: Lap(4 / eps) counts and Lap(4 D_y / eps) sums, D_y = W / 2 (+ lattice)."""
-    record = up.plan(domain(), up.UpliftParams(epsilon=epsilon, bins=(10,)))
+    record = up.plan(domain(), up.UpliftParams(epsilon=epsilon, bins=(10,), shrinkage="none"))
     counts, sums = record.events
     assert float(counts.params["scale"]) == pytest.approx(4.0 / epsilon, rel=1e-7)
     assert float(sums.params["scale"]) == pytest.approx(4.0 * 5.0 / epsilon, rel=1e-7)
@@ -188,7 +190,7 @@ def test_opendp_laplace_variance_matches_the_scale() -> None:
     dom = domain(20000, q=2)
     rng = np.random.default_rng(0)
     data = Arrays(rng.uniform(-1, 1, (20000, 2)), np.zeros(20000), np.zeros(20000))
-    params = up.UpliftParams(epsilon=2.0, bins=(100, 100))
+    params = up.UpliftParams(epsilon=2.0, bins=(100, 100), shrinkage="none")
     result = up.run(data, dom, params, noise=OpenDPSampler(), progress=lambda f, s: None)
     counts, _ = up.aggregates(data.x, data.a, data.y, dom, (100, 100))
     noisy = np.column_stack([result["counts_control"], result["counts_treated"]]).ravel()
@@ -198,7 +200,9 @@ def test_opendp_laplace_variance_matches_the_scale() -> None:
 
 
 def test_kmeans_plan_composes_sequentially() -> None:
-    params = up.UpliftParams(epsilon=2.0, partition="kmeans", clusters=8, kmeans_iterations=4)
+    params = up.UpliftParams(
+        epsilon=2.0, partition="kmeans", clusters=8, kmeans_iterations=4, shrinkage="none"
+    )
     record = up.plan(domain(q=2), params)
     assert len(record.events) == 2 * 4 + 2
     assert record.composition == Composition.SEQUENTIAL
@@ -247,3 +251,131 @@ def test_kmeans_seeded_run_and_lookup() -> None:
     pehe = float(np.mean((up.predict(result, test) - np.sin(test[:, 0])) ** 2))
     assert pehe < 0.05
     assert result["partition"]["type"] == "kmeans"
+
+
+# ---- shrinkage "ate" (proof step 5) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 1.0, 7.0])
+def test_anchored_plan_spends_exactly_the_request(epsilon: float) -> None:
+    """The second moments take SECOND_MOMENT_SHARE of the table's epsilon; the total is the
+    request's epsilon exactly and delta stays 0. One cell: no second moments (nothing to
+    shrink)."""
+    record = up.plan(domain(q=2), up.UpliftParams(epsilon=epsilon, bins=(4, 4)))
+    second, counts, sums = record.events
+    assert second.params["statistic"] == "centred_second_moments"
+    assert second.params["dim"] == 2
+    assert float(second.params["sensitivity_l1_nominal"]) == 10.0**2 / 2  # W^2 / 2
+    assert second.epsilon == pytest.approx(up.SECOND_MOMENT_SHARE * epsilon)
+    assert math.fsum(e.epsilon for e in record.events) == epsilon == record.epsilon
+    assert record.delta == 0.0
+    assert float(counts.params["scale"]) == pytest.approx(4.0 / (0.9 * epsilon), rel=1e-6)
+    one = up.plan(domain(q=2), up.UpliftParams(epsilon=epsilon, bins=(1, 1)))
+    assert [e.params["statistic"] for e in one.events] == ["counts", "centred_sums"]
+    assert one.epsilon == epsilon
+
+
+def test_second_moment_sensitivity_covers_a_replaced_record() -> None:
+    dom = domain(50)
+    rng = np.random.default_rng(0)
+    a = (rng.uniform(size=50) < 0.5).astype(float)
+    y = rng.uniform(-5, 5, 50)
+    base = up.second_moment_sums(a, y, dom)
+    worst = 0.0
+    for arm in (0.0, 1.0):
+        for value in (-5.0, 0.0, 5.0):
+            for row in range(50):
+                a2, y2 = a.copy(), y.copy()
+                a2[row], y2[row] = arm, value
+                worst = max(worst, float(np.abs(up.second_moment_sums(a2, y2, dom) - base).sum()))
+    assert worst <= up.second_moment_sensitivity(10.0, 50)
+
+
+def test_deviation_traces_match_the_dense_covariance() -> None:
+    rng = np.random.default_rng(3)
+    for p in (2, 5, 40):
+        w = rng.uniform(0.1, 1.0, p)
+        w /= w.sum()
+        v = rng.uniform(0.1, 3.0, p)
+        centring = np.eye(p) - np.outer(np.ones(p), w)
+        sigma = centring @ np.diag(v) @ centring.T
+        m = np.sqrt(np.outer(w, w)) * sigma
+        trace, trace_squared = up._deviation_traces(w, v)
+        assert trace == pytest.approx(float(np.trace(m)), rel=1e-10)
+        assert trace_squared == pytest.approx(float(np.sum(m * m)), rel=1e-10)
+
+
+def _rct(n: int, effect: Any, seed: int) -> Arrays:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (n, 2))
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    y = np.clip(0.5 * x[:, 1] + a * effect(x) + rng.normal(0, 1.0, n), -5, 5)
+    return Arrays(x, a, y)
+
+
+def test_no_heterogeneity_falls_back_to_the_anchor() -> None:
+    """Constant effect on a 6 x 6 grid: the factor is 0 in at least 18 of 20 releases (about
+    0.99 each) and every prediction is then the anchor, the count-weighted table ATE."""
+    n = 20000
+    dom = domain(n, q=2)
+    params = up.UpliftParams(epsilon=2.0, bins=(6, 6))
+    zeros = 0
+    for seed in range(20):
+        result = up.run(
+            _rct(n, lambda x: np.full(x.shape[0], 1.0), seed),
+            dom,
+            params,
+            noise=SeededSampler(np.random.default_rng(100 + seed)),
+            progress=lambda f, s: None,
+        )
+        raw = np.asarray(result["uplift_unshrunk"])
+        size = np.add(
+            np.maximum(result["counts_control"], 0), np.maximum(result["counts_treated"], 0)
+        )
+        assert result["ate_anchor"] == pytest.approx(float(np.dot(size / size.sum(), raw)))
+        assert result["ate_anchor"] == pytest.approx(1.0, abs=0.15)
+        if result["shrinkage_factor"] == 0.0:
+            zeros += 1
+            points = np.random.default_rng(seed).uniform(-1, 1, (30, 2))
+            np.testing.assert_array_equal(
+                up.predict(result, points), np.full(30, result["ate_anchor"])
+            )
+    assert zeros >= 18
+
+
+def test_strong_heterogeneity_keeps_the_table() -> None:
+    """tau = 2 x_0 (sd 1.15) at n eps = 80000 on a 6 x 6 grid: the factor is near 1."""
+    n = 20000
+    result = up.run(
+        _rct(n, lambda x: 2.0 * x[:, 0], 1),
+        domain(n, q=2),
+        up.UpliftParams(epsilon=4.0, bins=(6, 6)),
+        noise=OpenDPSampler(),
+        progress=lambda f, s: None,
+    )
+    assert result["shrinkage_factor"] > 0.8
+    raw = np.asarray(result["uplift_unshrunk"])
+    expected = result["ate_anchor"] + result["shrinkage_factor"] * (raw - result["ate_anchor"])
+    np.testing.assert_allclose(result["uplift"], np.clip(expected, -10, 10), rtol=0, atol=1e-12)
+    assert 0.0 < result["arm_variance"]["control"] < 3.0
+
+
+def test_shrinkage_none_is_the_raw_table_and_the_quote_says_anchored() -> None:
+    from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequest
+
+    n = 4000
+    result = up.run(
+        _rct(n, lambda x: 2.0 * x[:, 0], 2),
+        domain(n, q=2),
+        up.UpliftParams(epsilon=1.0, bins=(3, 3), shrinkage="none"),
+        noise=OpenDPSampler(),
+        progress=lambda f, s: None,
+    )
+    assert result["shrinkage"] == "none"
+    assert "uplift_unshrunk" not in result
+    kind = UpliftTableKind()
+    quote = kind.quote(UpliftTableRequest(epsilon=1.0, bins=[3, 3]), domain(n, q=2))
+    assert quote["shrinkage"] == "ate"
+    assert quote["versus_ate"]["anchored"] is True
+    none = kind.quote(UpliftTableRequest(epsilon=1.0, shrinkage="none"), domain(n, q=2))
+    assert none["versus_ate"]["anchored"] is False

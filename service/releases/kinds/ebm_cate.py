@@ -36,6 +36,12 @@ class EbmCateRequest(KindParams):
     max_rounds: StrictInt | None = Field(
         default=None, ge=ebm_cate.MIN_MAX_ROUNDS, le=ebm_cate.MAX_MAX_ROUNDS
     )
+    # "ate" (the DR learner's default): a DP ATE anchor on a public share of the effect fold's
+    # budget, the effect model fitted to pseudo-outcomes centred at it, and its deviations
+    # shrunk toward it by a factor set from DP calibration sums on held-out rows of the effect
+    # fold, so undetectable heterogeneity falls back to the ATE. "none": the unshrunk model
+    # (the S- and R-learners' only value).
+    shrinkage: Literal["ate", "none"] | None = None
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -53,6 +59,7 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
         delta=delta,
         learner=params.learner,
         propensity_clip=params.propensity_clip,
+        shrinkage=params.shrinkage,
         **resolved,
     )
 
@@ -70,9 +77,12 @@ class EbmCateKind:
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
         """Public accuracy preview."""
         request = _as_params(params)
-        out = ebm_cate.quote(domain, to_mechanism_params(request, domain))
-
-        out["versus_ate"] = versus_ate_block(request, domain, lambda r: _noise_sd(r, domain))
+        checked = to_mechanism_params(request, domain)
+        out = ebm_cate.quote(domain, checked)
+        anchored = out["shrinkage"] == "ate"
+        out["versus_ate"] = versus_ate_block(
+            request, domain, lambda r: _noise_sd(r, domain), anchored=anchored
+        )
         return out
 
     def run(
@@ -85,14 +95,15 @@ class EbmCateKind:
         noise: NoiseSampler,
         progress: Progress,
     ) -> dict[str, Any]:
-        """Fit after the charge (interpret draws its own noise; ``noise`` is unused)."""
-        del noise
+        """Fit after the charge (interpret draws the DP-EBMs' noise; ``noise`` the anchor's and
+        the calibration statistics' with shrinkage ``"ate"``)."""
         return ebm_cate.run(
             arrays,
             domain,
             to_mechanism_params(_as_params(params), domain),
             rng=rng,
             progress=progress,
+            noise=noise,
         )
 
 

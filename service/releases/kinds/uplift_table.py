@@ -36,6 +36,11 @@ class UpliftTableRequest(KindParams):
     )
     kmeans_share: StrictFloat = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
     kmeans_iterations: StrictInt = Field(default=5, ge=1, le=20)
+    # "ate" (default): the cell uplifts are shrunk toward the table's own DP ATE (their
+    # count-weighted mean) by a James–Stein factor against their privacy and sampling variance
+    # (10 % of the table's epsilon buys the arms' DP second moments when there are >= 2 cells),
+    # so cell differences the noise can explain fall back to that ATE. "none": the raw table.
+    shrinkage: Literal["ate", "none"] | None = None
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -55,6 +60,7 @@ def to_mechanism_params(params: UpliftTableRequest, domain: PublicDomain) -> upl
         clusters=params.clusters or 0,
         kmeans_share=params.kmeans_share,
         kmeans_iterations=params.kmeans_iterations,
+        shrinkage=params.shrinkage,
     )
 
 
@@ -72,8 +78,9 @@ class UpliftTableKind:
         """Noise scales, expected per-cell uplift sd, and the partition-size heuristic."""
         request = _as_params(params)
         out = uplift.quote(domain, to_mechanism_params(request, domain))
-
-        out["versus_ate"] = versus_ate_block(request, domain, lambda r: _noise_sd(r, domain))
+        out["versus_ate"] = versus_ate_block(
+            request, domain, lambda r: _noise_sd(r, domain), anchored=out["shrinkage"] == "ate"
+        )
         return out
 
     def run(

@@ -328,8 +328,10 @@ class EbmShapeResult:
     """A DP-EBM CATE model (``kind: "ebm_cate"``): the ATE read off it and its shape functions.
 
     ``intercept`` is the model's intercept plus its offset (for the DR/R effect model this is
-    the ``ate``; for the S-learner, the outcome model's). Predict at points with
-    ``CuratorClient.predict`` (free).
+    the ``ate``; for the S-learner, the outcome model's). An anchored release (``shrinkage``
+    ``"ate"``, the DR default) predicts ``anchor + factor * deviation``: its ``intercept`` is the
+    DP anchor ATE and its shape functions are already multiplied by the factor. Predict at
+    points with ``CuratorClient.predict`` (free).
     """
 
     ate: float
@@ -355,6 +357,9 @@ class EbmShapeResult:
         model = result.get("model") or {}
         inner = model.get("effect") or model.get("outcome") or {}
         intercept = float(inner.get("intercept", 0.0)) + float(inner.get("offset", 0.0))
+        shrinkage = model.get("shrinkage")
+        if isinstance(shrinkage, dict) and "anchor" in shrinkage:
+            intercept = float(shrinkage["anchor"])
         return cls(
             ate=float(result.get("ate", intercept)),
             intercept=intercept,
