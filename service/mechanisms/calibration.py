@@ -38,6 +38,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 from scipy.special import log_ndtr
 
+from service.mechanisms.domain import PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
 
 # Relative width at which a bisection stops. Well below the printed precision of any reported
@@ -347,3 +348,24 @@ def default_delta(n_min: int) -> float:
     if n_min < 1:
         raise InvalidParameters("the smallest fold size must be a positive integer")
     return min(1e-5, 1.0 / (10.0 * n_min))
+
+
+def public_propensity(domain: PublicDomain, propensity_clip: object) -> tuple[float | None, float]:
+    """The CATE kinds' public propensity and clip c, from the schema and the request only.
+
+    RCT: the declared assignment probability p (in (0, 1)) and ``c = min(p, 1 - p)``; otherwise
+    ``(None, c)`` with the request's ``propensity_clip`` checked to lie in
+    ``[domain.min_propensity_clip, 0.5]``.
+
+    Raises:
+        InvalidParameters: an RCT without a usable p, or a clip outside its range.
+    """
+    clip = validate_finite_positive(propensity_clip, "propensity_clip")
+    if domain.design == StudyDesign.RCT:
+        p = domain.treatment_probability
+        if p is None or not 0.0 < p < 1.0:
+            raise InvalidParameters("an RCT needs a declared treatment_probability in (0, 1)")
+        return float(p), min(float(p), 1.0 - float(p))
+    if not domain.min_propensity_clip <= clip <= 0.5:
+        raise InvalidParameters(f"propensity_clip must be in [{domain.min_propensity_clip}, 0.5]")
+    return None, clip

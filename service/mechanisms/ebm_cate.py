@@ -61,6 +61,7 @@ from service.mechanisms.anchor import (
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
     default_delta,
+    public_propensity,
     validate_delta,
     validate_epsilon,
     validate_finite_positive,
@@ -343,19 +344,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         shrinkage = "none"  # the default on a too small effect fold (public n only)
     delta = validate_delta(params.delta, n_min=min((*sizes, calibration_size or sizes[0])))
     big_r = domain.outcome_range
-    propensity: float | None = None
-    clip = validate_finite_positive(params.propensity_clip, "propensity_clip")
-    if domain.design == StudyDesign.RCT:
-        p = domain.treatment_probability
-        if p is None or not 0.0 < p < 1.0:
-            raise InvalidParameters("an RCT needs a declared treatment_probability in (0, 1)")
-        propensity = float(p)
-        clip = min(propensity, 1.0 - propensity)
-    else:
-        if clip < domain.min_propensity_clip or clip > 0.5:
-            raise InvalidParameters(
-                f"propensity_clip must be in [{domain.min_propensity_clip}, 0.5]"
-            )
+    propensity, clip = public_propensity(domain, params.propensity_clip)
     # proof step 1: the public pseudo-outcome bound K (|psi_DR| <= R / c; |psi_R| <= R / c).
     natural = big_r / clip
     clip_k = natural if learner != "s" else big_r

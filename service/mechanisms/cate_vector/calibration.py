@@ -20,6 +20,7 @@ from service.mechanisms.anchor import ANCHOR_SHARE, AnchorPlan, plan_anchor
 from service.mechanisms.anchor import anchor_share as anchor_rule  # cate_vector's own rule wraps it
 from service.mechanisms.calibration import (
     default_delta,
+    public_propensity,
     validate_delta,
     validate_epsilon,
     validate_finite_positive,
@@ -198,16 +199,7 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         raise InvalidParameters(f"n_features must be in [1, {MAX_FEATURES}]")
     validate_finite_positive(params.lengthscale, "lengthscale")
     big_r = validate_finite_positive(domain.outcome_range, "outcome range")
-    propensity: float | None = None
-    clip = validate_finite_positive(params.propensity_clip, "propensity_clip")
-    if domain.design == StudyDesign.RCT:
-        p = domain.treatment_probability
-        if p is None or not 0.0 < p < 1.0:
-            raise InvalidParameters("an RCT needs a declared treatment_probability in (0, 1)")
-        propensity = float(p)
-        clip = min(propensity, 1.0 - propensity)
-    elif not domain.min_propensity_clip <= clip <= 0.5:
-        raise InvalidParameters(f"propensity_clip must be in [{domain.min_propensity_clip}, 0.5]")
+    propensity, clip = public_propensity(domain, params.propensity_clip)
     # proof step 1: the public bound on the second-stage targets.
     if params.learner == "r":
         bound_r = big_r
