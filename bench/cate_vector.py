@@ -196,7 +196,9 @@ class Rep:
         params = ebm_cate.EbmCateParams(
             epsilon=epsilon, delta=DELTA, learner="dr", propensity_clip=CLIP
         )
-        result = ebm_cate.run(self.arrays, self.domain, params, rng=self.rng, progress=_quiet)
+        result = ebm_cate.run(
+            self.arrays, self.domain, params, rng=self.rng, progress=_quiet, noise=self.noise
+        )
         return pehe(ebm_cate.predict(result, self.points), self.truth)
 
 
