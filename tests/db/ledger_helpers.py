@@ -27,6 +27,42 @@ def record(epsilon: float, delta: float = 0.0) -> MechanismRecord:
     )
 
 
+def add_people_and_dataset(
+    s: Session, *, dataset: str, owner: str, analysts: list[str], name: str | None = None
+) -> None:
+    """Add an owner, analysts and a ready dataset row (flushed, not committed); ``name``
+    names every principal (default: its id)."""
+    for pid, role in [(owner, "owner")] + [(p, "analyst") for p in analysts]:
+        s.add(
+            Principal(
+                id=pid,
+                name=name or pid,
+                role=role,
+                key_hash=pid + pid,
+                key_prefix="x",
+                created_at="t",
+            )
+        )
+    s.flush()
+    s.add(
+        Dataset(
+            id=dataset,
+            owner_id=owner,
+            name="d",
+            description="",
+            schema_json="{}",
+            schema_hash="h",
+            version=1,
+            n=100,
+            q=1,
+            status="ready",
+            allow_paper_mode=False,
+            created_at="t",
+        )
+    )
+    s.flush()
+
+
 def seed_dataset(
     url: str, *, epsilon_total: float, analysts: int = 1
 ) -> tuple[str, str, list[str]]:
@@ -34,30 +70,7 @@ def seed_dataset(
     dataset, owner = uuid.uuid4().hex, uuid.uuid4().hex
     people = [uuid.uuid4().hex for _ in range(analysts)]
     with Session(engine) as s:
-        for pid, role in [(owner, "owner")] + [(p, "analyst") for p in people]:
-            s.add(
-                Principal(
-                    id=pid, name=pid, role=role, key_hash=pid + pid, key_prefix="x", created_at="t"
-                )
-            )
-        s.flush()
-        s.add(
-            Dataset(
-                id=dataset,
-                owner_id=owner,
-                name="d",
-                description="",
-                schema_json="{}",
-                schema_hash="h",
-                version=1,
-                n=100,
-                q=1,
-                status="ready",
-                allow_paper_mode=False,
-                created_at="t",
-            )
-        )
-        s.flush()
+        add_people_and_dataset(s, dataset=dataset, owner=owner, analysts=people)
         ledger.open_ledger(s, dataset_id=dataset, principal_id=owner)
         ledger.set_budget(
             s, dataset_id=dataset, principal_id=owner, epsilon_total=epsilon_total, delta_total=1e-5

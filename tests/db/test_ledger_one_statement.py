@@ -20,13 +20,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.engine import make_engine
-from service.db.models import Budget, Dataset, LedgerEntry, Principal, Release
+from service.db.models import Budget, LedgerEntry, Release
 from service.ledger import amounts
 from service.ledger import service as ledger
 from service.ledger.chain import LOCKED_FIELDS, body_parts, canonical_json, fill
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord
 from service.problems import BudgetExhausted, BudgetNotSet, NotFound, PrincipalCapExceeded
-from tests.db.ledger_helpers import record, seed_dataset
+from tests.db.ledger_helpers import add_people_and_dataset, record, seed_dataset
 
 # Text the canonical JSON must escape identically in SQL and Python: quotes, backslashes,
 # control characters, non-ASCII (kept as is) and a line separator.
@@ -113,28 +113,9 @@ def _scenario(url: str, ids: dict[str, str]) -> tuple[list[LedgerEntry], list[Re
     """Seed a dataset and charge it, all in one transaction that is rolled back."""
     engine = make_engine(url)
     with Session(engine) as s:
-        for pid, role in [(ids["owner"], "owner"), (ids["analyst"], "analyst")]:
-            s.add(
-                Principal(id=pid, name=ODD, role=role, key_hash=pid, key_prefix="x", created_at="t")
-            )
-        s.flush()
-        s.add(
-            Dataset(
-                id=ids["dataset"],
-                owner_id=ids["owner"],
-                name="d",
-                description="",
-                schema_json="{}",
-                schema_hash="h",
-                version=1,
-                n=100,
-                q=1,
-                status="ready",
-                allow_paper_mode=False,
-                created_at="t",
-            )
+        add_people_and_dataset(
+            s, dataset=ids["dataset"], owner=ids["owner"], analysts=[ids["analyst"]], name=ODD
         )
-        s.flush()
         ledger.open_ledger(s, dataset_id=ids["dataset"], principal_id=ids["owner"])
         ledger.set_budget(
             s,

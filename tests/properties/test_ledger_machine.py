@@ -17,11 +17,12 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session
 
 from service.db.engine import make_engine
-from service.db.models import Base, Budget, Dataset, Grant, LedgerEntry, Principal
+from service.db.models import Base, Budget, Grant, LedgerEntry
 from service.ledger import amounts
 from service.ledger import service as ledger
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord
 from service.problems import BudgetBelowSpent, BudgetExhausted, BudgetNotSet, PrincipalCapExceeded
+from tests.db.ledger_helpers import add_people_and_dataset
 
 EPS = st.sampled_from([0.05, 0.1, 0.25, 0.3, 0.5, 1.0, 1.7])
 DLT = st.sampled_from([0.0, 1e-7, 1e-6, 5e-6])
@@ -59,35 +60,9 @@ def make_machine(url: str) -> type[RuleBasedStateMachine]:
             self.owner = uuid.uuid4().hex
             self.analysts = [uuid.uuid4().hex for _ in range(3)]
             with Session(self.engine) as s:
-                for pid, role in [(self.owner, "owner")] + [(a, "analyst") for a in self.analysts]:
-                    s.add(
-                        Principal(
-                            id=pid,
-                            name=pid,
-                            role=role,
-                            key_hash=pid + pid,
-                            key_prefix="x",
-                            created_at="t",
-                        )
-                    )
-                s.flush()
-                s.add(
-                    Dataset(
-                        id=self.dataset,
-                        owner_id=self.owner,
-                        name="d",
-                        description="",
-                        schema_json="{}",
-                        schema_hash="h",
-                        version=1,
-                        n=100,
-                        q=1,
-                        status="ready",
-                        allow_paper_mode=False,
-                        created_at="t",
-                    )
+                add_people_and_dataset(
+                    s, dataset=self.dataset, owner=self.owner, analysts=self.analysts
                 )
-                s.flush()
                 ledger.open_ledger(s, dataset_id=self.dataset, principal_id=self.owner)
                 s.commit()
 
