@@ -83,17 +83,14 @@ def quantile_law(
     near = all_utility >= top - _LAW_SPAN * scale
     utility = all_utility[near]
     grid = np.linspace(top, top + _LAW_SPAN * scale, _LAW_GRID)
-    gap = (grid[None, :] - utility[:, None]) / scale  # >= 0 only where candidate j can reach t
-    reachable = gap >= 0.0
-    with np.errstate(divide="ignore"):
-        log_cdf = np.where(reachable, np.log(-np.expm1(-np.maximum(gap, 0.0))), -np.inf)
-    density = np.where(reachable, np.exp(-np.maximum(gap, 0.0)) / scale, 0.0)
-    finite = np.where(np.isfinite(log_cdf), log_cdf, 0.0)
-    total = finite.sum(axis=0)
-    unreachable = (~np.isfinite(log_cdf)).sum(axis=0)
-    # prod_{j != i} F_j(t): zero wherever a candidate other than i cannot reach t yet
-    others = np.exp(total[None, :] - finite)
-    others = np.where((unreachable[None, :] - (~reachable).astype(int)) > 0, 0.0, others)
+    gap = (grid[None, :] - utility[:, None]) / scale  # >= 0: the grid starts at the best
+    cdf = -np.expm1(-gap)  # F_j(t)
+    density = np.exp(-gap) / scale  # f_j(t)
+    # prod_{j != i} F_j(t) as prefix times suffix products (no division by an F_i of 0)
+    ones = np.ones((1, grid.size), dtype=np.float64)
+    prefix = np.cumprod(np.vstack([ones, cdf[:-1]]), axis=0)
+    suffix = np.cumprod(np.vstack([ones, cdf[:0:-1]]), axis=0)[::-1]
+    others = prefix * suffix
     weights = np.trapezoid(density * others, grid, axis=1)
     law = np.zeros(all_utility.size, dtype=np.float64)
     law[near] = np.maximum(weights, 0.0)
