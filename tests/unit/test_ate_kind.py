@@ -73,6 +73,22 @@ def test_quote_states_what_the_interval_covers(
     assert ("not the error left by the DP" in coverage["message"]) is (basis != "design")
 
 
+def test_rct_default_quote_solves_for_its_own_width_when_cross_fitted() -> None:
+    """The RCT default cross-fits above n eps = 10^4 with the adaptive clip: the epsilon for
+    the quote's own expected half-width is the requested epsilon (the solve once planned at
+    the nuisance share's remainder and fell below the minimum epsilon)."""
+    kind = AteKind()
+    for epsilon in (1.0, 5.0):  # n eps 4000 (split) and 20000 (cross-fitted)
+        expected = kind.quote(AteParams.model_validate({"epsilon": epsilon}), RCT)
+        back = kind.quote(
+            AteParams.model_validate(
+                {"epsilon": epsilon, "target_half_width": expected["expected_half_width"]}
+            ),
+            RCT,
+        )
+        assert back["epsilon_for_target_half_width"] == pytest.approx(epsilon, rel=1e-6)
+
+
 def test_quote_says_whether_the_target_half_width_is_reachable() -> None:
     kind = AteKind()
     base = kind.quote(AteParams.model_validate({"epsilon": 1.0}), RCT)

@@ -219,6 +219,10 @@ def _epsilon_for_half_width_pinned(
     adaptive = base.quantile_epsilon is not None
 
     def reaches(epsilon: float) -> bool:
+        if adaptive:
+            # the same expected half-width as the quote: the whole plan at this total epsilon
+            state = make_plan(domain, replace(params, epsilon=epsilon))
+            return expected_adaptive_half_width(domain, state, z)["half_width"] <= target
         # the shares may depend on epsilon (public cross-fitting rule): re-resolve them and
         # split epsilon and delta exactly as make_plan does.
         nuisance_share, share = resolved_shares(domain, epsilon, delta, base.bound, base.params)
@@ -226,10 +230,6 @@ def _epsilon_for_half_width_pinned(
         if nuisance_share is not None:
             _, epsilon = split_share(epsilon, nuisance_share)
             _, delta_stat = split_share(delta, nuisance_share)
-        if adaptive:
-            # the same expected half-width as the quote: the plan at this epsilon
-            state = make_plan(domain, replace(params, epsilon=epsilon))
-            return expected_adaptive_half_width(domain, state, z)["half_width"] <= target
         epsilon_theta, _ = split_share(epsilon, share)
         delta_theta, _ = split_share(delta_stat, share)
         sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity).sigma
