@@ -22,6 +22,15 @@ class Composition(StrEnum):
     SEQUENTIAL = "sequential"
     THEOREM6_MAX = "theorem6_max"
     CELLS = "cells"
+    # A whole-data anchor, then the rest: the events whose module starts with ANCHOR_PREFIX are
+    # a strict ``ate`` release on all n rows (composed by their own rule, named in each event's
+    # ``anchor_composition``); the other events compose by the Theorem 6 max over their modules
+    # (sequential within a module); the two parts compose sequentially, so the record's cost is
+    # the anchor's plus the rest's (docs/proofs/cate_function.md §7).
+    ANCHOR_THEN_THEOREM6_MAX = "anchor_then_theorem6_max"
+
+
+ANCHOR_PREFIX = "anchor/"
 
 
 NEIGHBOURING = "replace-one"

@@ -15,7 +15,8 @@ their coefficient noise must be exactly ``r0`` times the public transform of tho
 noise, drawn at evaluation, is checked the same way through HTTP in
 ``tests/api/test_functions.py``. Not covered here: DP-EBM's noise (drawn inside interpret; its
 accounting is audited in ``test_ebm_cate_audit``); ``ebm_cate``'s anchor and calibration sums
-(shrinkage "ate") go through the sampler and are covered.
+(shrinkage "ate") go through the sampler and are covered, and so does ``cate_function``'s
+whole-data anchor (the strict ``ate`` default, its events prefixed ``anchor/``).
 """
 
 from __future__ import annotations
@@ -146,6 +147,14 @@ CASES = [
         {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]], "shrinkage": "none", "learner": "dr"},
         StudyDesign.OBSERVATIONAL,
     ),
+    # the anchored default: the whole-data anchor is the strict ate default (proof §7); the
+    # function's own unit normals are audited by test_cate_function_finite_basis_noise
+    ("cate_function", {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32}, StudyDesign.RCT),
+    (
+        "cate_function",
+        {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32},
+        StudyDesign.OBSERVATIONAL,
+    ),
 ]
 
 
@@ -170,6 +179,8 @@ def test_every_draw_is_a_planned_event_and_every_event_is_drawn(
     assert planned, "this case has no sampler-drawn events to check"
     assert sampler.draws, "the release drew no noise through the sampler"
     for draw in sampler.draws:
+        if kind == "cate_function" and draw["type"] == "standard_normal":
+            continue  # the basis coefficients' normals (test_cate_function_finite_basis_noise)
         assert any(_matches(draw, event) for event in planned), (kind, params, draw)
     for event in planned:
         drawn = [d for d in sampler.draws if _matches(d, event)]

@@ -710,3 +710,25 @@ def test_kind_default_nuisance_is_dp_linear_on_rct_and_dp_ebm_otherwise() -> Non
     assert to_mechanism_params(explicit, rct).nuisance == "dp_ebm"
     # the cross-fit rule is observational only: a trial keeps its (outcome, estimation) halves
     assert to_mechanism_params(AteParams(epsilon=2.0), rct).cross_fit is False
+
+
+@pytest.mark.parametrize("design", [StudyDesign.OBSERVATIONAL, StudyDesign.RCT])
+@pytest.mark.parametrize(("n", "epsilon"), [(1000, 0.5), (5000, 1.0), (20000, 4.0)])
+def test_default_params_are_what_an_epsilon_only_ate_request_runs(
+    design: StudyDesign, n: int, epsilon: float
+) -> None:
+    """``ate_strict.default_params`` (the CATE kinds' whole-data anchor) is exactly the
+    ``ate`` kind's default: same nuisance, cross-fitting, clip and delta rules."""
+    domain = PublicDomain(
+        x_lower=np.zeros(3),
+        x_upper=np.ones(3),
+        y_lower=0.0,
+        y_upper=10.0,
+        n=n,
+        design=design,
+        treatment_probability=0.5 if design == StudyDesign.RCT else None,
+    )
+    request = to_mechanism_params(AteParams(epsilon=epsilon), domain)
+    assert request == ate_strict.default_params(domain, epsilon)
+    explicit = to_mechanism_params(AteParams(epsilon=epsilon, delta=1e-7), domain)
+    assert explicit == ate_strict.default_params(domain, epsilon, 1e-7)

@@ -302,6 +302,26 @@ def default_delta_for(
     return default_delta(min(fold_sizes(domain.n, fractions)))
 
 
+def default_params(
+    domain: PublicDomain, epsilon: float, delta: float | None = None
+) -> AteStrictParams:
+    """The strict ``ate`` kind's defaults at ``(epsilon, delta)``: the public rules for the
+    nuisance, cross-fitting, the clip and (``delta=None``) delta, every other parameter at its
+    default. What an ``ate`` request with only ``epsilon`` (and ``delta``) runs; the CATE kinds'
+    whole-data anchor (``anchor.plan_ate_anchor``) runs it too. Public inputs only."""
+    nuisance = default_nuisance(domain)
+    cross_fit = default_cross_fit(domain, nuisance, None, epsilon)
+    if delta is None:
+        delta = default_delta_for(domain, None, nuisance, cross_fit, epsilon)
+    return AteStrictParams(
+        epsilon=epsilon,
+        delta=delta,
+        nuisance=nuisance,
+        cross_fit=cross_fit,
+        adaptive_clip=default_adaptive_clip(domain, None),
+    )
+
+
 def validate_domain(domain: PublicDomain, nuisance: Nuisance) -> None:
     """Reject an unusable public schema or nuisance choice (shared with ``cate_function``)."""
     if isinstance(domain.n, bool) or not isinstance(domain.n, int) or domain.n < 1:

@@ -16,9 +16,9 @@ from service.mechanisms import ate_strict, gp, versus_ate
 from service.mechanisms import dp_ebm as dp_ebm_lib
 from service.mechanisms.anchor import (
     ANCHOR_SHARE,
-    AnchorPlan,
+    AteAnchorPlan,
     anchor_share,
-    plan_anchor,
+    plan_ate_anchor,
 )
 from service.mechanisms.calibration import (
     analytic_gaussian_multiplier,
@@ -48,7 +48,7 @@ Nuisance = Literal["dp_ebm", "none"]
 Shrinkage = Literal["ate", "none"]
 
 MECHANISM = "cate_function_gp"
-VERSION = "2"
+VERSION = "3"  # 3: the anchor is the strict ate default on all rows (proof §7)
 # proof §7: public reference points (the first Sobol points of the scaled box) at which the
 # released function's deviation from the anchor is read to set the shrinkage factor; an exact
 # function's GP path is drawn there at release time and answers them like any other point.
@@ -245,7 +245,7 @@ class Plan:
     # Released values are clipped to [-value_bound, value_bound] = [-R_Y, R_Y], the public range
     # of any CATE with outcomes in [y_lo, y_hi] (post-processing: it cannot add error).
     value_bound: float = math.inf
-    anchor: AnchorPlan | None = None  # proof §7 (shrinkage "ate")
+    anchor: AteAnchorPlan | None = None  # proof §7 (shrinkage "ate"): the whole-data anchor
     anchor_share: float = 0.0  # its share of (epsilon, delta); the GP has the rest
     fixed_anchor: float | None = None  # a public anchor given by the request (no charge)
     reference_points: int = 0
@@ -371,11 +371,11 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         raise InvalidParameters("shrinkage must be 'ate' or 'none'")
     if shrinkage == "ate" and params.mode != "strict":
         raise InvalidParameters("shrinkage 'ate' is strict-only; paper mode releases the paper's")
-    # proof §7: the anchor takes ANCHOR_SHARE of the estimation budget, the GP the rest (exact).
+    # proof §7: the whole-data anchor takes a public share of (epsilon, delta), the function's
+    # folds the rest (exact split; the two compose sequentially).
     epsilon_gp, delta_gp = epsilon, delta
     share = 0.0
-    anchor: AnchorPlan | None = None
-    anchor_events: list[NoiseEvent] = []
+    anchor: AteAnchorPlan | None = None
     fixed_anchor: float | None = None
     if params.anchor is not None:
         if shrinkage != "ate":
@@ -413,15 +413,14 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         share = anchor_share(at_default.r0, domain.outcome_range)
         epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, share)
         delta_anchor, delta_gp = ate_strict.split_share(delta, share)
-        anchor, anchor_events = plan_anchor(
-            params.learner,
-            epsilon_anchor,
-            delta_anchor,
-            outcome_range=domain.outcome_range,
-            propensity_clip=propensity_bound,
-            dr_bound=domain.outcome_range / propensity_bound,
-            n2=n2,
-        )
+        try:
+            anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
+        except InvalidParameters:
+            if params.shrinkage is not None:
+                raise
+            # the default where the anchor cannot run (e.g. its epsilon share below the ate
+            # minimum; public inputs only): the function without shrinkage
+            shrinkage, share, epsilon_gp, delta_gp = "none", 0.0, epsilon, delta
     scale = scale_at(epsilon_gp, delta_gp)
     if not (math.isfinite(scale.r0) and scale.r0 > 0.0 and scale.r0 > 2.0**-1000):
         raise InvalidParameters("the noise scale underflows; use a smaller regularization")
@@ -436,12 +435,15 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     dp_ebm = None
     events: list[NoiseEvent] = []
     if params.mode == "strict" and nuisance == "dp_ebm":
-        dp_ebm = dp_ebm_lib.solve_dp_ebm_epsilon_p(epsilon, delta)
+        # proof §7: with the whole-data anchor the nuisance folds have (epsilon_g, delta_g) left
+        dp_ebm = dp_ebm_lib.solve_dp_ebm_epsilon_p(epsilon_gp, delta_gp)
         if "propensity" in modules:
-            events.append(dp_ebm_lib.nuisance_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
+            events.append(
+                dp_ebm_lib.nuisance_event("propensity", epsilon_gp, delta_gp, dp_ebm, q, 1.0)
+            )
         events.append(
             dp_ebm_lib.nuisance_event(
-                "outcome", epsilon, delta, dp_ebm, q + 1, domain.outcome_range
+                "outcome", epsilon_gp, delta_gp, dp_ebm, q + 1, domain.outcome_range
             )
         )
     elif params.mode == "paper":
@@ -474,7 +476,6 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     }
     if params.mode == "strict":
         gp_params["r0"] = scale.r0
-    events.extend(anchor_events)
     events.append(
         NoiseEvent(
             type="gaussian_process",
@@ -494,13 +495,19 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         )
         if reference_points < 3:
             raise InvalidParameters("shrinkage 'ate' needs t_max >= 6 (reference points)")
+    composition = Composition.THEOREM6_MAX if len(modules) > 1 else Composition.SEQUENTIAL
+    sizes_by_module = dict(zip(modules, sizes, strict=True))
+    if anchor is not None:  # proof §7: the anchor on all rows first, then the function's folds
+        events = [*anchor.events(), *events]
+        sizes_by_module = {**anchor.fold_sizes(), **sizes_by_module}
+        composition = Composition.ANCHOR_THEN_THEOREM6_MAX
     record = MechanismRecord(
         mechanism=MECHANISM,
         version=VERSION,
         guarantee=Guarantee.STRICT if params.mode == "strict" else Guarantee.PAPER,
         n=domain.n,
-        fold_sizes=dict(zip(modules, sizes, strict=True)),
-        composition=Composition.THEOREM6_MAX if len(modules) > 1 else Composition.SEQUENTIAL,
+        fold_sizes=sizes_by_module,
+        composition=composition,
         events=tuple(events),
         epsilon=epsilon,
         delta=delta,
@@ -552,6 +559,7 @@ def public_parameters(state: Plan) -> dict[str, Any]:
         "shrinkage": "ate" if state.shrinks else "none",
         "anchor_share": state.anchor_share,
         "anchor_given": state.fixed_anchor is not None,
+        "anchor_release": None if state.anchor is None else state.anchor.public(),
         "reference_points": state.reference_points,
         "noise_note": (
             "the privacy noise is one Gaussian-process path: it is correlated across points, "

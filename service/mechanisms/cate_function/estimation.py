@@ -13,11 +13,7 @@ from numpy.typing import NDArray
 
 from service.mechanisms import ate_strict, gp, versus_ate
 from service.mechanisms import dp_ebm as dp_ebm_lib
-from service.mechanisms.anchor import (
-    anchor_pseudo_outcomes,
-    draw_anchor,
-    james_stein_factor,
-)
+from service.mechanisms.anchor import draw_ate_anchor, james_stein_factor
 from service.mechanisms.cate_function.calibration import (
     CateFunctionParams,
     FloatArray,
@@ -190,10 +186,26 @@ def _run(
     noise: NoiseSampler,
     progress: Progress,
 ) -> tuple[dict[str, Any], FittedFunction]:
+    anchor: float | None = state.fixed_anchor
+    anchor_ci: tuple[float, float] | None = None
+    if state.anchor is not None:
+        # proof §7 step 1: the whole-data anchor, the strict ate default on all n rows.
+        drawn = draw_ate_anchor(
+            arrays,
+            domain,
+            state.anchor,
+            cate_bound=domain.outcome_range,
+            rng=rng,
+            noise=noise,
+            progress=lambda fraction, stage: progress(0.3 * fraction, f"anchor: {stage}"),
+        )
+        anchor = drawn["estimate"]
+        anchor_ci = (drawn["ci_lower"], drawn["ci_upper"])
+        progress(0.3, "anchor")
     x, a, y = prepare_arrays(arrays, domain)
     # proof step 1: uniformly random partition at public sizes.
     folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)
-    progress(0.05, "partition")
+    progress(0.32, "partition")
     est = folds["estimation"]
     x2, a2, y2 = x[est], a[est], y[est]
     # proof step 2: nuisances on their own folds only.
@@ -211,27 +223,6 @@ def _run(
         domain=domain,
         propensity_bound=state.propensity_bound,
     )
-    anchor: float | None = state.fixed_anchor
-    if state.anchor is not None:
-        # proof §7 step 1: the DP anchor ATE of the estimation fold; step 2: targets centred at
-        # it and clipped again to the public target bound (a row-wise map with a DP constant).
-        low, high = domain.y_lower, domain.y_upper
-        c_a = (
-            state.anchor.propensity_clip if state.params.learner == "r" else state.propensity_bound
-        )
-        pi_a = np.clip(np.nan_to_num(pi_hat, nan=0.5), c_a, 1.0 - c_a)
-        gamma = anchor_pseudo_outcomes(
-            state.params.learner,
-            a2,
-            y2,
-            pi_a,
-            np.clip(np.nan_to_num(mu0, nan=low), low, high),
-            np.clip(np.nan_to_num(mu1, nan=low), low, high),
-            state.anchor.bound,
-        )
-        anchor = draw_anchor(gamma, state.anchor, domain.outcome_range, noise)
-        del gamma
-        progress(0.8, "anchor")
     if anchor is not None:
         bound = state.scale.target_bound
         targets = np.clip(targets - weights * anchor, -bound, bound)
@@ -253,6 +244,8 @@ def _run(
         shrink(fitted, state, anchor, noise)
         result["ate_anchor"] = fitted.anchor
         result["shrinkage_factor"] = fitted.shrink
+    if anchor_ci is not None:  # the anchor release's own interval (DP outputs only)
+        result["ate_anchor_ci"] = list(anchor_ci)
     return result, fitted
 
 

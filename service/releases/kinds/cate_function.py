@@ -44,8 +44,9 @@ class CateFunctionParams(KindParams):
     batch_max: StrictInt = Field(default=1000, ge=1, le=mech.MAX_BATCH)
     jitter: StrictFloat = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
     nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
-    # None: "ate" in strict mode (a DP anchor ATE on 20 % of the budget, the release shrunk
-    # towards it unless heterogeneity is detectable; proof §7), "none" in paper mode.
+    # None: "ate" in strict mode (a DP anchor ATE, the strict ate default on all rows at 20 %
+    # of the budget, 80 % where the function's noise would swamp the heterogeneity; the release
+    # is shrunk towards it unless heterogeneity is detectable; proof §7), "none" in paper mode.
     shrinkage: Literal["ate", "none"] | None = None
     # shrinkage "ate": anchor at this public value instead of buying a DP anchor (e.g. the
     # estimate of an ATE release you already have; no extra cost, the function gets the budget)
