@@ -29,6 +29,7 @@ Proof: docs/proofs/ate_strict.md ("DP-EBM modules"); docs/proofs/ebm_cate.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import warnings
@@ -142,6 +143,7 @@ def dp_ebm_accounting(epsilon_p: float, delta_p: float) -> DpEbmAccounting:
     return DpEbmAccounting(epsilon_p, delta_p, mu_binning, mu_boosting)
 
 
+@functools.lru_cache(maxsize=512)  # pure in (epsilon, delta); ~60 ms of bisection per call
 def solve_dp_ebm_epsilon_p(epsilon: float, delta: float) -> DpEbmAccounting:
     """Largest epsilon_p (rounded down) whose replace-one DP-EBM fit is (epsilon, delta)-DP.
 

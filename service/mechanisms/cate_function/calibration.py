@@ -14,12 +14,7 @@ from numpy.typing import NDArray
 
 from service.mechanisms import ate_strict, gp, versus_ate
 from service.mechanisms import dp_ebm as dp_ebm_lib
-from service.mechanisms.anchor import (
-    ANCHOR_SHARE,
-    AteAnchorPlan,
-    anchor_share,
-    plan_ate_anchor,
-)
+from service.mechanisms.anchor import AteAnchorPlan, ate_anchor_share, plan_ate_anchor
 from service.mechanisms.calibration import (
     analytic_gaussian_multiplier,
     hall_constant,
@@ -290,13 +285,15 @@ def plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     WORTH_IT_RATIO * R_Y / 24 (half the default heterogeneity): a noisier function would be
     shrunk to its anchor anyway, so regularisation buys a function whose variation can survive.
     """
+    shares: dict[str, float | None] = {}  # the anchor's share does not depend on lambda0
     if params.regularization is not None:
-        return _plan(domain, params)
+        return _plan(domain, params, shares)
     state: Plan | None = None
     for lambda0 in DEFAULT_LAMBDA0_GRID:
         state = _plan(
             domain,
             replace(params, regularization=lambda0, lambda_convention="unnormalised"),
+            shares,
         )
         if state.shrinks:
             target = versus_ate.WORTH_IT_RATIO * versus_ate.default_heterogeneity_sd(domain)
@@ -308,7 +305,9 @@ def plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
     return state
 
 
-def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
+def _plan(
+    domain: PublicDomain, params: CateFunctionParams, shares: dict[str, float | None]
+) -> Plan:
     """Validate the request and compute the record (the cost) and all public constants.
 
     Raises:
@@ -405,21 +404,26 @@ def _plan(domain: PublicDomain, params: CateFunctionParams) -> Plan:
         )
 
     if shrinkage == "ate" and fixed_anchor is None:
-        # the share rule reads the GP's public noise at the default share (anchor.anchor_share)
-        at_default = scale_at(
-            ate_strict.split_share(epsilon, ANCHOR_SHARE)[1],
-            ate_strict.split_share(delta, ANCHOR_SHARE)[1],
-        )
-        share = anchor_share(at_default.r0, domain.outcome_range)
-        epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, share)
-        delta_anchor, delta_gp = ate_strict.split_share(delta, share)
+        # proof §7: the public share rule (anchor.ate_anchor_share) reads n, epsilon, delta and
+        # the schema only; computed once per plan (it does not depend on lambda0)
+        if "anchor" not in shares:
+            shares["anchor"] = ate_anchor_share(domain, epsilon, delta)
+        chosen = shares["anchor"]
         try:
+            if chosen is None:
+                raise InvalidParameters(
+                    f"the anchor (the strict ate default on all rows) needs epsilon >= "
+                    f"{ate_strict.MIN_EPSILON} for its share; use shrinkage 'none' or a given "
+                    "anchor"
+                )
+            epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, chosen)
+            delta_anchor, delta_gp = ate_strict.split_share(delta, chosen)
             anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
+            share = chosen
         except InvalidParameters:
             if params.shrinkage is not None:
                 raise
-            # the default where the anchor cannot run (e.g. its epsilon share below the ate
-            # minimum; public inputs only): the function without shrinkage
+            # the default where the anchor cannot run (public inputs only): no shrinkage
             shrinkage, share, epsilon_gp, delta_gp = "none", 0.0, epsilon, delta
     scale = scale_at(epsilon_gp, delta_gp)
     if not (math.isfinite(scale.r0) and scale.r0 > 0.0 and scale.r0 > 2.0**-1000):

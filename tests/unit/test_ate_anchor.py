@@ -1,0 +1,63 @@
+"""The whole-data anchor (anchor.plan_ate_anchor, ate_anchor_share): public rules only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.mechanisms import anchor, ate_strict
+from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters
+
+
+def _domain(n: int, design: StudyDesign) -> PublicDomain:
+    return PublicDomain(
+        x_lower=np.zeros(10),
+        x_upper=np.ones(10),
+        y_lower=0.0,
+        y_upper=60.0,
+        n=n,
+        design=design,
+        treatment_probability=0.5 if design == StudyDesign.RCT else None,
+    )
+
+
+@pytest.mark.parametrize("design", [StudyDesign.RCT, StudyDesign.OBSERVATIONAL])
+@pytest.mark.parametrize("n", [1000, 20000, 100000])
+@pytest.mark.parametrize("epsilon", [0.5, 4.0])
+def test_the_share_is_the_smallest_whose_anchor_is_about_as_good_as_the_whole_budget(
+    design: StudyDesign, n: int, epsilon: float
+) -> None:
+    domain = _domain(n, design)
+    share = anchor.ate_anchor_share(domain, epsilon, 1e-6)
+    assert share in anchor.ATE_ANCHOR_SHARES
+    whole = anchor.ate_anchor_error_sd(domain, epsilon, None)
+
+    def error(s: float) -> float:
+        return anchor.ate_anchor_error_sd(
+            domain, ate_strict.split_share(epsilon, s)[0], ate_strict.split_share(1e-6, s)[0]
+        )
+
+    if share < anchor.ATE_ANCHOR_SHARES[-1]:
+        assert error(share) <= anchor.ATE_ANCHOR_ACCURACY_RATIO * whole
+    smaller = [s for s in anchor.ATE_ANCHOR_SHARES if s < share]
+    assert all(error(s) > anchor.ATE_ANCHOR_ACCURACY_RATIO * whole for s in smaller)
+
+
+def test_small_budgets_give_the_anchor_most_of_it_and_large_ones_leave_room() -> None:
+    """Privacy noise dominates the ATE at n epsilon = 500: the anchor takes the largest share; a
+    trial at n = 10^5, epsilon = 4 is sampling-dominated, so the CATE keeps most of the budget."""
+    assert anchor.ate_anchor_share(_domain(1000, StudyDesign.RCT), 0.5, 1e-6) == 0.9
+    assert anchor.ate_anchor_share(_domain(100000, StudyDesign.RCT), 4.0, 1e-6) <= 0.5
+    assert anchor.ate_anchor_share(_domain(1000, StudyDesign.RCT), 0.01, 1e-6) is None
+
+
+def test_the_anchor_plan_is_the_ate_default_and_reports_what_cannot_run() -> None:
+    domain = _domain(5000, StudyDesign.RCT)
+    plan = anchor.plan_ate_anchor(domain, 0.8, 8e-7)
+    assert plan.params == ate_strict.default_params(domain, 0.8, 8e-7)
+    assert (plan.epsilon, plan.delta) == (0.8, 8e-7)
+    assert all(e.module.startswith("anchor/") for e in plan.events())
+    assert sum(plan.fold_sizes().values()) == 5000
+    with pytest.raises(InvalidParameters, match="anchor"):
+        anchor.plan_ate_anchor(domain, 0.8, 0.5)  # delta far above 1 / n
