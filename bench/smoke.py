@@ -20,6 +20,7 @@ BENCHES = (
     "bench.lee",
     "bench.realistic",
     "bench.nuisance_bias",
+    "bench.drlearner",
 )
 
 

@@ -1,7 +1,8 @@
 # Sourced by scripts/serve and scripts/test: make .venv and install the project into it.
 # Re-installs when pyproject.toml (or the client's, clients/python/pyproject.toml) changes.
-# Usage: . scripts/_venv.sh [dev]   (dev: the dev extra, plus the client distribution in
-# clients/python with its plots, editable, which the client, CLI and example tests use)
+# Usage: . scripts/_venv.sh [dev|bench]   (dev: the dev extra, plus the client distribution in
+# clients/python with its plots, editable, which the client, CLI and example tests use; bench:
+# the bench extra (EconML for bench.drlearner) into the same .venv, as CI does)
 set -euo pipefail
 extras="${1:-}"
 python="${PYTHON:-python3}"
