@@ -182,7 +182,9 @@ def test_canary_row_cannot_be_read_off_any_response(client: TestClient, api: Api
         if kind == "cate_vector":
             assert quote.json()["accuracy"]["noise_sd_upper_bound"] > 0
             assert done["guarantee"] == "strict"
-            assert done["mechanism"]["composition"] == "theorem6_max"
+            assert (
+                done["mechanism"]["composition"] == "anchor_then_theorem6_max"
+            )  # the whole-data ATE anchor
             assert len(done["result"]["estimates"]) == 2
         if kind in ("ebm_cate", "uplift_table"):
             p = _predict(client, key, done["id"], [[89.98, 0.98, 2.0]])

@@ -262,7 +262,9 @@ def _proof_r0(result: dict[str, Any], outcome_range: float) -> float:
     epsilon, delta = result["epsilon"], result["delta"]
     if result["shrinkage"] == "ate":
         share = result["anchor_share"]
-        assert share in (0.2, 0.8)  # the public rule's two values
+        from service.mechanisms.anchor import ATE_ANCHOR_SHARES
+
+        assert share in ATE_ANCHOR_SHARES  # the public rule's grid (anchor.ate_anchor_share)
         epsilon, delta = split_share(epsilon, share)[1], split_share(delta, share)[1]
     lam, n2 = float(result["lambda0"]), int(result["n2"])
     target = outcome_range  # R-learner: |r| <= R_Y

@@ -63,6 +63,10 @@ CASES: list[tuple[str, dict[str, Any], StudyDesign]] = [
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, RCT),
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]], "learner": "dr"}, OBS),
     ("cate_vector", {"epsilon": 2.0, "points": [[0.5, 0.5, 0.5]], "shrinkage": "none"}, OBS),
+    # the anchored default's whole-data anchor (the ate default; its GP noise is audited in
+    # test_end_to_end_noise and tests/api/test_functions.py)
+    ("cate_function", {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32}, RCT),
+    ("cate_function", {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32}, OBS),
 ]
 
 
@@ -121,7 +125,9 @@ def _proof_sensitivity(
         c_v = 2.0 * (1.0 - c) if params.get("learner", "r") == "r" else 2.0
         bound = R if params.get("learner", "r") == "r" else float(quote["target_bound"])
         lam, n2 = float(quote["ridge"]), int(folds["estimation"])
-        return 2.0 * c_v * bound * (1.0 + c_v / math.sqrt(lam)) / (lam * n2)
+        # step 5's documented float margin 2 * 2^-20 * T, T = B / sqrt(lambda)
+        margin = 2.0 * 2.0**-20 * bound / math.sqrt(lam)
+        return 2.0 * c_v * bound * (1.0 + c_v / math.sqrt(lam)) / (lam * n2) + margin
     raise AssertionError(f"no proof formula for {statistic!r}: add it here")
 
 
@@ -139,12 +145,22 @@ def test_recorded_noise_is_calibrated_to_the_proof_sensitivity(
     record = release_kind.record(request, domain)
     quote = release_kind.quote(request, domain)
     checked = 0
+    anchor = quote.get("anchor_release")
+    anchor_quote: dict[str, Any] = {}
+    anchor_params: dict[str, Any] = {}
+    if anchor:  # the whole-data anchor is the ate default: checked against its own quote
+        anchor_params = {"epsilon": anchor["epsilon"], "delta": anchor["delta"]}
+        ate = REGISTRY["ate"]
+        anchor_quote = ate.quote(ate.Params.model_validate(anchor_params), domain)
     for event in record.events:
         if event.type not in ("gaussian", "laplace"):
             continue
         if event.params.get("bound") == "adaptive":
             continue  # scale follows the DP clip: audited in test_ate_adaptive_clip_audit
-        proof = _proof_sensitivity(event, quote, params, design)
+        if event.module.startswith("anchor/"):
+            proof = _proof_sensitivity(event, anchor_quote, anchor_params, design)
+        else:
+            proof = _proof_sensitivity(event, quote, params, design)
         if event.type == "gaussian":
             recorded = float(event.params["sensitivity_l2"])
             # the recorded sensitivity is the proof's, plus at most a documented float margin

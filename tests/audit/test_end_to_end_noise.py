@@ -277,7 +277,13 @@ def test_cate_function_finite_basis_noise(basis: str) -> None:
 
 ADAPTIVE_CASES = [
     ("ate", {"epsilon": 1.0}, "mean_pseudo_outcome"),
-    ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, "anchor_ate_mean"),
+    # the whole-data anchors: the ate default's adaptive mean (docs/proofs/cate_function.md §7)
+    ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, "mean_pseudo_outcome"),
+    (
+        "cate_function",
+        {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32},
+        "mean_pseudo_outcome",
+    ),
     ("ebm_cate", {"epsilon": 1.0}, "anchor_ate_mean"),
 ]
 
@@ -304,6 +310,13 @@ def test_adaptive_draws_are_calibrated_at_the_released_clip(
         noise=sampler,
         progress=lambda fraction, stage: None,
     )
+    if quote.get("anchor_release"):  # a whole-data anchor: the ate default's own quote
+        ate = REGISTRY["ate"]
+        anchor = quote["anchor_release"]
+        quote = ate.quote(
+            ate.Params.model_validate({"epsilon": anchor["epsilon"], "delta": anchor["delta"]}),
+            domain,
+        )
     if "n2" in quote:
         n2 = int(quote["n2"])
     elif "anchor_rows" in quote:  # ebm_cate: the anchor reads the whole effect fold

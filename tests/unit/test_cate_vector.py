@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from service.mechanisms import cate_vector as cv
-from service.mechanisms.anchor import ANCHOR_SHARE_NOISY
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
 from service.mechanisms.noise import SeededSampler
@@ -420,18 +419,39 @@ def test_suggested_ridge_is_public_and_the_adapter_default(
 # ---- ATE anchor and James–Stein shrinkage (proof step 7) -------------------------------------
 
 
-def test_anchor_splits_the_estimation_budget_exactly() -> None:
+def test_anchor_is_the_ate_default_on_all_rows_and_splits_the_budget_exactly() -> None:
+    """proof step 7: the anchor is the strict ate default at the public share of (epsilon,
+    delta) on all n rows; each of the vector's modules (nuisances included: the anchor read their
+    rows) spends exactly the rest; the record's cost is (epsilon, delta)."""
+    from service.mechanisms import anchor as anchor_lib
+    from service.mechanisms import ate_strict
+    from service.mechanisms.records import Composition
+
     params = cv.CateVectorParams(points=POINTS, epsilon=1.0, delta=1e-6, ridge=0.3, anchor=True)
-    record = cv.plan(domain(), params)
-    estimation = [e for e in record.events if e.module == "estimation"]
-    assert [e.type for e in estimation] == ["exponential_quantile", "gaussian", "gaussian"]
-    assert math.fsum(e.epsilon for e in estimation) == 1.0
-    assert math.fsum(e.delta for e in estimation) == 1e-6
+    dom = domain()
+    state = cv.make_plan(dom, params)
+    record = state.record
+    assert state.anchor is not None
+    share = anchor_lib.ate_anchor_share(dom, 1.0, 1e-6)
+    assert share is not None
+    eps_a, eps_rest = ate_strict.split_share(1.0, share)
+    delta_a, delta_rest = ate_strict.split_share(1e-6, share)
+    assert state.anchor.params == ate_strict.default_params(dom, eps_a, delta_a)
+    assert record.composition == Composition.ANCHOR_THEN_THEOREM6_MAX
     assert (record.epsilon, record.delta) == (1.0, 1e-6)
-    share = estimation[0].epsilon + estimation[1].epsilon
-    assert share == pytest.approx(cv.ANCHOR_SHARE) or share == pytest.approx(ANCHOR_SHARE_NOISY)
+    rest: dict[str, list[tuple[float, float]]] = {}
+    for event in record.events:
+        if not event.module.startswith("anchor/"):
+            rest.setdefault(event.module, []).append((event.epsilon, event.delta))
+    assert set(rest) == {"propensity", "outcome", "estimation"}
+    for spent in rest.values():
+        assert math.fsum(e for e, _ in spent) == pytest.approx(eps_rest, rel=1e-12)
+        assert math.fsum(d for _, d in spent) == pytest.approx(delta_rest, rel=1e-12)
+    assert sum(v for k, v in record.fold_sizes.items() if k.startswith("anchor/")) == dom.n
     with pytest.raises(InvalidParameters, match="strict mode only"):
         cv.plan(domain(paper=True), replace(params, mode="paper"))
+    with pytest.raises(InvalidParameters, match="anchor"):
+        cv.plan(dom, replace(params, epsilon=0.01))
 
 
 def test_james_stein_factor_falls_back_to_the_anchor_on_noise_and_keeps_signal() -> None:
@@ -476,21 +496,3 @@ def test_anchored_release_is_never_far_from_the_ate_on_a_constant_effect() -> No
                 assert abs(out["ate_anchor"] - truth) < 0.5
     assert max(errors[True]) < 0.5
     assert np.mean(errors[True]) < np.mean(errors[False])
-
-
-def test_anchor_sigma_max_covers_the_clip_at_the_top_of_the_grid() -> None:
-    """If the quantile lands on the largest candidate, K = B_a and the run's sigma (with the
-    float slack) must still be the recorded maximum."""
-    from service.mechanisms import ate_strict
-    from service.mechanisms.noise import calibrate_gaussian
-
-    params = cv.CateVectorParams(points=POINTS, epsilon=1.0, delta=1e-6, ridge=0.3, anchor=True)
-    state = cv.make_plan(domain(), params)
-    anchor = state.anchor
-    assert anchor is not None
-    mean_event = [e for e in state.record.events if e.module == "estimation"][1]
-    n2 = state.n2
-    at_top = calibrate_gaussian(
-        anchor.epsilon, anchor.delta, ate_strict.float_slack(2.0 * anchor.bound / n2, n2)
-    )
-    assert at_top.sigma == mean_event.params["sigma_max"]

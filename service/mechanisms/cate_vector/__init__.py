@@ -44,7 +44,7 @@ References:
     Kennedy (2023). Towards optimal doubly robust estimation of heterogeneous causal effects.
 """
 
-from service.mechanisms.anchor import ANCHOR_SHARE, james_stein_factor
+from service.mechanisms.anchor import james_stein_factor
 from service.mechanisms.cate_vector import calibration, estimation
 from service.mechanisms.cate_vector.calibration import (
     FEATURE_NORM,
@@ -63,7 +63,6 @@ from service.mechanisms.cate_vector.calibration import (
     Mode,
     Plan,
     Progress,
-    anchor_share,
     c_constant,
     default_delta_for,
     make_plan,
@@ -82,7 +81,6 @@ from service.mechanisms.cate_vector.estimation import (
     influence_sup,
     paper_noise_sd,
     release,
-    release_anchor,
     ridge_fit,
     run,
     second_stage_data,
@@ -90,7 +88,6 @@ from service.mechanisms.cate_vector.estimation import (
 from service.mechanisms.cate_vector.quote import quote, rms_noise_sd
 
 __all__ = [
-    "ANCHOR_SHARE",
     "FEATURE_NORM",
     "MAX_EPSILON",
     "MAX_FEATURES",
@@ -110,7 +107,6 @@ __all__ = [
     "Plan",
     "Progress",
     "VectorFit",
-    "anchor_share",
     "c_constant",
     "calibration",
     "default_delta_for",
@@ -126,7 +122,6 @@ __all__ = [
     "point_errors",
     "quote",
     "release",
-    "release_anchor",
     "ridge_fit",
     "rms_noise_sd",
     "run",

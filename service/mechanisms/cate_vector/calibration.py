@@ -16,8 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from service.mechanisms import ate_strict
-from service.mechanisms.anchor import ANCHOR_SHARE, AnchorPlan, plan_anchor
-from service.mechanisms.anchor import anchor_share as anchor_rule  # cate_vector's own rule wraps it
+from service.mechanisms.anchor import AteAnchorPlan, ate_anchor_share, plan_ate_anchor
 from service.mechanisms.calibration import (
     default_delta,
     public_propensity,
@@ -37,7 +36,7 @@ from service.mechanisms.partition import checked_fractions, fold_sizes
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "cate_vector"
-VERSION = "1"
+VERSION = "2"  # 2: the anchor is the strict ate default on all rows (proof step 7)
 
 Learner = Literal["r", "dr"]
 Mode = Literal["strict", "paper"]
@@ -58,10 +57,9 @@ MIN_RIDGE = 1e-3
 STRICT_RIDGE_GRID = (0.1, 0.3, 1.0, 3.0)
 RIDGE_RULE_FRACTION = 0.2
 PAPER_RIDGE = 1e-3
-# proof step 7: the anchor ATE's share of the estimation budget is the public rule
-# ``anchor.anchor_share`` (ANCHOR_SHARE, or ANCHOR_SHARE_NOISY where the CATE's RMS noise at
-# ANCHOR_SHARE is at least half the default heterogeneity R_Y / 24: the release will then mostly
-# be the anchor, so the anchor gets most of the budget).
+# proof step 7: the anchor is the strict ate default on all rows at the public share
+# ``anchor.ate_anchor_share`` of (epsilon, delta) (the smallest share whose anchor is expected
+# within 1.1x the error of an ate release at the whole budget); the vector gets the rest.
 
 
 @dataclass(frozen=True)
@@ -81,10 +79,11 @@ class CateVectorParams:
         lengthscale: l of the Gaussian kernel on unit-scaled covariates.
         fold_fractions: per module; default (0.25, 0.25, 0.5) strict observational,
             (0.5, 0.5) strict RCT, (0.5, 0.5) paper (nuisances, estimation).
-        anchor: strict only (proof step 7): spend ``ANCHOR_SHARE`` of the estimation budget on
-            a DP ATE of the estimation fold (adaptive clip, as ``ate_strict``), fit the second
-            stage on targets centred at it (so the ridge shrinks toward the ATE, not toward 0)
-            and shrink the released deviations toward it (James–Stein, public noise variances).
+        anchor: strict only (proof step 7): spend the public share ``anchor.ate_anchor_share``
+            of (epsilon, delta) on the strict ``ate`` default release over all rows (the
+            anchor), fit the vector at the rest on targets centred at it (so the ridge shrinks
+            toward the ATE, not toward 0) and shrink the released deviations toward it
+            (James–Stein, public noise variances).
     """
 
     points: tuple[tuple[float, ...], ...]
@@ -169,7 +168,7 @@ class Plan:
     theta: GaussianCalibration | None  # strict only
     record: MechanismRecord
     cate_bound: float  # R_Y: tau = mu_1 - mu_0 lies in [-R_Y, R_Y]
-    anchor: AnchorPlan | None = None
+    anchor: AteAnchorPlan | None = None
 
     @property
     def n2(self) -> int:
@@ -215,18 +214,30 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
     events: list[NoiseEvent] = []
     accounting: DpEbmAccounting | None = None
     theta: GaussianCalibration | None = None
-    anchor: AnchorPlan | None = None
+    anchor: AteAnchorPlan | None = None
     if params.anchor and params.mode != "strict":
         raise InvalidParameters("the ATE anchor (shrinkage='ate') is available in strict mode only")
+    # proof step 7: with the anchor, the vector's own modules run at the rest of the budget
+    epsilon_rest, delta_rest = epsilon, delta
+    if params.anchor and params.mode == "strict":
+        share = ate_anchor_share(domain, epsilon, delta)
+        if share is None:
+            raise InvalidParameters(
+                f"shrinkage 'ate' needs epsilon >= {ate_strict.MIN_EPSILON / 0.9:.3g} for its "
+                "anchor (the strict ate default on all rows); use shrinkage 'none'"
+            )
+        epsilon_anchor, epsilon_rest = ate_strict.split_share(epsilon, share)
+        delta_anchor, delta_rest = ate_strict.split_share(delta, share)
+        anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
     if params.mode == "strict":
         guarantee = Guarantee.STRICT
-        accounting = solve_dp_ebm_epsilon_p(epsilon, delta)
+        accounting = solve_dp_ebm_epsilon_p(epsilon_rest, delta_rest)
         if "propensity" in names:
             events.append(
                 dp_ebm_event(
                     "propensity",
-                    epsilon,
-                    delta,
+                    epsilon_rest,
+                    delta_rest,
                     accounting,
                     n_features=domain.q,
                     target_range=1.0,
@@ -237,8 +248,8 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         events.append(
             dp_ebm_event(
                 "outcome",
-                epsilon,
-                delta,
+                epsilon_rest,
+                delta_rest,
                 accounting,
                 n_features=width,
                 target_range=big_r,
@@ -252,24 +263,7 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         nominal = theta_sensitivity(bound_r, ridge, sizes[-1], input_norm)
         radius = bound_r / math.sqrt(ridge)
         sensitivity = math.nextafter(nominal + 2.0 * _SOLVE_SLACK * radius, math.inf)
-        epsilon_theta, delta_theta = epsilon, delta
-        if params.anchor:
-            # proof step 7: the anchor ATE takes a public share of the estimation budget: its
-            # quantile (delta 0) and its mean; the ridge stage keeps the rest (exact splits).
-            share = anchor_share(domain, params, epsilon, delta, sensitivity)
-            epsilon_anchor, epsilon_theta = ate_strict.split_share(epsilon, share)
-            delta_anchor, delta_theta = ate_strict.split_share(delta, share)
-            # R: |Gamma_R| <= R / c_a with c_a = max(c, ANCHOR_PROPENSITY_CLIP); DR: bound_r.
-            anchor, anchor_events = plan_anchor(
-                params.learner,
-                epsilon_anchor,
-                delta_anchor,
-                outcome_range=big_r,
-                propensity_clip=clip,
-                dr_bound=bound_r,
-                n2=sizes[-1],
-            )
-            events.extend(anchor_events)
+        epsilon_theta, delta_theta = epsilon_rest, delta_rest
         theta = calibrate_gaussian(
             epsilon_theta, delta_theta, sensitivity, dim=params.n_features + 1 + domain.q
         )
@@ -314,16 +308,26 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
             )
         )
         composition = Composition.SEQUENTIAL
+    sizes_by_module = dict(zip(names, sizes, strict=True))
+    total_epsilon, total_delta = _module_max(events, "epsilon"), _module_max(events, "delta")
+    if anchor is not None:
+        # proof step 7: the anchor (all rows) then the vector's modules: sequential composition
+        events = [*anchor.events(), *events]
+        sizes_by_module = {**anchor.fold_sizes(), **sizes_by_module}
+        composition = Composition.ANCHOR_THEN_THEOREM6_MAX
+        if (anchor.epsilon + total_epsilon, anchor.delta + total_delta) != (epsilon, delta):
+            raise InvalidParameters("the budget split does not add up exactly")
+        total_epsilon, total_delta = epsilon, delta
     record = MechanismRecord(
         mechanism=MECHANISM,
         version=VERSION,
         guarantee=guarantee,
         n=domain.n,
-        fold_sizes=dict(zip(names, sizes, strict=True)),
+        fold_sizes=sizes_by_module,
         composition=composition,
         events=tuple(events),
-        epsilon=_module_max(events, "epsilon"),
-        delta=_module_max(events, "delta"),
+        epsilon=total_epsilon,
+        delta=total_delta,
     )
     return Plan(
         params,
@@ -339,23 +343,6 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         cate_bound=big_r,
         anchor=anchor,
     )
-
-
-def anchor_share(
-    domain: PublicDomain,
-    params: CateVectorParams,
-    epsilon: float,
-    delta: float,
-    sensitivity: float,
-) -> float:
-    """The public anchor share (``anchor.anchor_share``): from n, epsilon, delta, the points
-    and the public sensitivity of theta only."""
-    _, epsilon_theta = ate_strict.split_share(epsilon, ANCHOR_SHARE)
-    _, delta_theta = ate_strict.split_share(delta, ANCHOR_SHARE)
-    dim = params.n_features + 1 + domain.q
-    sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity, dim=dim).sigma
-    noise = sigma * math.sqrt(2.0 + _mean_linear_norm(domain, params.points))
-    return anchor_rule(noise, domain.outcome_range)
 
 
 def _mean_linear_norm(domain: PublicDomain, points: tuple[tuple[float, ...], ...]) -> float:
@@ -395,6 +382,7 @@ def _public(state: Plan) -> dict[str, Any]:
         "ridge": params.ridge,
         "n_features": params.n_features,
         "lengthscale": params.lengthscale,
+        "anchor_release": None if state.anchor is None else state.anchor.public(),
     }
 
 

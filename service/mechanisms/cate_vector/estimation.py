@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from service.mechanisms import versus_ate
-from service.mechanisms.anchor import anchor_pseudo_outcomes, draw_anchor, james_stein_factor
+from service.mechanisms.anchor import draw_ate_anchor, james_stein_factor
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.cate_vector.calibration import (
     CateVectorParams,
@@ -115,13 +115,6 @@ def second_stage_data(
         return (a - pi_hat)[:, None] * phi, targets
     psi = pseudo_outcomes(a, y, pi_hat, mu0, mu1, bound=bound_r)
     return phi, np.asarray(np.clip(psi - offset, -bound_r, bound_r), dtype=np.float64)
-
-
-def release_anchor(gamma: NDArray[np.float64], state: Plan, noise: NoiseSampler) -> float:
-    """proof step 7: the DP anchor ATE (``anchor.draw_anchor``), clipped to [-R_Y, R_Y]."""
-    if state.anchor is None:
-        raise ValueError("no anchor in this plan")
-    return draw_anchor(gamma, state.anchor, state.cate_bound, noise)
 
 
 Nuisance = Callable[[NDArray[np.float64]], tuple[NDArray[np.float64], ...]]
@@ -226,6 +219,7 @@ class VectorFit:
     phi_points: NDArray[np.float64]
     gamma_hat: float | None
     anchor: float | None = None  # the DP anchor ATE (strict with anchor; public once drawn)
+    anchor_ci: tuple[float, float] | None = None  # the anchor release's own interval
 
 
 def fit(
@@ -244,11 +238,28 @@ def fit(
     several epsilons (``release`` with each plan); the service always calls ``run``.
     """
     params = state.params
+    anchor: float | None = None
+    anchor_ci: tuple[float, float] | None = None
+    if state.anchor is not None:
+        # proof step 7: the whole-data anchor (the strict ate default on all n rows) first.
+        if noise is None:
+            raise ValueError("the anchor ATE needs the noise sampler")
+        drawn = draw_ate_anchor(
+            arrays,
+            domain,
+            state.anchor,
+            cate_bound=state.cate_bound,
+            rng=rng,
+            noise=noise,
+            progress=lambda fraction, stage: progress(0.3 * fraction, f"anchor: {stage}"),
+        )
+        anchor = drawn["estimate"]
+        anchor_ci = (drawn["ci_lower"], drawn["ci_upper"])
     x, a, y = prepare_arrays(arrays, domain)
     # proof step 6: uniformly random permutation cut at public sizes (never stored).
     folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)
     feature_map = FeatureMap.draw(domain, params.n_features, params.lengthscale, rng)
-    progress(0.05, "partition")
+    progress(0.32, "partition")
 
     nuisance = (
         _strict_nuisance(x, a, y, folds, domain, state)
@@ -260,16 +271,6 @@ def fit(
     x2, a2, y2 = x[rows], a[rows], y[rows]
     pi2, mu02, mu12 = nuisance(x2)
     phi2 = feature_map(x2)
-    anchor: float | None = None
-    if state.anchor is not None:
-        if noise is None:
-            raise ValueError("the anchor ATE needs the noise sampler")
-        pi_anchor = np.clip(pi2, state.anchor.propensity_clip, 1.0 - state.anchor.propensity_clip)
-        gamma = anchor_pseudo_outcomes(
-            params.learner, a2, y2, pi_anchor, mu02, mu12, state.anchor.bound
-        )
-        anchor = release_anchor(gamma, state, noise)
-        del gamma
     features, targets = second_stage_data(
         params.learner, phi2, a2, y2, pi2, mu02, mu12, state.bound_r, offset=anchor or 0.0
     )
@@ -289,7 +290,7 @@ def fit(
         overlap = float(np.mean(pi2 * (1.0 - pi2))) if params.learner == "r" else 1.0
         gamma_hat = influence_sup(params.learner, nuisance, g, domain, overlap=overlap, rng=rng)
     progress(0.9, "second stage")
-    return VectorFit(estimates, theta, phi_points, gamma_hat, anchor)
+    return VectorFit(estimates, theta, phi_points, gamma_hat, anchor, anchor_ci)
 
 
 def paper_noise_sd(fitted: VectorFit, state: Plan) -> float:
@@ -329,6 +330,7 @@ def release(fitted: VectorFit, state: Plan, *, noise: NoiseSampler) -> dict[str,
                 **_public(state),
                 "estimates": [float(v) for v in shrunk],
                 "ate_anchor": fitted.anchor,
+                "ate_anchor_ci": None if fitted.anchor_ci is None else list(fitted.anchor_ci),
                 "shrinkage_factor": factor,
             }
     else:
