@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -151,6 +152,35 @@ def _sql(db_url: str, sql: str) -> list[Any]:
     return rows
 
 
+# -- CPU accounting (Linux /proc) ------------------------------------------------------------
+def _cpu_seconds(match: Callable[[int], bool]) -> float:
+    """User + system CPU seconds of the live processes ``match`` accepts (exited ones are lost:
+    the API processes and their pooled PostgreSQL backends live through a phase)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if not match(pid):
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _serves_port(port: str) -> Callable[[int], bool]:
+    needle = f"CURATOR_PORT={port}".encode()
+    return lambda pid: needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
+def _is_postgres(pid: int) -> bool:
+    return Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+
+
 # -- accept path ---------------------------------------------------------------------------
 def commit_ms(db_url: str, commits: int = 50) -> float:
     """Median time of a one-row durable commit on this database (one statement, autocommit).
@@ -179,7 +209,10 @@ def accept(db_url: str, requests: int, datasets: int, clients: int, threads: int
         per = requests // datasets
         ids = _datasets(base, oh, datasets, epsilon_total=COST * per * 2, n=200)
         targets = [ids[i % datasets] for i in range(requests)]
+        api = _serves_port(base.rsplit(":", 1)[1])
+        cpu_before = (_cpu_seconds(api), _cpu_seconds(_is_postgres))
         out, wall = _burst(base, oh, targets, clients, threads)
+        cpu_after = (_cpu_seconds(api), _cpu_seconds(_is_postgres))
         valid = all(
             httpx.get(f"{base}/v1/datasets/{d}/ledger/verify", headers=oh).json()["valid"]
             for d in ids[:5]
@@ -195,6 +228,22 @@ def accept(db_url: str, requests: int, datasets: int, clients: int, threads: int
         "load_1min_before": load_before,
         "load_1min_after": round(os.getloadavg()[0], 2),
         "commit_ms_median": commit_ms(db_url),
+        # CPU per accepted request: the 4 API processes, and every PostgreSQL process of the
+        # machine (shared with other users: an upper bound); so the cores that 500 accepts/s
+        # would need at this cost, before the load generator's own share.
+        **_cpu_figures(cpu_before, cpu_after, len(targets)),
+    }
+
+
+def _cpu_figures(
+    before: tuple[float, float], after: tuple[float, float], requests: int
+) -> dict[str, Any]:
+    api_ms = 1000.0 * (after[0] - before[0]) / requests
+    postgres_ms = 1000.0 * (after[1] - before[1]) / requests
+    return {
+        "cpu_ms_per_accept_api": round(api_ms, 2),
+        "cpu_ms_per_accept_postgres": round(postgres_ms, 2),
+        "cores_for_500_per_s": round(500.0 * (api_ms + postgres_ms) / 1000.0, 2),
     }
 
 
