@@ -272,6 +272,22 @@ def default_cross_fit(
     return domain.n * epsilon > DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON
 
 
+def default_params(domain: PublicDomain, epsilon: float) -> AteStrictParams:
+    """The strict AIPW request with every optional field omitted (the ``ate`` kind's default
+    release on this schema at this epsilon): the public rules for the nuisance, cross-fitting,
+    the clip and delta. Other kinds reuse it as an adjusted DP ATE (``uplift_table``'s
+    one-cell default, docs/proofs/uplift_table.md step 6)."""
+    nuisance = default_nuisance(domain)
+    cross_fit = default_cross_fit(domain, nuisance, None, epsilon)
+    return AteStrictParams(
+        epsilon=epsilon,
+        delta=default_delta_for(domain, None, nuisance, cross_fit, epsilon),
+        nuisance=nuisance,
+        cross_fit=cross_fit,
+        adaptive_clip=default_adaptive_clip(domain, None),
+    )
+
+
 def small_folds_fit(n: int) -> bool:
     """Whether dp_linear's small default folds all reach the minimum fold size."""
     sizes = fold_sizes(n, DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR)
