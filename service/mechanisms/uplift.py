@@ -21,11 +21,17 @@ Claim:
     box and analyst-chosen bins), so the partition costs nothing. Shrinkage ``"ate"`` (the
     default, >= 2 cells) first spends 10 % of the table's epsilon on the arms' centred second
     moments (Laplace, L1 sensitivity W^2 / 2); the anchor (the count-weighted mean of the cell
-    uplifts) and the James–Stein factor are post-processing. Proof:
-    docs/proofs/uplift_table.md.
+    uplifts) and the James–Stein factor are post-processing. Exception (proof step 6): with
+    shrinkage ``"ate"``, a one-cell grid on an observational design adjusts for no covariate
+    (its uplift is a confounded difference in means), so the release is the strict DP AIPW ATE
+    at its public defaults instead (``ate_strict.default_params``: the ``ate`` kind's default
+    release), (epsilon, delta)-DP at the request's epsilon and that ATE's public default delta;
+    the record is that ATE's. Proof: docs/proofs/uplift_table.md.
 
 Causal reading: uplift = CATE only under an RCT, or when the cells form a valid adjustment set
-(declared by the analyst with ``adjustment_partition=True``; adum.md §1).
+(declared by the analyst with ``adjustment_partition=True``; adum.md §1). The one-cell
+observational default (step 6) is the ATE under unconfoundedness given all covariates (the
+``ate`` kind's reading) and needs no assertion.
 
 References:
     Betlei, Gregoir, Rahier, Bissuel, Diemert, Amini (2021). Differentially private individual
@@ -91,8 +97,9 @@ class UpliftParams:
             post-processing) by a James–Stein factor against their variance (the public
             privacy-noise variance plus a sampling variance from a charged DP second moment
             of each arm, ``SECOND_MOMENT_SHARE`` of the table's epsilon), so a table whose cell
-            differences the noise can explain falls back to that ATE. ``"none"``: the raw
-            table (Betlei et al.).
+            differences the noise can explain falls back to that ATE. One grid cell on an
+            observational design: the strict DP AIPW ATE instead (proof step 6). ``"none"``:
+            the raw table (Betlei et al.).
     """
 
     epsilon: float
