@@ -463,3 +463,15 @@ def test_adjusted_record_is_the_strict_ate_default() -> None:
     quote = up.quote(dom, up.UpliftParams(epsilon=1.0, bins=(1, 1)))
     assert quote["delta"] == quote["adjusted_ate"]["delta"] > 0.0
     assert quote["approx_uplift_sd_per_cell"] == quote["adjusted_ate"]["s_theta"]
+
+
+def test_adjusted_quote_through_the_kind_says_it_is_the_ate() -> None:
+    from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequest
+
+    dom = domain(5000, q=2, rct=False)
+    quote = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[1, 1]), dom)
+    assert quote["anchor"] == "adjusted_ate"
+    assert "the DP ATE itself" in quote["versus_ate"]["message"]
+    table = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[1, 1]), domain(5000, q=2))
+    assert table["anchor"] == "table"
+    assert "the DP ATE itself" not in table["versus_ate"]["message"]

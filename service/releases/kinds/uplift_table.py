@@ -88,6 +88,11 @@ class UpliftTableKind:
         out["versus_ate"] = versus_ate_block(
             request, domain, lambda r: _noise_sd(r, domain), anchored=out["shrinkage"] == "ate"
         )
+        if out.get("anchor") == "adjusted_ate":
+            out["versus_ate"]["message"] += (
+                " Here the release is the DP ATE itself: one grid cell on an observational "
+                "dataset releases the strict DP AIPW ATE at its defaults (proof step 6)."
+            )
         return out
 
     def run(
