@@ -21,11 +21,17 @@ Claim:
     box and analyst-chosen bins), so the partition costs nothing. Shrinkage ``"ate"`` (the
     default, >= 2 cells) first spends 10 % of the table's epsilon on the arms' centred second
     moments (Laplace, L1 sensitivity W^2 / 2); the anchor (the count-weighted mean of the cell
-    uplifts) and the James–Stein factor are post-processing. Proof:
-    docs/proofs/uplift_table.md.
+    uplifts) and the James–Stein factor are post-processing. Exception (proof step 6): with
+    shrinkage ``"ate"``, a one-cell grid on an observational design adjusts for no covariate
+    (its uplift is a confounded difference in means), so the release is the strict DP AIPW ATE
+    at its public defaults instead (``ate_strict.default_params``: the ``ate`` kind's default
+    release), (epsilon, delta)-DP at the request's epsilon and that ATE's public default delta;
+    the record is that ATE's. Proof: docs/proofs/uplift_table.md.
 
 Causal reading: uplift = CATE only under an RCT, or when the cells form a valid adjustment set
-(declared by the analyst with ``adjustment_partition=True``; adum.md §1).
+(declared by the analyst with ``adjustment_partition=True``; adum.md §1). The one-cell
+observational default (step 6) is the ATE under unconfoundedness given all covariates (the
+``ate`` kind's reading) and needs no assertion.
 
 References:
     Betlei, Gregoir, Rahier, Bissuel, Diemert, Amini (2021). Differentially private individual
@@ -43,7 +49,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from service.mechanisms import versus_ate
+from service.mechanisms import ate_strict, versus_ate
 from service.mechanisms.anchor import james_stein_factor
 from service.mechanisms.ate_strict import split_share
 from service.mechanisms.calibration import validate_epsilon, validate_finite_positive
@@ -53,7 +59,9 @@ from service.mechanisms.noise import LaplaceCalibration, NoiseSampler, calibrate
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "uplift_table"
-VERSION = "2"  # 2: shrinkage "ate" (the default, proof step 5)
+# 2: shrinkage "ate" (the default, proof step 5); 3: its one-cell observational release is the
+# adjusted DP ATE (proof step 6)
+VERSION = "3"
 Progress = Callable[[float, str], None]
 
 MIN_EPSILON = 0.01
@@ -89,8 +97,9 @@ class UpliftParams:
             post-processing) by a James–Stein factor against their variance (the public
             privacy-noise variance plus a sampling variance from a charged DP second moment
             of each arm, ``SECOND_MOMENT_SHARE`` of the table's epsilon), so a table whose cell
-            differences the noise can explain falls back to that ATE. ``"none"``: the raw
-            table (Betlei et al.).
+            differences the noise can explain falls back to that ATE. One grid cell on an
+            observational design: the strict DP AIPW ATE instead (proof step 6). ``"none"``:
+            the raw table (Betlei et al.).
     """
 
     epsilon: float
@@ -109,22 +118,41 @@ class UpliftParams:
 class Plan:
     params: UpliftParams
     cells: int
-    counts: LaplaceCalibration
-    sums: LaplaceCalibration
+    counts: LaplaceCalibration | None  # None: the adjusted one-cell release (proof step 6)
+    sums: LaplaceCalibration | None
     record: MechanismRecord
     kmeans_counts: LaplaceCalibration | None = None  # per iteration
     kmeans_sums: LaplaceCalibration | None = None  # per iteration
     shrinks: bool = False  # shrinkage "ate" (proof step 5)
     second_moments: LaplaceCalibration | None = None  # shrinkage "ate" with >= 2 cells
+    # proof step 6: shrinkage "ate", one cell, observational design: the whole release is the
+    # strict DP AIPW ATE at its public defaults (no table is drawn; counts and sums unused).
+    adjusted: ate_strict.Plan | None = None
+
+
+def adjusted_one_cell(domain: PublicDomain, shrinkage: str, cells: int) -> bool:
+    """Public rule (proof step 6): with shrinkage "ate", a one-cell partition on an
+    observational design releases the adjusted DP ATE instead of the table. One cell adjusts for
+    no covariate, so its uplift is an unadjusted difference in means (confounded unless the
+    design is randomised), whatever ``adjustment_partition`` asserts."""
+    return shrinkage == "ate" and cells == 1 and domain.design != StudyDesign.RCT
 
 
 def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     """Validate and calibrate from public inputs only."""
     epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    shrinkage = params.shrinkage or "ate"
+    if shrinkage not in ("ate", "none"):
+        raise InvalidParameters("shrinkage must be 'ate' or 'none'")
+    if params.partition == "grid" and adjusted_one_cell(
+        domain, shrinkage, _grid_cells(domain, params.bins)
+    ):
+        return _adjusted_plan(domain, params, epsilon)
     if domain.design != StudyDesign.RCT and not params.adjustment_partition:
         raise InvalidParameters(
             "uplift_table is causal only for an RCT design; for observational data set "
-            "adjustment_partition=true to assert the grid cells are a valid adjustment set"
+            "adjustment_partition=true to assert the grid cells are a valid adjustment set "
+            "(or request one cell with shrinkage 'ate': the adjusted DP ATE)"
         )
     kmeans_events: list[NoiseEvent] = []
     kmeans_counts: LaplaceCalibration | None = None
@@ -165,9 +193,6 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     validate_finite_positive(params.low_count_threshold, "low_count_threshold")
     width = domain.outcome_range
     validate_finite_positive(width, "outcome range")
-    shrinkage = params.shrinkage or "ate"
-    if shrinkage not in ("ate", "none"):
-        raise InvalidParameters("shrinkage must be 'ate' or 'none'")
     # proof step 5: with at least 2 cells, shrinkage "ate" spends SECOND_MOMENT_SHARE of the
     # table's epsilon on the arms' centred second moments (L1 sensitivity W^2 / 2); exact split.
     second_moments: LaplaceCalibration | None = None
@@ -211,6 +236,28 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
         shrinks=shrinkage == "ate",
         second_moments=second_moments,
     )
+
+
+def _adjusted_plan(domain: PublicDomain, params: UpliftParams, epsilon: float) -> Plan:
+    """proof step 6: the record is the strict ATE default's at the request's epsilon (its
+    events, folds, composition and delta), under this mechanism's name and version."""
+    if not params.min_count >= 1.0 or not math.isfinite(params.min_count):
+        raise InvalidParameters("min_count must be a finite number >= 1")
+    validate_finite_positive(params.low_count_threshold, "low_count_threshold")
+    state = ate_strict.make_plan(domain, ate_strict.default_params(domain, epsilon))
+    inner = state.record
+    record = MechanismRecord(
+        mechanism=MECHANISM,
+        version=VERSION,
+        guarantee=Guarantee.STRICT,
+        n=domain.n,
+        fold_sizes=dict(inner.fold_sizes),
+        composition=inner.composition,
+        events=inner.events,
+        epsilon=inner.epsilon,
+        delta=inner.delta,
+    )
+    return Plan(params, 1, None, None, record, shrinks=True, adjusted=state)
 
 
 def _grid_cells(domain: PublicDomain, bins: tuple[int, ...]) -> int:
@@ -354,7 +401,11 @@ def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
     """Public preview: noise scales, the expected noise sd of a cell uplift, the p heuristic."""
     state = make_plan(domain, params)
     p_treat = domain.treatment_probability or 0.5
+    if state.adjusted is not None:
+        return _adjusted_quote(domain, state, p_treat)
     width = domain.outcome_range
+    if state.counts is None or state.sums is None:  # pragma: no cover - only when adjusted
+        raise ValueError("no table calibration")
     b_c, b_s = state.counts.scale, state.sums.scale
     per_cell = domain.n / state.cells
     arms = {"treated": per_cell * p_treat, "control": per_cell * (1.0 - p_treat)}
@@ -375,6 +426,31 @@ def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
         "sum_noise_scale": b_s,
         "expected_records_per_cell": per_cell,
         "approx_uplift_sd_per_cell": math.sqrt(variance),
+        **_shrinkage_fields(state),
+        **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
+    }
+
+
+def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[str, Any]:
+    """proof step 6: the one-cell observational default quotes the strict ATE it releases; the
+    cell's noise sd is that ATE's (public) noise sd ``s_theta``."""
+    if state.adjusted is None:  # pragma: no cover - guarded by the caller
+        raise ValueError("not an adjusted plan")
+    params = state.params
+    inner = ate_strict.quote(domain, state.adjusted.params)
+    return {
+        "mode": "strict",
+        "guarantee": "strict",
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "cells": 1,
+        "partition": params.partition,
+        "bins": list(params.bins),
+        "count_noise_scale": None,
+        "sum_noise_scale": None,
+        "expected_records_per_cell": float(domain.n),
+        "approx_uplift_sd_per_cell": float(inner["s_theta"]),
+        "adjusted_ate": inner,
         **_shrinkage_fields(state),
         **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
     }
@@ -673,6 +749,12 @@ def _run(
     params = state.params
     lower = np.asarray(domain.x_lower, dtype=np.float64)
     upper = np.asarray(domain.x_upper, dtype=np.float64)
+    if state.adjusted is not None:
+        if rng is None:
+            raise ValueError("the adjusted ATE needs a generator")
+        return _run_adjusted(arrays, domain, state, noise=noise, progress=progress, rng=rng)
+    if state.counts is None or state.sums is None:  # pragma: no cover - only when adjusted
+        raise ValueError("no table calibration")
     x = np.asarray(arrays.x, dtype=np.float64)
     a = np.asarray(arrays.a, dtype=np.float64)
     y = np.asarray(arrays.y, dtype=np.float64)
@@ -757,11 +839,67 @@ def _run(
     }
 
 
+def _run_adjusted(
+    arrays: Arrays,
+    domain: PublicDomain,
+    state: Plan,
+    *,
+    noise: NoiseSampler,
+    progress: Progress,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """proof step 6: the strict DP AIPW ATE at its public defaults (the whole charge); the one
+    cell's uplift is that ATE. No table noise is drawn, so no counts or cell means exist."""
+    if state.adjusted is None:  # pragma: no cover - guarded by the caller
+        raise ValueError("not an adjusted plan")
+    ate = ate_strict.run(
+        arrays, domain, state.adjusted.params, rng=rng, noise=noise, progress=progress
+    )
+    estimate = float(ate["estimate"])
+    width = domain.outcome_range
+    uplift = float(np.clip(estimate, -width, width))
+    return {
+        "mode": "strict",
+        "guarantee": "strict",
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "grid": {
+            "type": "grid",
+            "bins": [1] * domain.q,
+            "lower": [float(v) for v in domain.x_lower],
+            "upper": [float(v) for v in domain.x_upper],
+            "order": "row-major over covariates",
+        },
+        "cells": 1,
+        "count_noise_scale": None,
+        "sum_noise_scale": None,
+        "min_count": state.params.min_count,
+        "low_count_threshold": state.params.low_count_threshold,
+        **_shrinkage_fields(state),
+        "uplift": [uplift],
+        "uplift_unshrunk": None,
+        "uplift_noise_sd": [float(ate["s_theta"])],
+        "low_count": [False],
+        "ate_anchor": uplift,
+        "shrinkage_factor": 0.0,
+        "adjusted_ate": ate,
+    }
+
+
 def _shrinkage_fields(state: Plan) -> dict[str, Any]:
     """Public fields of the shrinkage rule (proof step 5): the anchor costs no budget (it is
-    post-processing of the table); the second moments take their share of the table's."""
+    post-processing of the table); the second moments take their share of the table's. The
+    one-cell observational default (proof step 6) spends everything on the adjusted ATE."""
+    if state.adjusted is not None:
+        return {
+            "shrinkage": "ate",
+            "anchor": "adjusted_ate",
+            "anchor_share": 1.0,
+            "second_moment_share": 0.0,
+        }
     return {
         "shrinkage": "ate" if state.shrinks else "none",
+        "anchor": "table" if state.shrinks else None,
         "anchor_share": 0.0,
         "second_moment_share": SECOND_MOMENT_SHARE if state.second_moments is not None else 0.0,
     }

@@ -134,6 +134,8 @@ CASES = [
     ("uplift_table", {"epsilon": 1.0}, StudyDesign.RCT),
     # shrinkage "ate" with >= 2 cells: the arms' second moments (proof step 5)
     ("uplift_table", {"epsilon": 1.0, "bins": [2, 2, 1]}, StudyDesign.RCT),
+    # one cell, observational: the strict ATE default's draws (uplift_table.md step 6)
+    ("uplift_table", {"epsilon": 1.0, "bins": [1, 1, 1]}, StudyDesign.OBSERVATIONAL),
     # the DR default's anchor (quantile, mean) and calibration sums (proof step 6)
     ("ebm_cate", {"epsilon": 1.0}, StudyDesign.OBSERVATIONAL),
     ("ebm_cate", {"epsilon": 2.0}, StudyDesign.RCT),

@@ -379,3 +379,99 @@ def test_shrinkage_none_is_the_raw_table_and_the_quote_says_anchored() -> None:
     assert quote["versus_ate"]["anchored"] is True
     none = kind.quote(UpliftTableRequest(epsilon=1.0, shrinkage="none"), domain(n, q=2))
     assert none["versus_ate"]["anchored"] is False
+
+
+# ---- one cell, observational: the adjusted DP ATE (proof step 6) -------------------------------
+
+
+def _confounded(n: int, seed: int) -> tuple[Arrays, float]:
+    """Treatment more likely at large x_0, which raises the outcome by 3 x_0: the difference in
+    means is confounded by about +1.1; the true ATE is 1 (propensity in [0.18, 0.82], inside
+    the default clip)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (n, 2))
+    a = (rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-1.5 * x[:, 0]))).astype(float)
+    y = np.clip(3.0 * x[:, 0] + a * 1.0 + rng.normal(0, 0.5, n), -5, 5)
+    return Arrays(x, a, y), 1.0
+
+
+def test_one_cell_observational_default_is_the_adjusted_ate() -> None:
+    """A one-cell grid adjusts for nothing: the default (shrinkage "ate") releases the strict
+    DP AIPW ATE, close to the true ATE, where the raw table is the confounded difference in
+    means (red before proof step 6: the default was that difference, about 2.1 here)."""
+    n = 20000
+    dom = domain(n, q=2, rct=False)
+    arrays, truth = _confounded(n, 5)
+    raw = up.run(
+        arrays,
+        dom,
+        up.UpliftParams(epsilon=4.0, bins=(1, 1), adjustment_partition=True, shrinkage="none"),
+        noise=OpenDPSampler(),
+        progress=lambda f, s: None,
+    )
+    assert raw["uplift"][0] - truth > 0.8  # the confounded difference in means
+    for params in (
+        up.UpliftParams(epsilon=4.0, bins=(1, 1), adjustment_partition=True),  # as the bench
+        up.UpliftParams(epsilon=4.0, bins=(1, 1)),  # no assertion needed: the ATE adjusts
+    ):
+        result = up.run(
+            arrays,
+            dom,
+            params,
+            noise=OpenDPSampler(),
+            progress=lambda f, s: None,
+            rng=np.random.default_rng(7),
+        )
+        assert abs(result["uplift"][0] - truth) < 0.4
+        assert result["uplift"] == [result["ate_anchor"]] == [result["adjusted_ate"]["estimate"]]
+        assert result["anchor"] == "adjusted_ate"
+        assert result["anchor_share"] == 1.0
+        points = np.random.default_rng(1).uniform(-1, 1, (10, 2))
+        np.testing.assert_array_equal(up.predict(result, points), np.full(10, result["uplift"][0]))
+
+
+def test_adjusted_record_is_the_strict_ate_default() -> None:
+    """The one-cell observational record is the ``ate`` kind's default record (events, folds,
+    composition, epsilon, delta) under uplift_table's name; RCTs and >= 2 cells keep the table;
+    the observational refusal stands for them and for shrinkage "none"."""
+    from service.mechanisms import ate_strict
+    from service.releases.kinds.ate import AteParams
+    from service.releases.kinds.ate import to_mechanism_params as ate_params
+
+    for rct in (False, True):
+        for epsilon in (0.5, 1.0, 4.0):
+            dom = domain(5000, q=2, rct=rct)
+            default = ate_params(AteParams(epsilon=epsilon), dom)
+            assert ate_strict.default_params(dom, epsilon) == default
+    dom = domain(5000, q=2, rct=False)
+    for epsilon in (0.5, 4.0):
+        record = up.plan(dom, up.UpliftParams(epsilon=epsilon, bins=(1, 1)))
+        ate = ate_strict.plan(dom, ate_strict.default_params(dom, epsilon))
+        assert (record.mechanism, record.version) == ("uplift_table", up.VERSION)
+        assert record.events == ate.events
+        assert record.composition == ate.composition
+        assert (record.epsilon, record.delta) == (ate.epsilon, ate.delta) == (epsilon, ate.delta)
+        assert record.fold_sizes == ate.fold_sizes
+    rct_record = up.plan(domain(5000, q=2), up.UpliftParams(epsilon=1.0, bins=(1, 1)))
+    assert [e.params["statistic"] for e in rct_record.events] == ["counts", "centred_sums"]
+    for refused in (
+        up.UpliftParams(epsilon=1.0, bins=(2, 1)),
+        up.UpliftParams(epsilon=1.0, bins=(1, 1), shrinkage="none"),
+    ):
+        with pytest.raises(InvalidParameters):
+            up.plan(dom, refused)
+    quote = up.quote(dom, up.UpliftParams(epsilon=1.0, bins=(1, 1)))
+    assert quote["delta"] == quote["adjusted_ate"]["delta"] > 0.0
+    assert quote["approx_uplift_sd_per_cell"] == quote["adjusted_ate"]["s_theta"]
+
+
+def test_adjusted_quote_through_the_kind_says_it_is_the_ate() -> None:
+    from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequest
+
+    dom = domain(5000, q=2, rct=False)
+    quote = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[1, 1]), dom)
+    assert quote["anchor"] == "adjusted_ate"
+    assert "the DP ATE itself" in quote["versus_ate"]["message"]
+    table = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[1, 1]), domain(5000, q=2))
+    assert table["anchor"] == "table"
+    assert "the DP ATE itself" not in table["versus_ate"]["message"]

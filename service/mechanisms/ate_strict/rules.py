@@ -307,8 +307,10 @@ def default_params(
 ) -> AteStrictParams:
     """The strict ``ate`` kind's defaults at ``(epsilon, delta)``: the public rules for the
     nuisance, cross-fitting, the clip and (``delta=None``) delta, every other parameter at its
-    default. What an ``ate`` request with only ``epsilon`` (and ``delta``) runs; the CATE kinds'
-    whole-data anchor (``anchor.plan_ate_anchor``) runs it too. Public inputs only."""
+    default. What an ``ate`` request with only ``epsilon`` (and ``delta``) runs; other kinds reuse
+    it as an adjusted DP ATE: the CATE kinds' whole-data anchor (``anchor.plan_ate_anchor``) and
+    ``uplift_table``'s one-cell observational default (docs/proofs/uplift_table.md step 6).
+    Public inputs only."""
     nuisance = default_nuisance(domain)
     cross_fit = default_cross_fit(domain, nuisance, None, epsilon)
     if delta is None:

@@ -1,5 +1,9 @@
 """The ``uplift_table`` release kind: epsilon-ADUM on a public grid or DP k-means cells (pure DP).
 
+Exception: the default (shrinkage "ate") on a one-cell grid of an observational dataset is the
+strict DP AIPW ATE at its public defaults, (epsilon, delta)-DP with the ``ate`` kind's default
+delta (docs/proofs/uplift_table.md step 6): one cell adjusts for no covariate.
+
 Predictions at public points are free lookups via ``POST /v1/releases/{id}/predict``.
 """
 
@@ -39,7 +43,10 @@ class UpliftTableRequest(KindParams):
     # "ate" (default): the cell uplifts are shrunk toward the table's own DP ATE (their
     # count-weighted mean) by a James–Stein factor against their privacy and sampling variance
     # (10 % of the table's epsilon buys the arms' DP second moments when there are >= 2 cells),
-    # so cell differences the noise can explain fall back to that ATE. "none": the raw table.
+    # so cell differences the noise can explain fall back to that ATE. One grid cell (the
+    # default grid on many covariates) on an observational dataset: the release is the strict
+    # DP AIPW ATE at its defaults (the whole epsilon, the ate kind's default delta; no
+    # adjustment_partition needed), since one cell adjusts for nothing. "none": the raw table.
     shrinkage: Literal["ate", "none"] | None = None
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
@@ -81,6 +88,11 @@ class UpliftTableKind:
         out["versus_ate"] = versus_ate_block(
             request, domain, lambda r: _noise_sd(r, domain), anchored=out["shrinkage"] == "ate"
         )
+        if out.get("anchor") == "adjusted_ate":
+            out["versus_ate"]["message"] += (
+                " Here the release is the DP ATE itself: one grid cell on an observational "
+                "dataset releases the strict DP AIPW ATE at its defaults (proof step 6)."
+            )
         return out
 
     def run(
