@@ -22,12 +22,14 @@ Claim (strict learners S and DR):
     weights (T - e_hat)^2 to interpret, whose noise then depends on max(weight) and whose
     binning threshold on the weight total (§6 item 6): paper label only.
 
-    Shrinkage ``"ate"`` (the DR default, proof step 6): the effect fold spends a public 20 %
-    of its (epsilon, delta) on a DP ATE anchor of the whole fold (exact split), the effect model
-    (centred targets) runs on the fold's fitting rows and DP calibration sums on its disjoint
-    calibration rows, each at the rest: per record of the fold, anchor + one of the two, so the
-    total is still (epsilon, delta). The factor and ``anchor + lambda * deviation`` are
-    post-processing.
+    Shrinkage ``"ate"`` (the DR default, proof step 6): observationally the effect fold spends a
+    public share of its (epsilon, delta) on a DP ATE anchor of the whole fold (exact split), the
+    effect model (centred targets) runs on the fold's fitting rows and DP calibration sums on its
+    disjoint calibration rows, each at the rest: per record of the fold, anchor + one of the
+    two, so the total is still (epsilon, delta). In an RCT (step 6.1, version 3) the anchor is
+    the strict ``ate`` kind's RCT default release on all n at a public share of (epsilon, delta),
+    and the whole DR pipeline runs at the rest: sequential composition, (epsilon, delta) in
+    total. The factor and ``anchor + lambda * deviation`` are post-processing.
 
     Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
 
@@ -176,7 +178,9 @@ class EbmCateParams:
             always use interpret's 300: their shrinkage would bias the pseudo-outcomes (it did
             on Setup C: bench/README.md). Default 300 (interpret's and Niu et al.'s).
         shrinkage: ``"ate"`` (the DR learner's default; proof step 6): a public share of the
-            effect fold's budget buys a DP ATE anchor of the effect fold, the effect model is
+            effect fold's budget buys a DP ATE anchor of the effect fold (in an RCT: a public
+            share of the whole budget buys the strict ATE release on all n, step 6.1, and the
+            rest of the pipeline runs at the remainder), the effect model is
             fitted to pseudo-outcomes centred at it on the effect fold's fitting rows, and a
             DP calibration slope of the model's deviations on the fold's held-out calibration
             rows sets the factor lambda in [0, 1] of ``anchor + lambda * deviation`` (0 unless
