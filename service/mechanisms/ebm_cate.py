@@ -22,12 +22,14 @@ Claim (strict learners S and DR):
     weights (T - e_hat)^2 to interpret, whose noise then depends on max(weight) and whose
     binning threshold on the weight total (§6 item 6): paper label only.
 
-    Shrinkage ``"ate"`` (the DR default, proof step 6): the effect fold spends a public 20 %
-    of its (epsilon, delta) on a DP ATE anchor of the whole fold (exact split), the effect model
-    (centred targets) runs on the fold's fitting rows and DP calibration sums on its disjoint
-    calibration rows, each at the rest: per record of the fold, anchor + one of the two, so the
-    total is still (epsilon, delta). The factor and ``anchor + lambda * deviation`` are
-    post-processing.
+    Shrinkage ``"ate"`` (the DR default, proof step 6): observationally the effect fold spends a
+    public share of its (epsilon, delta) on a DP ATE anchor of the whole fold (exact split), the
+    effect model (centred targets) runs on the fold's fitting rows and DP calibration sums on its
+    disjoint calibration rows, each at the rest: per record of the fold, anchor + one of the
+    two, so the total is still (epsilon, delta). In an RCT (step 6.1, version 3) the anchor is
+    the strict ``ate`` kind's RCT default release on all n at a public share of (epsilon, delta),
+    and the whole DR pipeline runs at the rest: sequential composition, (epsilon, delta) in
+    total. The factor and ``anchor + lambda * deviation`` are post-processing.
 
     Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
 
@@ -92,7 +94,7 @@ from service.mechanisms.partition import (
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "ebm_cate"
-VERSION = "2"  # 2: shrinkage "ate" (the anchored DR default, proof step 6)
+VERSION = "3"  # 2: shrinkage "ate" (the anchored DR default, proof step 6); 3: RCT anchor (6.1)
 
 Learner = Literal["dr", "r", "s"]
 Shrinkage = Literal["ate", "none"]
@@ -130,6 +132,23 @@ DEVIATION_BOUND_OF_K = 0.25
 # noise scale, which for this kind is too rough (prediction_noise_sd: about 2x the deviations'
 # sd at the data at n 20000, eps 4, so it would have chosen the noisy share there too).
 EBM_USEFUL_N_EPSILON = 50_000.0
+# proof step 6.1 (randomised designs): the anchor is the strict ``ate`` kind's RCT default
+# release (ate_strict: dp_linear outcome models, cross-fitted above n * epsilon = 10^4, adaptive
+# clip) on all n records at the anchor's share, composed sequentially with the DR pipeline at the
+# rest; only its estimate is used, so nearly all of its estimation budget goes to the mean (the
+# second moment it also draws is discarded). On the realistic trials the effect-fold anchor
+# (AIPW with the DR learner's DP-EBM outcome model on 30 % of the rows, the effect fold's 70 %)
+# was 1.2-2.7x less accurate than that constant DP ATE (bench/README.md, "ebm_cate and
+# uplift_table anchored").
+RCT_ANCHOR_MEAN_SHARE = 0.98
+# The RCT anchor's share where the effect model cannot pay off (n * epsilon below
+# EBM_USEFUL_N_EPSILON): there the anchored release is the anchor, and the anchor release at 80 %
+# of the budget was 1.25-1.4x noisier than the constant DP ATE release at the whole budget (n 1000,
+# realistic trials: the noise dominates), so it takes nearly all of it.
+RCT_ANCHOR_SHARE_NOISY = 0.95
+# ... and above it: the effect model then gains on strong heterogeneity, but at 20 % the anchor
+# release was 1.65x noisier than the constant DP ATE (rct_none, n 20000, eps 4, 40 samples).
+RCT_ANCHOR_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -159,7 +178,9 @@ class EbmCateParams:
             always use interpret's 300: their shrinkage would bias the pseudo-outcomes (it did
             on Setup C: bench/README.md). Default 300 (interpret's and Niu et al.'s).
         shrinkage: ``"ate"`` (the DR learner's default; proof step 6): a public share of the
-            effect fold's budget buys a DP ATE anchor of the effect fold, the effect model is
+            effect fold's budget buys a DP ATE anchor of the effect fold (in an RCT: a public
+            share of the whole budget buys the strict ATE release on all n, step 6.1, and the
+            rest of the pipeline runs at the remainder), the effect model is
             fitted to pseudo-outcomes centred at it on the effect fold's fitting rows, and a
             DP calibration slope of the model's deviations on the fold's held-out calibration
             rows sets the factor lambda in [0, 1] of ``anchor + lambda * deviation`` (0 unless
@@ -278,10 +299,23 @@ class Plan:
     anchor_share: float = 0.0
     calibration: GaussianCalibration | None = None
     calibration_size: int = 0
+    # randomised designs (proof step 6.1): the strict ATE release that is the anchor, on all n
+    rct_anchor: ate_strict.Plan | None = None
 
     @property
     def effect_fit_size(self) -> int:
         return self.fold_sizes[-1] - self.calibration_size
+
+    @property
+    def anchored(self) -> bool:
+        return self.anchor is not None or self.rct_anchor is not None
+
+    @property
+    def anchor_rows(self) -> int:
+        """The records the anchor's DP mean averages (public)."""
+        if self.rct_anchor is not None:
+            return self.rct_anchor.n2
+        return self.fold_sizes[-1]
 
 
 def _fractions(
@@ -354,6 +388,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         clip_k = min(big_r, natural)
     # proof step 2: every module at epsilon_p with (epsilon, delta) under replace-one.
     accounting = solve_dp_ebm_epsilon_p(epsilon, delta)
+    requested = (epsilon, delta)
     q = domain.q
     events: list[NoiseEvent] = []
     # proof step 6 (shrinkage "ate"): the effect fold spends the public ebm_anchor_share on the
@@ -364,7 +399,35 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     anchor_events: list[NoiseEvent] = []
     share = 0.0
     calibration: GaussianCalibration | None = None
-    if shrinkage == "ate":
+    rct_anchor: ate_strict.Plan | None = None
+    rct_anchor_events: list[NoiseEvent] = []
+    if shrinkage == "ate" and domain.design == StudyDesign.RCT:
+        # proof step 6.1 (RCT): the strict ATE release on all n at the anchor's share, then the
+        # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
+        share = rct_anchor_share(domain.n, epsilon)
+        epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
+        delta_anchor, effect_delta = ate_strict.split_share(delta, share)
+        rct_anchor = ate_strict.make_plan(
+            domain, rct_anchor_params(domain, epsilon_anchor, delta_anchor)
+        )
+        rct_anchor_events = [
+            replace(
+                event,
+                module=f"anchor_{event.module}",
+                params={**event.params, "anchor": "ate_strict RCT default on all n records"},
+            )
+            for event in rct_anchor.record.events
+        ]
+        effect_accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
+        # every DR module runs at the rest (sequential composition with the anchor)
+        epsilon, delta, accounting = effect_epsilon, effect_delta, effect_accounting
+        calibration = calibrate_gaussian(
+            effect_epsilon,
+            effect_delta,
+            ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
+            dim=CALIBRATION_STATISTICS,
+        )
+    elif shrinkage == "ate":
         share = ebm_anchor_share(domain.n, epsilon)
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
@@ -449,6 +512,18 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         math.fsum(e.delta for e in events if e.module == "effect"),
         *(e.delta for e in events if e.module not in ("effect", "calibration")),
     )
+    if rct_anchor is not None:
+        # proof step 6.1 (RCT): the anchor release (its own record's cost, ate_strict proof)
+        # composes sequentially with the DR pipeline: exact sums of the exact splits.
+        epsilon_total = math.fsum([rct_anchor.record.epsilon, epsilon_total])
+        delta_total = math.fsum([rct_anchor.record.delta, delta_total])
+        if (epsilon_total, delta_total) != requested:
+            raise InvalidParameters("internal budget accounting mismatch")  # pragma: no cover
+        events = rct_anchor_events + events
+        recorded_sizes = {
+            **{f"anchor_{k}": v for k, v in rct_anchor.record.fold_sizes.items()},
+            **recorded_sizes,
+        }
     record = MechanismRecord(
         mechanism=MECHANISM,
         version=VERSION,
@@ -474,6 +549,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         anchor_share=share,
         calibration=calibration,
         calibration_size=calibration_size,
+        rct_anchor=rct_anchor,
     )
 
 
@@ -491,6 +567,31 @@ def anchor_bound(domain: PublicDomain, clip: float, clip_k: float) -> float:
 def ebm_anchor_share(n: int, epsilon: float) -> float:
     """The anchor's public share of the effect fold's budget (see ``EBM_USEFUL_N_EPSILON``)."""
     return ANCHOR_SHARE if n * epsilon >= EBM_USEFUL_N_EPSILON else ANCHOR_SHARE_NOISY
+
+
+def rct_anchor_share(n: int, epsilon: float) -> float:
+    """Randomised designs: the anchor's public share of the whole (epsilon, delta)
+    (``ebm_anchor_share``'s rule; ``ANCHOR_SHARE_NOISY`` where the small share would leave the
+    anchor release below ate_strict's minimum epsilon). Public n and epsilon only."""
+    if n * epsilon < EBM_USEFUL_N_EPSILON:
+        return RCT_ANCHOR_SHARE_NOISY
+    return RCT_ANCHOR_SHARE
+
+
+def rct_anchor_params(
+    domain: PublicDomain, epsilon: float, delta: float
+) -> ate_strict.AteStrictParams:
+    """proof step 6.1 (RCT): the anchor release's public parameters: the strict ``ate`` kind's
+    randomised-design default (``dp_linear`` nuisance, ``default_cross_fit``, adaptive clip) at
+    the anchor's (epsilon, delta), with mean share ``RCT_ANCHOR_MEAN_SHARE``."""
+    return ate_strict.AteStrictParams(
+        epsilon=epsilon,
+        delta=delta,
+        nuisance="dp_linear",
+        cross_fit=ate_strict.default_cross_fit(domain, "dp_linear", None, epsilon),
+        adaptive_clip=True,
+        mean_share=RCT_ANCHOR_MEAN_SHARE,
+    )
 
 
 def calibration_rows(effect_size: int) -> int:
@@ -564,7 +665,7 @@ def _public(state: Plan, domain: PublicDomain) -> dict[str, Any]:
         "max_bins": state.params.max_bins,
         "max_rounds": state.params.max_rounds,
         "design": str(domain.design),
-        "shrinkage": "ate" if state.anchor is not None else "none",
+        "shrinkage": "ate" if state.anchored else "none",
         "anchor_share": state.anchor_share,
     }
 
@@ -604,7 +705,8 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
         "warnings": warnings,
     }
     if state.calibration is not None:
-        out["anchor_rows"] = state.fold_sizes[-1]  # the anchor reads the whole effect fold
+        # the anchor's mean reads the whole effect fold (RCT: the ate_strict release's n2)
+        out["anchor_rows"] = state.anchor_rows
         out["calibration_rows"] = state.calibration_size
         out["calibration_noise_sd"] = state.calibration.sigma
     return out
@@ -660,6 +762,24 @@ def _run(
     feature_names = list(names) if names is not None else [f"x{j}" for j in range(q)]
     x, a, y = prepare_arrays(arrays, domain)
     low, high = domain.y_lower, domain.y_upper
+
+    rct_anchor: float | None = None
+    if state.rct_anchor is not None:
+        # proof step 6.1 (RCT): the anchor release on all n records (its own partition), at the
+        # anchor's share; only its DP estimate is kept, clipped to [-R_Y, R_Y].
+        if noise is None:
+            raise ValueError("the anchor needs the noise sampler")
+        released = ate_strict.run(
+            arrays,
+            domain,
+            state.rct_anchor.params,
+            rng=rng,
+            noise=noise,
+            progress=lambda fraction, stage: None,
+        )
+        bound = domain.outcome_range
+        rct_anchor = float(np.clip(float(released["estimate"]), -bound, bound))
+        del released
 
     # proof step 4: uniformly random permutation cut at public sizes; never stored.
     folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)
@@ -734,10 +854,12 @@ def _run(
         # proof step 1 (applied): row-wise AIPW pseudo-outcome, clipped to [-K, K].
         psi = pseudo_outcomes(a2, y2, e_hat, mu0, mu1, bound=k)
         weight = None
-        if state.anchor is not None:
+        if state.anchored:
             if noise is None:
                 raise ValueError("the anchor needs the noise sampler")
-            return _run_anchored(x2, a2, y2, e_hat, mu0, mu1, domain, state, noise, feature_names)
+            return _run_anchored(
+                x2, a2, y2, e_hat, mu0, mu1, domain, state, noise, feature_names, rct_anchor
+            )
     else:
         eta_model, mid = fit_regressor(
             x[rows],
@@ -794,20 +916,28 @@ def _run_anchored(
     state: Plan,
     noise: NoiseSampler,
     feature_names: list[str],
+    rct_anchor: float | None = None,
 ) -> dict[str, Any]:
-    """proof step 6: the anchor on the effect fold, the centred effect model on its fitting
-    rows, the DP calibration sums on its calibration rows, and the factor (post-processing)."""
-    anchor_plan, calibration = state.anchor, state.calibration
-    accounting = state.effect_accounting
-    if anchor_plan is None or calibration is None or accounting is None:
+    """proof step 6: the anchor (the effect fold's, or the RCT anchor release's ``rct_anchor``),
+    the centred effect model on the fitting rows, the DP calibration sums on the calibration
+    rows, and the factor (post-processing)."""
+    calibration, accounting = state.calibration, state.effect_accounting
+    if calibration is None or accounting is None:
         raise ValueError("not an anchored plan")
     params = state.params
     k = state.clip_k
     big_r = domain.outcome_range
-    # step 6.1: the DP anchor ATE of the whole effect fold (the AIPW pseudo-outcome up to the
-    # public anchor_bound, the adaptive clip K_a below it; pi_hat is already in [c, 1 - c]).
-    gamma = anchor_pseudo_outcomes("dr", a2, y2, e_hat, mu0, mu1, anchor_plan.bound)
-    anchor = draw_anchor(gamma, anchor_plan, big_r, noise)
+    # step 6.1: the DP anchor ATE: observationally of the whole effect fold (the AIPW
+    # pseudo-outcome up to the public anchor_bound, the adaptive clip K_a below it; pi_hat is
+    # already in [c, 1 - c]); in an RCT the anchor release's estimate, drawn before the folds.
+    _, clip = public_propensity(domain, params.propensity_clip)
+    gamma = anchor_pseudo_outcomes("dr", a2, y2, e_hat, mu0, mu1, anchor_bound(domain, clip, k))
+    if rct_anchor is not None:
+        anchor = rct_anchor
+    elif state.anchor is not None:
+        anchor = draw_anchor(gamma, state.anchor, big_r, noise)
+    else:
+        raise ValueError("not an anchored plan")
     # step 6.2: targets centred at the anchor, clipped to [-K, K] (row-wise, DP constant)
     targets = np.clip(gamma - anchor, -k, k)
     del gamma

@@ -62,6 +62,7 @@ CASES: list[tuple[str, dict[str, Any], StudyDesign]] = [
     ("uplift_table", {"epsilon": 1.0, "bins": [1, 1, 1]}, OBS),
     ("ebm_cate", {"epsilon": 1.0}, OBS),  # the anchored DR default: calibration sums
     ("ebm_cate", {"epsilon": 4.0, "pseudo_outcome_clip": 2.0}, RCT),
+    ("ebm_cate", {"epsilon": 1.0}, RCT),  # the RCT anchor release's ridge (proof step 6.1)
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, RCT),
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]], "learner": "dr"}, OBS),
     ("cate_vector", {"epsilon": 2.0, "points": [[0.5, 0.5, 0.5]], "shrinkage": "none"}, OBS),

@@ -136,9 +136,12 @@ CASES = [
     ("uplift_table", {"epsilon": 1.0, "bins": [2, 2, 1]}, StudyDesign.RCT),
     # one cell, observational: the strict ATE default's draws (uplift_table.md step 6)
     ("uplift_table", {"epsilon": 1.0, "bins": [1, 1, 1]}, StudyDesign.OBSERVATIONAL),
-    # the DR default's anchor (quantile, mean) and calibration sums (proof step 6)
+    # the DR default's anchor (quantile, mean) and calibration sums (proof step 6); in an RCT
+    # the anchor is the strict ATE release (ridge, quantile, mean, second moment; step 6.1),
+    # split (n eps <= 10^4) and cross-fitted
     ("ebm_cate", {"epsilon": 1.0}, StudyDesign.OBSERVATIONAL),
     ("ebm_cate", {"epsilon": 2.0}, StudyDesign.RCT),
+    ("ebm_cate", {"epsilon": 8.0}, StudyDesign.RCT),
     (
         "cate_vector",
         {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8], [0.9, 0.1, 0.4]]},
@@ -279,14 +282,15 @@ def test_cate_function_finite_basis_noise(basis: str) -> None:
 
 ADAPTIVE_CASES = [
     ("ate", {"epsilon": 1.0}, "mean_pseudo_outcome"),
-    # the whole-data anchors: the ate default's adaptive mean (docs/proofs/cate_function.md §7)
+    # the whole-data anchors: the ate default's adaptive mean (docs/proofs/cate_function.md §7,
+    # ebm_cate.md step 6.1)
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, "mean_pseudo_outcome"),
     (
         "cate_function",
         {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32},
         "mean_pseudo_outcome",
     ),
-    ("ebm_cate", {"epsilon": 1.0}, "anchor_ate_mean"),
+    ("ebm_cate", {"epsilon": 1.0}, "mean_pseudo_outcome"),
 ]
 
 
@@ -321,7 +325,7 @@ def test_adaptive_draws_are_calibrated_at_the_released_clip(
         )
     if "n2" in quote:
         n2 = int(quote["n2"])
-    elif "anchor_rows" in quote:  # ebm_cate: the anchor reads the whole effect fold
+    elif "anchor_rows" in quote:  # ebm_cate: the rows of the anchor's mean
         n2 = int(quote["anchor_rows"])
     else:
         n2 = int(quote["fold_sizes"]["estimation"])

@@ -37,7 +37,8 @@ class EbmCateRequest(KindParams):
         default=None, ge=ebm_cate.MIN_MAX_ROUNDS, le=ebm_cate.MAX_MAX_ROUNDS
     )
     # "ate" (the DR learner's default): a DP ATE anchor on a public share of the effect fold's
-    # budget, the effect model fitted to pseudo-outcomes centred at it, and its deviations
+    # budget (in an RCT: the strict ATE release on all n at a public share of the whole
+    # budget), the effect model fitted to pseudo-outcomes centred at it, and its deviations
     # shrunk toward it by a factor set from DP calibration sums on held-out rows of the effect
     # fold, so undetectable heterogeneity falls back to the ATE. "none": the unshrunk model
     # (the S- and R-learners' only value).

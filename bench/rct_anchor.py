@@ -1,0 +1,105 @@
+"""The RCT anchor of ``ebm_cate`` against the constant DP ATE, many samples (issue 12, item 4).
+
+On a trial without heterogeneity (``bench.studies`` ``rct_none``) the anchored ``ebm_cate``
+release is its anchor (factor 0), so its PEHE is the anchor's absolute error. With 3 releases
+per cell (``bench.realistic``) the ratio of two noisy PEHEs moves a lot; this runs only the
+anchor release (``ebm_cate.rct_anchor_params`` at the public share, the strict ATE on all n,
+proof step 6.1) and the constant DP ATE (the ``ate`` kind's strict default at the whole budget)
+on ``--reps`` fresh training samples per cell, production noise and partition generator, and
+reports each one's RMSE around the true ATE and their ratio. ``--shares`` adds the anchor at
+other shares of the budget (the default's public rule is ``ebm_cate.rct_anchor_share``).
+
+    python -m bench.rct_anchor --reps 40 --name rct-anchor-vs-ate
+    python -m bench.rct_anchor --n 20000 --eps 4 --shares 0.2,0.5,0.7 --reps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from bench.common import write_result
+from bench.studies import STUDIES
+from service.mechanisms import ate_strict, ebm_cate
+from service.mechanisms.noise import OpenDPSampler, secure_rng
+from service.releases.kinds.ate import AteKind, AteParams
+from service.releases.kinds.ebm_cate import EbmCateRequest, to_mechanism_params
+
+
+def _quiet(_fraction: float, _stage: str) -> None:
+    return None
+
+
+def run_cell(n: int, epsilon: float, reps: int, shares: tuple[float, ...]) -> dict[str, Any]:
+    study = STUDIES["rct_none"]
+    domain = study.domain(n)
+    params = to_mechanism_params(EbmCateRequest(epsilon=epsilon), domain)
+    plan = ebm_cate.make_plan(domain, params)
+    if plan.rct_anchor is None:
+        raise ValueError("not an anchored RCT plan")
+    arms = {"anchor_default": plan.rct_anchor.params}
+    for share in shares:
+        arms[f"anchor_share_{share:g}"] = ebm_cate.rct_anchor_params(
+            domain, share * epsilon, share * params.delta
+        )
+    errors: dict[str, list[float]] = {"constant_dp_ate": [], **{k: [] for k in arms}}
+    for rep in range(reps):
+        arrays, _ = study.sample(n, np.random.default_rng([77, n, rep]))
+        out = AteKind().run(
+            arrays,
+            domain,
+            AteParams(epsilon=epsilon),
+            rng=secure_rng(),
+            noise=OpenDPSampler(),
+            progress=_quiet,
+        )
+        errors["constant_dp_ate"].append(float(out["estimate"]) - study.true_ate)
+        for name, arm in arms.items():
+            out = ate_strict.run(
+                arrays, domain, arm, rng=secure_rng(), noise=OpenDPSampler(), progress=_quiet
+            )
+            errors[name].append(float(out["estimate"]) - study.true_ate)
+    rmse = {k: math.sqrt(float(np.mean(np.square(v)))) for k, v in errors.items()}
+    return {
+        "n": n,
+        "epsilon": epsilon,
+        "reps": reps,
+        "default_share": plan.anchor_share,
+        "rmse": rmse,
+        "ratio_to_constant_dp_ate": {k: v / rmse["constant_dp_ate"] for k, v in rmse.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--n", default="1000,5000,20000")
+    parser.add_argument("--eps", default="1,4")
+    parser.add_argument("--reps", type=int, default=40)
+    parser.add_argument("--shares", default="")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--name", default="rct-anchor-vs-ate")
+    args = parser.parse_args(argv)
+    shares = tuple(float(s) for s in args.shares.split(",") if s)
+    cells = []
+    with threadpool_limits(args.threads):
+        for n in (int(v) for v in args.n.split(",")):
+            for epsilon in (float(v) for v in args.eps.split(",")):
+                cell = run_cell(n, epsilon, args.reps, shares)
+                cells.append(cell)
+                ratios = {k: round(v, 2) for k, v in cell["ratio_to_constant_dp_ate"].items()}
+                print(f"n={n} eps={epsilon:g} rmse ratios {ratios}", flush=True)
+    path = write_result(
+        args.name,
+        {"cells": cells, "threads": args.threads},
+        quick=False,
+        module="bench.rct_anchor",
+    )
+    print(f"wrote {path.name}")
+
+
+if __name__ == "__main__":
+    main()
