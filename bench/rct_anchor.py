@@ -3,11 +3,11 @@
 On a trial without heterogeneity (``bench.studies`` ``rct_none``) the anchored ``ebm_cate``
 release is its anchor (factor 0), so its PEHE is the anchor's absolute error. With 3 releases
 per cell (``bench.realistic``) the ratio of two noisy PEHEs moves a lot; this runs only the
-anchor release (``ebm_cate.rct_anchor_params`` at the public share, the strict ATE on all n,
+anchor release (``anchor.ate_anchor_params`` at the public share, the strict ATE on all n,
 proof step 6.1) and the constant DP ATE (the ``ate`` kind's strict default at the whole budget)
 on ``--reps`` fresh training samples per cell, production noise and partition generator, and
 reports each one's RMSE around the true ATE and their ratio. ``--shares`` adds the anchor at
-other shares of the budget (the default's public rule is ``ebm_cate.rct_anchor_share``).
+other shares of the budget (the default's public rule is ``anchor.ate_anchor_share``).
 
     python -m bench.rct_anchor --reps 40 --name rct-anchor-vs-ate
     python -m bench.rct_anchor --n 20000 --eps 4 --shares 0.2,0.5,0.7 --reps 40
@@ -25,6 +25,7 @@ from threadpoolctl import threadpool_limits
 from bench.common import write_result
 from bench.studies import STUDIES
 from service.mechanisms import ate_strict, ebm_cate
+from service.mechanisms.anchor import ate_anchor_params
 from service.mechanisms.noise import OpenDPSampler, secure_rng
 from service.releases.kinds.ate import AteKind, AteParams
 from service.releases.kinds.ebm_cate import EbmCateRequest, to_mechanism_params
@@ -43,7 +44,7 @@ def run_cell(n: int, epsilon: float, reps: int, shares: tuple[float, ...]) -> di
         raise ValueError("not an anchored RCT plan")
     arms = {"anchor_default": plan.rct_anchor.params}
     for share in shares:
-        arms[f"anchor_share_{share:g}"] = ebm_cate.rct_anchor_params(
+        arms[f"anchor_share_{share:g}"] = ate_anchor_params(
             domain, share * epsilon, share * params.delta
         )
     errors: dict[str, list[float]] = {"constant_dp_ate": [], **{k: [] for k in arms}}

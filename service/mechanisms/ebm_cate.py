@@ -56,9 +56,13 @@ from service.mechanisms.anchor import (
     ANCHOR_SHARE,
     ANCHOR_SHARE_NOISY,
     AnchorPlan,
+    AteAnchorPlan,
     anchor_pseudo_outcomes,
+    ate_anchor_share,
     draw_anchor,
+    draw_ate_anchor,
     plan_anchor,
+    plan_ate_anchor,
 )
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import (
@@ -132,23 +136,13 @@ DEVIATION_BOUND_OF_K = 0.25
 # noise scale, which for this kind is too rough (prediction_noise_sd: about 2x the deviations'
 # sd at the data at n 20000, eps 4, so it would have chosen the noisy share there too).
 EBM_USEFUL_N_EPSILON = 50_000.0
-# proof step 6.1 (randomised designs): the anchor is the strict ``ate`` kind's RCT default
-# release (ate_strict: dp_linear outcome models, cross-fitted above n * epsilon = 10^4, adaptive
-# clip) on all n records at the anchor's share, composed sequentially with the DR pipeline at the
-# rest; only its estimate is used, so nearly all of its estimation budget goes to the mean (the
-# second moment it also draws is discarded). On the realistic trials the effect-fold anchor
-# (AIPW with the DR learner's DP-EBM outcome model on 30 % of the rows, the effect fold's 70 %)
-# was 1.2-2.7x less accurate than that constant DP ATE (bench/README.md, "ebm_cate and
+# proof step 6.1 (randomised designs): the anchor is the strict ``ate`` kind's default release
+# (dp_linear outcome models, cross-fitted above n * epsilon = 10^4, adaptive clip; mean share
+# anchor.ANCHOR_MEAN_SHARE) on all n records at the public share anchor.ate_anchor_share,
+# composed sequentially with the DR pipeline at the rest. On the realistic trials the effect-fold
+# anchor (AIPW with the DR learner's DP-EBM outcome model on 30 % of the rows, the effect fold's
+# 70 %) was 1.2-2.7x less accurate than that constant DP ATE (bench/README.md, "ebm_cate and
 # uplift_table anchored").
-RCT_ANCHOR_MEAN_SHARE = 0.98
-# The RCT anchor's share where the effect model cannot pay off (n * epsilon below
-# EBM_USEFUL_N_EPSILON): there the anchored release is the anchor, and the anchor release at 80 %
-# of the budget was 1.25-1.4x noisier than the constant DP ATE release at the whole budget (n 1000,
-# realistic trials: the noise dominates), so it takes nearly all of it.
-RCT_ANCHOR_SHARE_NOISY = 0.95
-# ... and above it: the effect model then gains on strong heterogeneity, but at 20 % the anchor
-# release was 1.65x noisier than the constant DP ATE (rct_none, n 20000, eps 4, 40 samples).
-RCT_ANCHOR_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -300,7 +294,7 @@ class Plan:
     calibration: GaussianCalibration | None = None
     calibration_size: int = 0
     # randomised designs (proof step 6.1): the strict ATE release that is the anchor, on all n
-    rct_anchor: ate_strict.Plan | None = None
+    rct_anchor: AteAnchorPlan | None = None
 
     @property
     def effect_fit_size(self) -> int:
@@ -399,25 +393,20 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     anchor_events: list[NoiseEvent] = []
     share = 0.0
     calibration: GaussianCalibration | None = None
-    rct_anchor: ate_strict.Plan | None = None
-    rct_anchor_events: list[NoiseEvent] = []
+    rct_anchor: AteAnchorPlan | None = None
     if shrinkage == "ate" and domain.design == StudyDesign.RCT:
         # proof step 6.1 (RCT): the strict ATE release on all n at the anchor's share, then the
         # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
-        share = rct_anchor_share(domain.n, epsilon)
+        chosen = ate_anchor_share(domain, epsilon, delta)
+        if chosen is None:
+            raise InvalidParameters(
+                f"shrinkage 'ate' needs epsilon >= {ate_strict.MIN_EPSILON / 0.95:.3g} for its "
+                "anchor (the strict ate default on all rows); use shrinkage 'none'"
+            )
+        share = chosen
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
-        rct_anchor = ate_strict.make_plan(
-            domain, rct_anchor_params(domain, epsilon_anchor, delta_anchor)
-        )
-        rct_anchor_events = [
-            replace(
-                event,
-                module=f"anchor_{event.module}",
-                params={**event.params, "anchor": "ate_strict RCT default on all n records"},
-            )
-            for event in rct_anchor.record.events
-        ]
+        rct_anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
         effect_accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
         # every DR module runs at the rest (sequential composition with the anchor)
         epsilon, delta, accounting = effect_epsilon, effect_delta, effect_accounting
@@ -515,22 +504,25 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if rct_anchor is not None:
         # proof step 6.1 (RCT): the anchor release (its own record's cost, ate_strict proof)
         # composes sequentially with the DR pipeline: exact sums of the exact splits.
-        epsilon_total = math.fsum([rct_anchor.record.epsilon, epsilon_total])
-        delta_total = math.fsum([rct_anchor.record.delta, delta_total])
+        epsilon_total = math.fsum([rct_anchor.epsilon, epsilon_total])
+        delta_total = math.fsum([rct_anchor.delta, delta_total])
         if (epsilon_total, delta_total) != requested:
             raise InvalidParameters("internal budget accounting mismatch")  # pragma: no cover
-        events = rct_anchor_events + events
-        recorded_sizes = {
-            **{f"anchor_{k}": v for k, v in rct_anchor.record.fold_sizes.items()},
-            **recorded_sizes,
-        }
+        events = [*rct_anchor.events(), *events]
+        recorded_sizes = {**rct_anchor.fold_sizes(), **recorded_sizes}
     record = MechanismRecord(
         mechanism=MECHANISM,
         version=VERSION,
         guarantee=guarantee,
         n=domain.n,
         fold_sizes=recorded_sizes,
-        composition=Composition.THEOREM6_MAX if len(names) > 1 else Composition.SEQUENTIAL,
+        composition=(
+            Composition.ANCHOR_THEN_THEOREM6_MAX
+            if rct_anchor is not None
+            else Composition.THEOREM6_MAX
+            if len(names) > 1
+            else Composition.SEQUENTIAL
+        ),
         events=tuple(events),
         epsilon=epsilon_total,
         delta=delta_total,
@@ -567,31 +559,6 @@ def anchor_bound(domain: PublicDomain, clip: float, clip_k: float) -> float:
 def ebm_anchor_share(n: int, epsilon: float) -> float:
     """The anchor's public share of the effect fold's budget (see ``EBM_USEFUL_N_EPSILON``)."""
     return ANCHOR_SHARE if n * epsilon >= EBM_USEFUL_N_EPSILON else ANCHOR_SHARE_NOISY
-
-
-def rct_anchor_share(n: int, epsilon: float) -> float:
-    """Randomised designs: the anchor's public share of the whole (epsilon, delta)
-    (``ebm_anchor_share``'s rule; ``ANCHOR_SHARE_NOISY`` where the small share would leave the
-    anchor release below ate_strict's minimum epsilon). Public n and epsilon only."""
-    if n * epsilon < EBM_USEFUL_N_EPSILON:
-        return RCT_ANCHOR_SHARE_NOISY
-    return RCT_ANCHOR_SHARE
-
-
-def rct_anchor_params(
-    domain: PublicDomain, epsilon: float, delta: float
-) -> ate_strict.AteStrictParams:
-    """proof step 6.1 (RCT): the anchor release's public parameters: the strict ``ate`` kind's
-    randomised-design default (``dp_linear`` nuisance, ``default_cross_fit``, adaptive clip) at
-    the anchor's (epsilon, delta), with mean share ``RCT_ANCHOR_MEAN_SHARE``."""
-    return ate_strict.AteStrictParams(
-        epsilon=epsilon,
-        delta=delta,
-        nuisance="dp_linear",
-        cross_fit=ate_strict.default_cross_fit(domain, "dp_linear", None, epsilon),
-        adaptive_clip=True,
-        mean_share=RCT_ANCHOR_MEAN_SHARE,
-    )
 
 
 def calibration_rows(effect_size: int) -> int:
@@ -769,17 +736,15 @@ def _run(
         # anchor's share; only its DP estimate is kept, clipped to [-R_Y, R_Y].
         if noise is None:
             raise ValueError("the anchor needs the noise sampler")
-        released = ate_strict.run(
+        rct_anchor = draw_ate_anchor(
             arrays,
             domain,
-            state.rct_anchor.params,
+            state.rct_anchor,
+            cate_bound=domain.outcome_range,
             rng=rng,
             noise=noise,
             progress=lambda fraction, stage: None,
         )
-        bound = domain.outcome_range
-        rct_anchor = float(np.clip(float(released["estimate"]), -bound, bound))
-        del released
 
     # proof step 4: uniformly random permutation cut at public sizes; never stored.
     folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)

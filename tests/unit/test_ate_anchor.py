@@ -31,12 +31,11 @@ def test_the_share_is_the_smallest_whose_anchor_is_about_as_good_as_the_whole_bu
     domain = _domain(n, design)
     share = anchor.ate_anchor_share(domain, epsilon, 1e-6)
     assert share in anchor.ATE_ANCHOR_SHARES
-    whole = anchor.ate_anchor_error_sd(domain, epsilon, None)
+    whole = anchor.ate_anchor_error_sd(domain, ate_strict.default_params(domain, epsilon))
 
     def error(s: float) -> float:
-        return anchor.ate_anchor_error_sd(
-            domain, ate_strict.split_share(epsilon, s)[0], ate_strict.split_share(1e-6, s)[0]
-        )
+        eps_a, delta_a = ate_strict.split_share(epsilon, s)[0], ate_strict.split_share(1e-6, s)[0]
+        return anchor.ate_anchor_error_sd(domain, anchor.ate_anchor_params(domain, eps_a, delta_a))
 
     if share < anchor.ATE_ANCHOR_SHARES[-1]:
         assert error(share) <= anchor.ATE_ANCHOR_ACCURACY_RATIO * whole
@@ -47,7 +46,7 @@ def test_the_share_is_the_smallest_whose_anchor_is_about_as_good_as_the_whole_bu
 def test_small_budgets_give_the_anchor_most_of_it_and_large_ones_leave_room() -> None:
     """Privacy noise dominates the ATE at n epsilon = 500: the anchor takes the largest share; a
     trial at n = 10^5, epsilon = 4 is sampling-dominated, so the CATE keeps most of the budget."""
-    assert anchor.ate_anchor_share(_domain(1000, StudyDesign.RCT), 0.5, 1e-6) == 0.9
+    assert anchor.ate_anchor_share(_domain(1000, StudyDesign.RCT), 0.5, 1e-6) == 0.95
     assert anchor.ate_anchor_share(_domain(100000, StudyDesign.RCT), 4.0, 1e-6) <= 0.5
     assert anchor.ate_anchor_share(_domain(1000, StudyDesign.RCT), 0.01, 1e-6) is None
 
@@ -55,7 +54,8 @@ def test_small_budgets_give_the_anchor_most_of_it_and_large_ones_leave_room() ->
 def test_the_anchor_plan_is_the_ate_default_and_reports_what_cannot_run() -> None:
     domain = _domain(5000, StudyDesign.RCT)
     plan = anchor.plan_ate_anchor(domain, 0.8, 8e-7)
-    assert plan.params == ate_strict.default_params(domain, 0.8, 8e-7)
+    assert plan.params == anchor.ate_anchor_params(domain, 0.8, 8e-7)
+    assert plan.params.mean_share == anchor.ANCHOR_MEAN_SHARE  # only the estimate is used
     assert (plan.epsilon, plan.delta) == (0.8, 8e-7)
     assert all(e.module.startswith("anchor/") for e in plan.events())
     assert sum(plan.fold_sizes().values()) == 5000

@@ -383,6 +383,7 @@ def test_the_bought_anchor_is_the_strict_ate_default_on_all_rows(
     """proof §7 step 1: the anchor is the ``ate`` kind's default release at the anchor's share of
     (epsilon, delta) on all n rows; it composes sequentially with the function's folds, whose
     own events compose by the Theorem 6 max, so the record's cost is exactly (epsilon, delta)."""
+    from service.mechanisms import anchor as anchor_lib
     from service.mechanisms import ate_strict
     from service.mechanisms.records import Composition
 
@@ -397,7 +398,7 @@ def test_the_bought_anchor_is_the_strict_ate_default_on_all_rows(
     share = state.anchor_share
     eps_a, eps_g = ate_strict.split_share(epsilon, share)
     delta_a, delta_g = ate_strict.split_share(1e-6, share)
-    assert state.anchor.params == ate_strict.default_params(domain, eps_a, delta_a)
+    assert state.anchor.params == anchor_lib.ate_anchor_params(domain, eps_a, delta_a)
     assert (state.anchor.epsilon, state.anchor.delta) == (eps_a, delta_a)
     record = state.record
     assert record.composition == Composition.ANCHOR_THEN_THEOREM6_MAX

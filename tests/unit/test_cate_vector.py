@@ -436,7 +436,7 @@ def test_anchor_is_the_ate_default_on_all_rows_and_splits_the_budget_exactly() -
     assert share is not None
     eps_a, eps_rest = ate_strict.split_share(1.0, share)
     delta_a, delta_rest = ate_strict.split_share(1e-6, share)
-    assert state.anchor.params == ate_strict.default_params(dom, eps_a, delta_a)
+    assert state.anchor.params == anchor_lib.ate_anchor_params(dom, eps_a, delta_a)
     assert record.composition == Composition.ANCHOR_THEN_THEOREM6_MAX
     assert (record.epsilon, record.delta) == (1.0, 1e-6)
     rest: dict[str, list[tuple[float, float]]] = {}

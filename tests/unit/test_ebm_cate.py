@@ -66,17 +66,17 @@ def test_rct_and_s_learner_folds() -> None:
     anchored = ec.plan(domain(rct=True), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
     # proof step 6.1 (RCT): the anchor is the strict ATE release on all n (split: n eps <= 10^4)
     assert [e.module for e in anchored.events] == [
-        "anchor_outcome",
-        "anchor_estimation",
-        "anchor_estimation",
-        "anchor_estimation",
+        "anchor/outcome",
+        "anchor/estimation",
+        "anchor/estimation",
+        "anchor/estimation",
         "outcome",
         "effect",
         "calibration",
     ]
     assert anchored.fold_sizes == {
-        "anchor_outcome": 2000,
-        "anchor_estimation": 2000,
+        "anchor/outcome": 2000,
+        "anchor/estimation": 2000,
         "outcome": 2000,
         "effect": 1600,
         "calibration": 400,
@@ -329,32 +329,37 @@ def test_rct_anchored_plan_spends_exactly_the_request(n: int, epsilon: float) ->
     """proof step 6.1 (RCT): the anchor release (ate_strict's RCT default: split at
     n eps <= 10^4, cross-fitted above) takes the public share of the request on all n and every
     DR module the rest; sequential composition, so the sum is exactly the request."""
+    from service.mechanisms import anchor as anchor_lib
     from service.mechanisms import ate_strict
+    from service.mechanisms.records import Composition
 
     delta = 1e-5
-    record = ec.plan(domain(n, rct=True), ec.EbmCateParams(epsilon=epsilon, delta=delta))
+    dom = domain(n, rct=True)
+    record = ec.plan(dom, ec.EbmCateParams(epsilon=epsilon, delta=delta))
     assert (record.epsilon, record.delta) == (epsilon, delta)
-    share = ec.rct_anchor_share(n, epsilon)
-    anchor_plan = ate_strict.make_plan(
-        domain(n, rct=True), ec.rct_anchor_params(domain(n, rct=True), share * epsilon, 1e-6)
+    assert record.composition == Composition.ANCHOR_THEN_THEOREM6_MAX
+    share = anchor_lib.ate_anchor_share(dom, epsilon, delta)
+    assert share is not None
+    eps_a, eps_rest = ate_strict.split_share(epsilon, share)
+    delta_a, _ = ate_strict.split_share(delta, share)
+    anchor_plan = ate_strict.make_plan(dom, anchor_lib.ate_anchor_params(dom, eps_a, delta_a))
+    assert anchor_plan.params.cross_fit == ate_strict.default_cross_fit(
+        dom, "dp_linear", None, eps_a
     )
-    assert anchor_plan.cross_fit == (n * share * epsilon > 1e4)
-    anchor = [e for e in record.events if e.module.startswith("anchor_")]
-    rest = [e for e in record.events if not e.module.startswith("anchor_")]
+    assert anchor_plan.params.mean_share == anchor_lib.ANCHOR_MEAN_SHARE
+    anchor = [e for e in record.events if e.module.startswith("anchor/")]
+    rest = [e for e in record.events if not e.module.startswith("anchor/")]
     assert {e.type for e in anchor} >= {"exponential_quantile", "gaussian"}
     assert any(e.params.get("statistic") == "per_arm_ridge_sufficient_statistics" for e in anchor)
-    # the anchor's own cost (ate_strict's rule: the max over its modules, or their sum when
-    # cross-fitted) is the share; every DR module (outcome, effect, calibration) is at the rest
-    by_module: dict[str, list[float]] = {}
-    for e in anchor:
-        key = "all" if anchor_plan.cross_fit else e.module
-        by_module.setdefault(key, []).append(e.epsilon)
-    anchor_epsilon = max(math.fsum(v) for v in by_module.values())
-    assert anchor_epsilon == pytest.approx(share * epsilon, rel=1e-12)
+    assert [e.params for e in anchor] == [
+        {**e.params, "anchor_composition": str(anchor_plan.record.composition)}
+        for e in anchor_plan.record.events
+    ]
+    # every DR module (outcome, effect, calibration) runs at the rest of the budget
     assert {(e.module, e.epsilon) for e in rest} == {
-        (m, epsilon - anchor_epsilon) for m in ("outcome", "effect", "calibration")
+        (m, eps_rest) for m in ("outcome", "effect", "calibration")
     }
-    assert math.fsum([anchor_epsilon, rest[0].epsilon]) == epsilon
+    assert math.fsum([eps_a, eps_rest]) == epsilon
     for e in rest:
         if e.type == "gdp_module":
             assert gdp_delta(e.epsilon, float(e.params["mu"])) <= e.delta
@@ -372,11 +377,7 @@ def test_anchor_share_rule() -> None:
     rct = ec.plan(domain(20000, rct=True), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
     (rct_mean,) = (e for e in rct.events if e.params.get("statistic") == "mean_pseudo_outcome")
     assert float(rct_mean.params["bound_max"]) == pytest.approx(7.0 / 0.5)  # RCT: R_Y / c
-    assert rct_mean.module == "anchor_estimation"
-    # RCT (proof step 6.1): 0.95 below n eps = 50000 (the release is the anchor), 0.5 above
-    assert ec.rct_anchor_share(20000, 1.0) == 0.95
-    assert ec.rct_anchor_share(20000, 4.0) == 0.5
-    assert ec.rct_anchor_share(1_000_000, 0.05) == 0.5  # 0.025 >= ate_strict's minimum 0.01
+    assert rct_mean.module.startswith("anchor/")
 
 
 def test_calibration_sensitivity_covers_every_row_change() -> None:

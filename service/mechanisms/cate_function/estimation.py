@@ -187,10 +187,9 @@ def _run(
     progress: Progress,
 ) -> tuple[dict[str, Any], FittedFunction]:
     anchor: float | None = state.fixed_anchor
-    anchor_ci: tuple[float, float] | None = None
     if state.anchor is not None:
         # proof §7 step 1: the whole-data anchor, the strict ate default on all n rows.
-        drawn = draw_ate_anchor(
+        anchor = draw_ate_anchor(
             arrays,
             domain,
             state.anchor,
@@ -199,8 +198,6 @@ def _run(
             noise=noise,
             progress=lambda fraction, stage: progress(0.3 * fraction, f"anchor: {stage}"),
         )
-        anchor = drawn["estimate"]
-        anchor_ci = (drawn["ci_lower"], drawn["ci_upper"])
         progress(0.3, "anchor")
     x, a, y = prepare_arrays(arrays, domain)
     # proof step 1: uniformly random partition at public sizes.
@@ -244,8 +241,6 @@ def _run(
         shrink(fitted, state, anchor, noise)
         result["ate_anchor"] = fitted.anchor
         result["shrinkage_factor"] = fitted.shrink
-    if anchor_ci is not None:  # the anchor release's own interval (DP outputs only)
-        result["ate_anchor_ci"] = list(anchor_ci)
     return result, fitted
 
 

@@ -219,7 +219,6 @@ class VectorFit:
     phi_points: NDArray[np.float64]
     gamma_hat: float | None
     anchor: float | None = None  # the DP anchor ATE (strict with anchor; public once drawn)
-    anchor_ci: tuple[float, float] | None = None  # the anchor release's own interval
 
 
 def fit(
@@ -239,12 +238,11 @@ def fit(
     """
     params = state.params
     anchor: float | None = None
-    anchor_ci: tuple[float, float] | None = None
     if state.anchor is not None:
         # proof step 7: the whole-data anchor (the strict ate default on all n rows) first.
         if noise is None:
             raise ValueError("the anchor ATE needs the noise sampler")
-        drawn = draw_ate_anchor(
+        anchor = draw_ate_anchor(
             arrays,
             domain,
             state.anchor,
@@ -253,8 +251,6 @@ def fit(
             noise=noise,
             progress=lambda fraction, stage: progress(0.3 * fraction, f"anchor: {stage}"),
         )
-        anchor = drawn["estimate"]
-        anchor_ci = (drawn["ci_lower"], drawn["ci_upper"])
     x, a, y = prepare_arrays(arrays, domain)
     # proof step 6: uniformly random permutation cut at public sizes (never stored).
     folds = random_folds(rng, domain.n, state.modules, state.fold_sizes)
@@ -290,7 +286,7 @@ def fit(
         overlap = float(np.mean(pi2 * (1.0 - pi2))) if params.learner == "r" else 1.0
         gamma_hat = influence_sup(params.learner, nuisance, g, domain, overlap=overlap, rng=rng)
     progress(0.9, "second stage")
-    return VectorFit(estimates, theta, phi_points, gamma_hat, anchor, anchor_ci)
+    return VectorFit(estimates, theta, phi_points, gamma_hat, anchor)
 
 
 def paper_noise_sd(fitted: VectorFit, state: Plan) -> float:
@@ -330,7 +326,6 @@ def release(fitted: VectorFit, state: Plan, *, noise: NoiseSampler) -> dict[str,
                 **_public(state),
                 "estimates": [float(v) for v in shrunk],
                 "ate_anchor": fitted.anchor,
-                "ate_anchor_ci": None if fitted.anchor_ci is None else list(fitted.anchor_ci),
                 "shrinkage_factor": factor,
             }
     else:
