@@ -308,8 +308,8 @@ def test_anchored_plan_spends_exactly_the_request() -> None:
     assert [e.type for e in effect] == ["exponential_quantile", "gaussian", "gdp_module"]
     assert math.fsum(e.epsilon for e in effect) == epsilon
     assert math.fsum(e.delta for e in effect) == delta
-    share = ec.ebm_anchor_share(4000, epsilon)  # n eps = 5200 < 50000: the noisy share, 0.8
-    assert share == 0.8
+    share = ec.ebm_anchor_share(4000, epsilon, 2)  # n eps / q = 2600 >= 1500: 0.2
+    assert share == 0.2
     assert effect[0].epsilon + effect[1].epsilon == pytest.approx(share * epsilon)
     (calibration,) = [e for e in record.events if e.module == "calibration"]
     assert (calibration.epsilon, calibration.delta) == (effect[2].epsilon, effect[2].delta)
@@ -367,9 +367,11 @@ def test_rct_anchored_plan_spends_exactly_the_request(n: int, epsilon: float) ->
 
 
 def test_anchor_share_rule() -> None:
-    assert ec.ebm_anchor_share(20000, 4.0) == 0.2  # n eps = 80000: the effect model gets 80 %
-    assert ec.ebm_anchor_share(20000, 1.0) == 0.8
-    assert ec.ebm_anchor_share(5000, 4.0) == 0.8
+    # n eps / q: realistic studies (q = 36) switch only at n 20000, eps 4 (80000 / 36 = 2222)
+    assert ec.ebm_anchor_share(20000, 4.0, 36) == 0.2  # the effect model gets 80 %
+    assert ec.ebm_anchor_share(20000, 1.0, 36) == 0.8
+    assert ec.ebm_anchor_share(5000, 4.0, 36) == 0.8
+    assert ec.ebm_anchor_share(16000, 1.0, 6) == 0.2  # Niu et al.'s setups: 2667 per covariate
     record = ec.plan(domain(20000), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
     quantile, mean = (e for e in record.events if e.module == "effect" and e.type != "gdp_module")
     assert quantile.epsilon + mean.epsilon == pytest.approx(0.8)
