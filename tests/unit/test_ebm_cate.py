@@ -338,7 +338,7 @@ def test_rct_anchored_plan_spends_exactly_the_request(n: int, epsilon: float) ->
     record = ec.plan(dom, ec.EbmCateParams(epsilon=epsilon, delta=delta))
     assert (record.epsilon, record.delta) == (epsilon, delta)
     assert record.composition == Composition.ANCHOR_THEN_THEOREM6_MAX
-    share = anchor_lib.ate_anchor_share(dom, epsilon, delta)
+    share = ec.rct_anchor_share(dom, epsilon, delta)
     assert share is not None
     eps_a, eps_rest = ate_strict.split_share(epsilon, share)
     delta_a, _ = ate_strict.split_share(delta, share)
@@ -372,6 +372,21 @@ def test_anchor_share_rule() -> None:
     assert ec.ebm_anchor_share(20000, 1.0, 36) == 0.8
     assert ec.ebm_anchor_share(5000, 4.0, 36) == 0.8
     assert ec.ebm_anchor_share(16000, 1.0, 6) == 0.2  # Niu et al.'s setups: 2667 per covariate
+    # RCT (step 6.1): the shared whole-data rule, capped at 0.35 where the model can learn
+    from service.mechanisms import anchor as anchor_lib
+
+    niu_rct = PublicDomain(
+        x_lower=np.zeros(6),
+        x_upper=np.ones(6),
+        y_lower=-6.0,
+        y_upper=14.0,
+        n=16000,
+        design=StudyDesign.RCT,
+        treatment_probability=0.5,
+    )
+    assert ec.rct_anchor_share(niu_rct, 1.0, 1e-5) == ec.RCT_USEFUL_ANCHOR_SHARE
+    small = domain(4000, rct=True)  # n eps / q = 2000 at eps 1: useful; at eps 0.5: 1000
+    assert ec.rct_anchor_share(small, 0.5, 1e-5) == anchor_lib.ate_anchor_share(small, 0.5, 1e-5)
     record = ec.plan(domain(20000), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
     quantile, mean = (e for e in record.events if e.module == "effect" and e.type != "gdp_module")
     assert quantile.epsilon + mean.epsilon == pytest.approx(0.8)
