@@ -28,7 +28,7 @@ from scipy.stats import chi2
 
 from service.mechanisms import ate_strict, versus_ate
 from service.mechanisms.ate_strict import pseudo_outcomes
-from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import NoiseSampler, release_gaussian
 from service.mechanisms.records import ANCHOR_PREFIX, MechanismRecord, NoiseEvent
@@ -229,6 +229,13 @@ ATE_ANCHOR_ACCURACY_RATIO = 1.1
 # had 1.43-1.62x the RMSE of the ate release at the whole budget (40 samples,
 # bench/results/rct-anchor-shared-rule.json), at 0.95 1.06x.
 ANCHOR_ALL_IN_N_EPSILON = 10_000.0
+# ... and on observational designs at every size: there the ate default's error is mostly its DP
+# nuisance models' bias, which grows as their budget shrinks (+0.18 / +0.29 / +0.58 at
+# eps 16 / 4 / 1, n 20 000: bench/results/nuisance_bias.json) and which the error model (noise
+# and sampling only) does not see; at the 0.8 it chose, the realistic observational cells at
+# n 20 000, eps 4 gave the CATE kinds 1.8-2.6x the constant DP ATE's PEHE (3 releases,
+# bench/results/realistic-cate-whole-anchor-obs.json). No observational CATE gain at these sizes
+# came from cate_function or cate_vector.
 # Only the anchor release's estimate is used (its interval needs the second moment), so nearly
 # all of its estimation budget goes to the mean; the second moment it also draws, at the rest,
 # is discarded. At 0.8 (the ate default's) the anchor's noise sd would be 1.25x larger.
@@ -263,11 +270,12 @@ def ate_anchor_share(domain: PublicDomain, epsilon: float, delta: float) -> floa
     """The whole-data anchor's public share of ``(epsilon, delta)``: the smallest of
     ``ATE_ANCHOR_SHARES`` whose anchor (``ate_anchor_params``) is expected within
     ``ATE_ANCHOR_ACCURACY_RATIO`` of the error of the ``ate`` default at the whole budget (else the
-    largest; the largest outright below n epsilon = ``ANCHOR_ALL_IN_N_EPSILON``), or None where
+    largest; the largest outright below n epsilon = ``ANCHOR_ALL_IN_N_EPSILON`` and on
+    observational designs), or None where
     even the largest share cannot run (below the ``ate`` minimum)."""
     if ATE_ANCHOR_SHARES[-1] * epsilon < ate_strict.MIN_EPSILON:
         return None
-    if domain.n * epsilon < ANCHOR_ALL_IN_N_EPSILON:
+    if domain.n * epsilon < ANCHOR_ALL_IN_N_EPSILON or domain.design != StudyDesign.RCT:
         return ATE_ANCHOR_SHARES[-1]
     whole = ate_anchor_error_sd(domain, ate_strict.default_params(domain, epsilon))
     for share in ATE_ANCHOR_SHARES:
