@@ -200,6 +200,22 @@ class AteAnchorPlan:
     def fold_sizes(self) -> dict[str, int]:
         return {ANCHOR_PREFIX + name: size for name, size in self.record.fold_sizes.items()}
 
+    def compose(
+        self,
+        events: list[NoiseEvent],
+        fold_sizes: dict[str, int],
+        rest: tuple[float, float],
+        requested: tuple[float, float],
+    ) -> tuple[list[NoiseEvent], dict[str, int]]:
+        """The CATE's record parts with the anchor first (composition
+        ``anchor_then_theorem6_max``): its events and folds prefixed ``anchor/`` before the
+        CATE's own. The anchor's cost plus the rest's (``rest``: the CATE's own modules' cost)
+        must be the requested (epsilon, delta) exactly (sequential composition of exact
+        splits); anything else is refused before any charge."""
+        if (self.epsilon + rest[0], self.delta + rest[1]) != requested:
+            raise InvalidParameters("internal budget accounting mismatch")
+        return [*self.events(), *events], {**self.fold_sizes(), **fold_sizes}
+
     def public(self) -> dict[str, object]:
         """Public description (for the release's parameters)."""
         params = self.params
@@ -266,6 +282,15 @@ def ate_anchor_error_sd(domain: PublicDomain, params: ate_strict.AteStrictParams
     return math.sqrt(sd * sd / state.n2 + noise * noise)
 
 
+def no_room_for_anchor() -> InvalidParameters:
+    """The error where even the largest share leaves the anchor below the ``ate`` minimum."""
+    minimum = ate_strict.MIN_EPSILON / ATE_ANCHOR_SHARES[-1]
+    return InvalidParameters(
+        f"shrinkage 'ate' needs epsilon >= {minimum:.3g} for its anchor (the strict ate "
+        "default on all rows at a share of the budget); use shrinkage 'none'"
+    )
+
+
 def ate_anchor_share(domain: PublicDomain, epsilon: float, delta: float) -> float | None:
     """The whole-data anchor's public share of ``(epsilon, delta)``: the smallest of
     ``ATE_ANCHOR_SHARES`` whose anchor (``ate_anchor_params``) is expected within
@@ -316,13 +341,13 @@ def draw_ate_anchor(
     domain: PublicDomain,
     anchor: AteAnchorPlan,
     *,
-    cate_bound: float,
     rng: np.random.Generator,
     noise: NoiseSampler,
     progress: Callable[[float, str], None],
 ) -> float:
     """Run the anchor release on all rows (after the charge); its DP estimate clipped to the
-    public CATE range ``[-cate_bound, cate_bound]`` (post-processing). Nothing else of it is
-    kept: its interval rests on a second moment drawn at 2 % of its estimation budget."""
+    public CATE range ``[-R_Y, R_Y]`` (post-processing). Nothing else of it is kept: its
+    interval rests on a second moment drawn at 2 % of its estimation budget."""
     out = ate_strict.run(arrays, domain, anchor.params, rng=rng, noise=noise, progress=progress)
-    return float(np.clip(float(out["estimate"]), -cate_bound, cate_bound))
+    bound = domain.outcome_range
+    return float(np.clip(float(out["estimate"]), -bound, bound))

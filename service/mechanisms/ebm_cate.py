@@ -61,6 +61,7 @@ from service.mechanisms.anchor import (
     ate_anchor_share,
     draw_anchor,
     draw_ate_anchor,
+    no_room_for_anchor,
     plan_anchor,
     plan_ate_anchor,
 )
@@ -414,10 +415,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
         chosen = rct_anchor_share(domain, epsilon, delta)
         if chosen is None:
-            raise InvalidParameters(
-                f"shrinkage 'ate' needs epsilon >= {ate_strict.MIN_EPSILON / 0.95:.3g} for its "
-                "anchor (the strict ate default on all rows); use shrinkage 'none'"
-            )
+            raise no_room_for_anchor()
         share = chosen
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
@@ -519,12 +517,10 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if rct_anchor is not None:
         # proof step 6.1 (RCT): the anchor release (its own record's cost, ate_strict proof)
         # composes sequentially with the DR pipeline: exact sums of the exact splits.
-        epsilon_total = math.fsum([rct_anchor.epsilon, epsilon_total])
-        delta_total = math.fsum([rct_anchor.delta, delta_total])
-        if (epsilon_total, delta_total) != requested:
-            raise InvalidParameters("internal budget accounting mismatch")  # pragma: no cover
-        events = [*rct_anchor.events(), *events]
-        recorded_sizes = {**rct_anchor.fold_sizes(), **recorded_sizes}
+        events, recorded_sizes = rct_anchor.compose(
+            events, recorded_sizes, (epsilon_total, delta_total), requested
+        )
+        epsilon_total, delta_total = requested
     record = MechanismRecord(
         mechanism=MECHANISM,
         version=VERSION,
@@ -770,7 +766,6 @@ def _run(
             arrays,
             domain,
             state.rct_anchor,
-            cate_bound=domain.outcome_range,
             rng=rng,
             noise=noise,
             progress=lambda fraction, stage: None,

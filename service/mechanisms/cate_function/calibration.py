@@ -14,7 +14,12 @@ from numpy.typing import NDArray
 
 from service.mechanisms import ate_strict, gp, versus_ate
 from service.mechanisms import dp_ebm as dp_ebm_lib
-from service.mechanisms.anchor import AteAnchorPlan, ate_anchor_share, plan_ate_anchor
+from service.mechanisms.anchor import (
+    AteAnchorPlan,
+    ate_anchor_share,
+    no_room_for_anchor,
+    plan_ate_anchor,
+)
 from service.mechanisms.calibration import (
     analytic_gaussian_multiplier,
     hall_constant,
@@ -411,11 +416,7 @@ def _plan(
         chosen = shares["anchor"]
         try:
             if chosen is None:
-                raise InvalidParameters(
-                    f"the anchor (the strict ate default on all rows) needs epsilon >= "
-                    f"{ate_strict.MIN_EPSILON} for its share; use shrinkage 'none' or a given "
-                    "anchor"
-                )
+                raise no_room_for_anchor()
             epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, chosen)
             delta_anchor, delta_gp = ate_strict.split_share(delta, chosen)
             anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
@@ -502,8 +503,9 @@ def _plan(
     composition = Composition.THEOREM6_MAX if len(modules) > 1 else Composition.SEQUENTIAL
     sizes_by_module = dict(zip(modules, sizes, strict=True))
     if anchor is not None:  # proof §7: the anchor on all rows first, then the function's folds
-        events = [*anchor.events(), *events]
-        sizes_by_module = {**anchor.fold_sizes(), **sizes_by_module}
+        events, sizes_by_module = anchor.compose(
+            events, sizes_by_module, (epsilon_gp, delta_gp), (epsilon, delta)
+        )
         composition = Composition.ANCHOR_THEN_THEOREM6_MAX
     record = MechanismRecord(
         mechanism=MECHANISM,

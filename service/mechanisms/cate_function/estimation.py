@@ -193,7 +193,6 @@ def _run(
             arrays,
             domain,
             state.anchor,
-            cate_bound=domain.outcome_range,
             rng=rng,
             noise=noise,
             progress=lambda fraction, stage: progress(0.3 * fraction, f"anchor: {stage}"),

@@ -16,7 +16,12 @@ from typing import Any, Literal
 import numpy as np
 
 from service.mechanisms import ate_strict
-from service.mechanisms.anchor import AteAnchorPlan, ate_anchor_share, plan_ate_anchor
+from service.mechanisms.anchor import (
+    AteAnchorPlan,
+    ate_anchor_share,
+    no_room_for_anchor,
+    plan_ate_anchor,
+)
 from service.mechanisms.calibration import (
     default_delta,
     public_propensity,
@@ -222,10 +227,7 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
     if params.anchor and params.mode == "strict":
         share = ate_anchor_share(domain, epsilon, delta)
         if share is None:
-            raise InvalidParameters(
-                f"shrinkage 'ate' needs epsilon >= {ate_strict.MIN_EPSILON / 0.9:.3g} for its "
-                "anchor (the strict ate default on all rows); use shrinkage 'none'"
-            )
+            raise no_room_for_anchor()
         epsilon_anchor, epsilon_rest = ate_strict.split_share(epsilon, share)
         delta_anchor, delta_rest = ate_strict.split_share(delta, share)
         anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
@@ -312,11 +314,10 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
     total_epsilon, total_delta = _module_max(events, "epsilon"), _module_max(events, "delta")
     if anchor is not None:
         # proof step 7: the anchor (all rows) then the vector's modules: sequential composition
-        events = [*anchor.events(), *events]
-        sizes_by_module = {**anchor.fold_sizes(), **sizes_by_module}
+        events, sizes_by_module = anchor.compose(
+            events, sizes_by_module, (total_epsilon, total_delta), (epsilon, delta)
+        )
         composition = Composition.ANCHOR_THEN_THEOREM6_MAX
-        if (anchor.epsilon + total_epsilon, anchor.delta + total_delta) != (epsilon, delta):
-            raise InvalidParameters("the budget split does not add up exactly")
         total_epsilon, total_delta = epsilon, delta
     record = MechanismRecord(
         mechanism=MECHANISM,

@@ -246,7 +246,6 @@ def fit(
             arrays,
             domain,
             state.anchor,
-            cate_bound=state.cate_bound,
             rng=rng,
             noise=noise,
             progress=lambda fraction, stage: progress(0.3 * fraction, f"anchor: {stage}"),
