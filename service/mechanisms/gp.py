@@ -8,7 +8,8 @@ What it provides (spec ``cate_function_gp.md`` §6.2, §9, §10):
 * ``GpPath``: the secret state of one unit GP sample path ``u = G(x)`` observed at the distinct
   canonical points ``X_S``: the values ``u_S``, the per-point jitters ``D_S`` actually used, the
   lower Cholesky factor ``L_S`` of ``k0(X_S, X_S) + diag(D_S)`` and ``w_S = L_S^{-1} u_S``.
-  ``draw(X_*)`` samples ``u_* | u_S`` (never mutating the state) and ``append`` commits it.
+  ``draw(X_*)`` samples ``u_* | u_S`` (the state unchanged; a later draw supersedes it) and
+  ``append`` commits it.
 
 Claim (§7, chain rule): sequential conditional draws with ``u_* = V^T w_S + L_** xi`` where
 ``V = L_S^{-1} k0(X_S, X_*)``, ``L_** = chol(k0(X_*, X_*) + D_* - V^T V)`` and
@@ -58,26 +59,41 @@ class GpNumericalError(ValueError):
     """A Cholesky factor could not be computed even after the public jitter escalation."""
 
 
-def squared_distances(a: FloatArray, b: FloatArray) -> FloatArray:
+# Rows of the output filled per step of ``squared_distances`` (a small temporary of this many
+# rows; the output itself is written in place).
+_DISTANCE_ROWS = 64
+
+
+def squared_distances(a: FloatArray, b: FloatArray, *, out: FloatArray | None = None) -> FloatArray:
     """Pairwise squared Euclidean distances, clamped at 0 (rows of ``a`` by rows of ``b``).
 
-    Computed as ``(|a|^2 + |b|^2) - 2 a b^T`` with one temporary (a 10^4 x 10^3 kernel is on
-    the hot path of exact-mode batches); the doubling is exact, so the result is bitwise that of
-    the plain expression.
+    Computed as ``(|a|^2 + |b|^2) - 2 a b^T`` into ``out`` (a C-contiguous ``(len(a), len(b))``
+    array, allocated if None) with a temporary of a few rows only: a 10^3 x 10^4 kernel is on the
+    hot path of exact-mode batches, and on a virtual machine a fresh 80 MB array can cost more
+    in page faults than its arithmetic. The doubling is exact and the sum is formed first, so
+    every entry is bitwise that of the plain expression.
     """
     aa = np.einsum("ij,ij->i", a, a)
     bb = np.einsum("ij,ij->i", b, b)
-    cross = a @ b.T
-    cross *= 2.0
-    out = np.add.outer(aa, bb)
-    out -= cross
+    if out is None:
+        out = np.empty((a.shape[0], b.shape[0]), dtype=np.float64)
+    np.matmul(a, b.T, out=out)
+    out *= 2.0
+    rows = np.empty((min(_DISTANCE_ROWS, a.shape[0]), b.shape[0]), dtype=np.float64)
+    for start in range(0, a.shape[0], _DISTANCE_ROWS):
+        stop = min(start + _DISTANCE_ROWS, a.shape[0])
+        block = rows[: stop - start]
+        np.add(aa[start:stop, None], bb[None, :], out=block)
+        np.subtract(block, out[start:stop], out=out[start:stop])
     np.maximum(out, 0.0, out=out)
-    return np.asarray(out, dtype=np.float64)
+    return out
 
 
-def gaussian_kernel(a: FloatArray, b: FloatArray, bandwidth: float) -> FloatArray:
-    """``k0(a_i, b_j) = exp(-|a_i - b_j|^2 / (2 h^2))`` (unit diagonal), in place."""
-    d2 = squared_distances(np.asarray(a, np.float64), np.asarray(b, np.float64))
+def gaussian_kernel(
+    a: FloatArray, b: FloatArray, bandwidth: float, *, out: FloatArray | None = None
+) -> FloatArray:
+    """``k0(a_i, b_j) = exp(-|a_i - b_j|^2 / (2 h^2))`` (unit diagonal), in place (``out``)."""
+    d2 = squared_distances(np.asarray(a, np.float64), np.asarray(b, np.float64), out=out)
     np.divide(d2, -(2.0 * bandwidth * bandwidth), out=d2)
     np.exp(d2, out=d2)
     return d2
@@ -114,17 +130,23 @@ class Draw:
     points: FloatArray  # (m, q) canonical, scaled points
     values: FloatArray  # (m,) unit-GP values u_*
     jitters: FloatArray  # (m,) per-point jitter D_* actually used
-    cross: FloatArray  # (t, m) V = L_S^{-1} k0(X_S, X_*)
+    cross: FloatArray  # (t, m) V = L_S^{-1} k0(X_S, X_*); may be the path's workspace
     block: FloatArray  # (m, m) L_** (lower)
     whitened: FloatArray  # (m,) xi, the extension of w = L^{-1} u
+    stamp: int  # the path's draw counter when made: ``append`` takes only the latest draw
 
 
 class GpPath:
     """One unit GP sample path observed at distinct points; secret server-side state.
 
-    ``L`` lives in a Fortran-ordered ``capacity x capacity`` buffer, so the first ``t`` columns
-    are contiguous and LAPACK's triangular solve runs on them without a copy (O(t^2 m) per
-    batch of m, O(t^2) memory).
+    The factor is kept transposed: ``R = L^T`` (upper) in a Fortran-ordered ``capacity x
+    capacity`` buffer, so the first ``t`` columns are contiguous and LAPACK's triangular solve
+    (``R^T V = K``) runs on them without a copy, and a batch's new factor rows ``V^T`` are new
+    contiguous columns ``V`` of ``R``: the append is a plain copy, not a transpose (O(t^2 m)
+    per batch of m, O(t^2) memory). ``V`` itself is solved in place in a workspace the path
+    reuses, so a wide batch allocates no new 80 MB arrays (whose page faults cost up to a
+    quarter of a second on a virtual machine); a draw therefore stays valid only until the
+    path's next draw, and ``append`` refuses an older one.
     """
 
     def __init__(
@@ -139,7 +161,11 @@ class GpPath:
         self._u = np.zeros(self._cap, dtype=np.float64)
         self._d = np.zeros(self._cap, dtype=np.float64)
         self._w = np.zeros(self._cap, dtype=np.float64)
-        self._l = np.zeros((self._cap, self._cap), dtype=np.float64, order="F")
+        self._r = np.zeros((self._cap, self._cap), dtype=np.float64, order="F")
+        self._work = np.zeros(0, dtype=np.float64)
+        self._draws = 0
+        self._ahead_columns = 0  # ``ahead``: columns already handed out
+        self._work_ahead = False
 
     # -- views ---------------------------------------------------------------------------------
     @property
@@ -157,11 +183,14 @@ class GpPath:
     @property
     def factor(self) -> FloatArray:
         """The lower Cholesky factor of ``k0(X_S, X_S) + diag(D_S)`` (a view)."""
-        return self._l[: self.t, : self.t]
+        return self._r[: self.t, : self.t].T
 
     # -- drawing -------------------------------------------------------------------------------
     def draw(self, points: FloatArray, *, normals: Normals, jitter: float = DEFAULT_JITTER) -> Draw:
-        """Sample ``u_* | u_S`` at new distinct points (not in the path); the path is unchanged.
+        """Sample ``u_* | u_S`` at new distinct points (not in the path).
+
+        The path's state (points, values, factor) is unchanged; the draw supersedes any earlier
+        draw not yet appended (it reuses the workspace), so only this one can be appended.
 
         Raises:
             GpNumericalError: the conditional covariance fails the jitter schedule.
@@ -169,13 +198,13 @@ class GpPath:
         x_new = np.ascontiguousarray(points, dtype=np.float64).reshape(-1, self.q)
         m = x_new.shape[0]
         k_new = gaussian_kernel(x_new, x_new, self.bandwidth)
+        self._draws += 1
         if self.t == 0:
             cross = np.zeros((0, m), dtype=np.float64)
             cov = k_new
             mean = np.zeros(m, dtype=np.float64)
         else:
-            k_cross = gaussian_kernel(self.points, x_new, self.bandwidth)  # (t, m)
-            cross = self.solve_lower(k_cross)
+            cross = self._solve_cross(x_new)
             cov = k_new - cross.T @ cross
             cov = 0.5 * (cov + cov.T)
             mean = cross.T @ self._w[: self.t]
@@ -189,16 +218,49 @@ class GpPath:
             cross=cross,
             block=block,
             whitened=np.asarray(xi, dtype=np.float64),
+            stamp=self._draws,
         )
+
+    def ahead(self, m: int) -> list[FloatArray]:
+        """Memory a next batch of up to ``m`` points will write first and no earlier call
+        returned (views): the factor's next columns (rows up to ``t + m``, which covers their
+        upper triangle) and a new workspace. For a caller that faults pages in ahead of time;
+        the path itself never needs it."""
+        stop = min(self.t + m, self._cap)
+        regions = []
+        if stop > self._ahead_columns:
+            start = max(self.t, self._ahead_columns)
+            regions.append(self._r[:stop, start:stop])
+            self._ahead_columns = stop
+        if self._work.size and not self._work_ahead:
+            regions.append(self._work)
+            self._work_ahead = True
+        return regions
 
     def solve_lower(self, rhs: FloatArray) -> FloatArray:
         """``L_S^{-1} rhs`` for ``rhs`` of shape (t, m), without copying ``L_S``."""
         if self.t == 0:
             return np.zeros((0, rhs.shape[1]), dtype=np.float64)
-        view = self._l[:, : self.t]  # F-contiguous (capacity, t); LAPACK uses lda = capacity
-        solution, info = lapack.dtrtrs(
-            view, np.asfortranarray(rhs, dtype=np.float64), lower=1, lda=self._cap
-        )
+        return self._solve_in_place(np.array(rhs, dtype=np.float64, order="F"))
+
+    def _solve_cross(self, x_new: FloatArray) -> FloatArray:
+        """``V = L_S^{-1} k0(X_S, X_*)``, the O(t^2 m) step of every batch, in the workspace.
+
+        The kernel is built as ``k0(X_*, X_S)`` (C order, m x t), whose transpose is the
+        Fortran-ordered (t, m) right-hand side LAPACK wants, and the solve overwrites it.
+        """
+        t, m = self.t, x_new.shape[0]
+        if self._work.size < t * m:
+            # Room for this batch size up to the capacity, so growing t reuses it.
+            self._work = np.empty(max(t, self._cap) * m, dtype=np.float64)
+            self._work_ahead = False
+        kernel = self._work[: t * m].reshape(m, t)
+        gaussian_kernel(x_new, self.points, self.bandwidth, out=kernel)
+        return self._solve_in_place(kernel.T)
+
+    def _solve_in_place(self, rhs: FloatArray) -> FloatArray:
+        view = self._r[:, : self.t]  # F-contiguous (capacity, t); LAPACK uses lda = capacity
+        solution, info = lapack.dtrtrs(view, rhs, lower=0, trans=1, lda=self._cap, overwrite_b=1)
         if info != 0:
             raise GpNumericalError("triangular solve failed")
         return np.asarray(solution, dtype=np.float64)
@@ -206,7 +268,7 @@ class GpPath:
     def append(self, draw: Draw) -> None:
         """Extend the path with a draw made from its current state (block Cholesky update)."""
         m = draw.values.shape[0]
-        if draw.cross.shape != (self.t, m):
+        if draw.cross.shape != (self.t, m) or draw.stamp != self._draws:
             raise ValueError("the draw was not made from the current state")
         self._reserve(self.t + m)
         t = self.t
@@ -215,8 +277,9 @@ class GpPath:
         self._d[t : t + m] = draw.jitters
         self._w[t : t + m] = draw.whitened
         if t:
-            self._l[t : t + m, :t] = draw.cross.T
-        self._l[t : t + m, t : t + m] = draw.block
+            self._r[:t, t : t + m] = draw.cross  # L's new rows V^T are R's new columns V
+        self._r[t : t + m, t : t + m] = draw.block.T
+        self._draws += 1  # the workspace (and so ``draw.cross``) is no longer a valid draw
         self.t = t + m
 
     def extend_known(self, points: FloatArray, values: FloatArray, jitters: FloatArray) -> None:
@@ -235,9 +298,10 @@ class GpPath:
         m = x_new.shape[0]
         if m == 0:
             return
+        self._draws += 1
         k_new = gaussian_kernel(x_new, x_new, self.bandwidth) + np.diag(d_new)
         if self.t:
-            cross = self.solve_lower(gaussian_kernel(self.points, x_new, self.bandwidth))
+            cross = self._solve_cross(x_new)
             cov = k_new - cross.T @ cross
             mean = cross.T @ self._w[: self.t]
         else:
@@ -259,6 +323,7 @@ class GpPath:
                 cross=cross,
                 block=block,
                 whitened=np.asarray(whitened, dtype=np.float64),
+                stamp=self._draws,
             )
         )
 
@@ -278,14 +343,20 @@ class GpPath:
         factor = np.zeros((cap, cap), dtype=np.float64, order="F")
         t = self.t
         x[:t], u[:t], d[:t], w[:t] = self._x[:t], self._u[:t], self._d[:t], self._w[:t]
-        factor[:t, :t] = self._l[:t, :t]
-        self._x, self._u, self._d, self._w, self._l = x, u, d, w, factor
+        factor[:t, :t] = self._r[:t, :t]
+        self._x, self._u, self._d, self._w, self._r = x, u, d, w, factor
+        self._ahead_columns = 0
         self._cap = cap
 
     def nbytes(self) -> int:
         """Memory held by the in-process cache (the factor dominates: O(capacity^2))."""
         return int(
-            self._x.nbytes + self._u.nbytes + self._d.nbytes + self._w.nbytes + self._l.nbytes
+            self._x.nbytes
+            + self._u.nbytes
+            + self._d.nbytes
+            + self._w.nbytes
+            + self._r.nbytes
+            + self._work.nbytes
         )
 
 

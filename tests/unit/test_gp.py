@@ -139,3 +139,43 @@ def test_finite_bases() -> None:
     freq = rng.normal(0, 1 / H, size=(20, 3))
     phi = gp.random_features(rng.uniform(size=(5, 3)), freq)
     assert np.allclose(np.linalg.norm(phi, axis=1), 1.0)
+
+
+def test_squared_distances_are_bitwise_the_plain_expression() -> None:
+    rng = np.random.default_rng(11)
+    a, b = rng.uniform(size=(150, 7)), rng.uniform(size=(90, 7))
+    norms_a, norms_b = np.einsum("ij,ij->i", a, a), np.einsum("ij,ij->i", b, b)
+    plain = np.maximum((norms_a[:, None] + norms_b[None, :]) - 2.0 * (a @ b.T), 0.0)
+    assert np.array_equal(gp.squared_distances(a, b), plain)
+    out = np.full((150, 90), np.nan)
+    assert gp.squared_distances(a, b, out=out) is out
+    assert np.array_equal(out, plain)
+
+
+def test_only_the_latest_draw_can_be_appended() -> None:
+    rng = np.random.default_rng(12)
+    path = gp.GpPath(2, H)
+    path.append(path.draw(_points(rng, 5), normals=rng.standard_normal))
+    stale = path.draw(_points(rng, 3), normals=rng.standard_normal)
+    latest = path.draw(_points(rng, 3), normals=rng.standard_normal)
+    with pytest.raises(ValueError, match="current state"):
+        path.append(stale)  # its V was overwritten in the shared workspace
+    path.append(latest)
+    with pytest.raises(ValueError, match="current state"):
+        path.append(latest)  # appended once only
+    full = scipy.linalg.cholesky(
+        gp.gaussian_kernel(path.points, path.points, H) + np.diag(path.jitters), lower=True
+    )
+    assert np.max(np.abs(full - path.factor)) < 1e-10
+
+
+def test_ahead_hands_out_each_region_once() -> None:
+    rng = np.random.default_rng(13)
+    path = gp.GpPath(2, H, capacity=40, max_capacity=40)
+    assert [r.shape for r in path.ahead(10)] == [(10, 10)]  # no workspace before a solve
+    path.append(path.draw(_points(rng, 10), normals=rng.standard_normal))
+    path.append(path.draw(_points(rng, 5), normals=rng.standard_normal))  # makes the workspace
+    regions = path.ahead(10)
+    assert [r.shape for r in regions] == [(25, 10), (40 * 5,)]  # columns 15..24, workspace
+    assert path.ahead(10) == []
+    assert [r.shape for r in path.ahead(100)] == [(40, 15)]  # up to the capacity only
