@@ -13,6 +13,12 @@ Everything goes through HTTP on loopback to a real server process and its databa
 
     python -m bench.functions            # t = 10^2, 10^3, 5 10^3, 10^4 exact; 10^5 finite basis
     python -m bench.functions --quick    # n = 2000, q = 2; t = 10^2, 10^3 exact, 5000 finite
+    python -m bench.functions --batch    # one 1000-point batch at exactly t = 10^4, per BLAS kernel
+
+``--batch`` times the exact mode's worst request: 1000 new points against exactly 10^4 stored
+ones (``functions.batch_seconds``), on fresh functions, with the server on the BLAS kernel this
+machine's environment forces (``OPENBLAS_CORETYPE``) and on the one OpenBLAS picks by itself
+(both variables unset for that server alone), side by side.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import argparse
 import io
 import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -266,11 +274,106 @@ def run(db_url: str, *, quick: bool) -> dict[str, Any]:
     return results
 
 
+# The machine's environment may pin OpenBLAS to an older kernel (a workaround for old builds);
+# a current numpy picks its own when both variables are unset.
+BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def blas_kernel(unset: tuple[str, ...]) -> str:
+    """The OpenBLAS kernel a fresh interpreter loads under this environment (threadpoolctl)."""
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    code = (
+        "import numpy, threadpoolctl;"
+        "print(next(i.get('architecture', '?') for i in threadpoolctl.threadpool_info()"
+        " if i['user_api'] == 'blas'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+ARMS: dict[str, tuple[str, ...]] = {"environment": (), "autodetected": BLAS_ENV}
+
+
+def batch_seconds(
+    db_url: str,
+    *,
+    stored: int,
+    functions: int,
+    qs: tuple[int, ...],
+    arms: tuple[str, ...] = tuple(ARMS),
+) -> dict[str, Any]:
+    """One 1000-point batch at exactly ``stored`` points, on ``functions`` fresh functions per
+    q, for each BLAS environment; the fill batches before it are timed too."""
+    out: dict[str, Any] = {}
+    env = {"CURATOR_LATENCY_BUCKETS": "[0.1, 1, 5, 30]", "CURATOR_JOB_POLL_SECONDS": "0.05"}
+    for label in arms:
+        unset = ARMS[label]
+        arm: dict[str, Any] = {
+            "blas_kernel": blas_kernel(unset),
+            "unset": list(unset),
+            "env": {k: os.environ.get(k) for k in BLAS_ENV if k not in unset},
+        }
+        with live_server(db_url, admin_key=ADMIN, extra_env=env, unset_env=unset) as base:
+            for q in qs:
+                s = Session(base, q, n=4000)
+                rng = np.random.default_rng(1000 + q)
+                common = {
+                    "epsilon": EPSILON,
+                    "nuisance": "none",
+                    "regularization": 0.1,
+                    "lambda_convention": "unnormalised",
+                    "shrinkage": "none",
+                    "t_max": stored + 1000,
+                }
+                seconds, fills = [], []
+                for _ in range(functions):
+                    fid = s.release(common)
+                    fill = [
+                        s.evaluate(fid, rng.uniform(size=(1000, q)))[1]
+                        for _ in range(stored // 1000)
+                    ]
+                    fills.append(round(fill[-1], 3))
+                    seconds.append(round(s.evaluate(fid, rng.uniform(size=(1000, q)))[1], 3))
+                arm[f"q={q}"] = {
+                    "stored": stored,
+                    "batch": 1000,
+                    "seconds": seconds,
+                    "median": round(float(np.median(seconds)), 3),
+                    "max": max(seconds),
+                    "previous_fill_batch_seconds": fills,
+                    "load_average_1min": round(os.getloadavg()[0], 2),
+                }
+                print(label, q, json.dumps(arm[f"q={q}"]), flush=True)
+        out[label] = arm
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--batch", action="store_true", help="only the 1000-point batch at t = 10^4"
+    )
+    parser.add_argument("--functions", type=int, default=5, help="--batch: fresh functions per q")
+    parser.add_argument("--arm", choices=tuple(ARMS), help="--batch: one BLAS environment only")
+    parser.add_argument("--q", type=int, help="--batch: one q only")
     args = parser.parse_args()
     url, drop = fresh_postgres_database()
+    if args.batch:
+        try:
+            stored = 1000 if args.quick else 10_000
+            qs = (args.q,) if args.q else (2,) if args.quick else (2, 30)
+            arms = (args.arm,) if args.arm else tuple(ARMS)
+            found = batch_seconds(url, stored=stored, functions=args.functions, qs=qs, arms=arms)
+        finally:
+            drop()
+        write_result(
+            "functions-batch",
+            {"backend": "postgresql", "results": found},
+            quick=args.quick,
+            module="bench.functions",
+        )
+        return
     try:
         results = run(url, quick=args.quick)
     finally:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHES = (
+BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.upload",
     "bench.load",
     "bench.scale",
     "bench.accept_profile",
     "bench.functions",
+    ("bench.functions", "--batch", "--functions", "1"),
     "bench.function_defaults",
     "bench.cate_vector",
     "bench.ebm_cate",
@@ -25,9 +26,10 @@ BENCHES = (
 
 
 def main() -> None:
-    for name in BENCHES:
-        print(f"== {name} --quick", flush=True)
-        subprocess.run([sys.executable, "-m", name, "--quick"], check=True)
+    for bench in BENCHES:
+        name, *extra = (bench,) if isinstance(bench, str) else bench
+        print(f"== {' '.join([name, *extra])} --quick", flush=True)
+        subprocess.run([sys.executable, "-m", name, *extra, "--quick"], check=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ def live_server(
     extra_env: dict[str, str] | None = None,
     command: list[str] | None = None,
     workers: int = 1,
+    unset_env: tuple[str, ...] = (),
 ) -> Iterator[str]:
     """Start ``python -m service`` (or ``command``) and yield its base URL; stop it after.
 
@@ -48,6 +49,8 @@ def live_server(
         "CURATOR_ENVIRONMENT": "test",
         **(extra_env or {}),
     }
+    for name in unset_env:
+        env.pop(name, None)
     proc = subprocess.Popen(
         command or [sys.executable, "-m", "service"],
         cwd=ROOT,
