@@ -22,6 +22,7 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.realistic",
     "bench.nuisance_bias",
     "bench.drlearner",
+    "bench.cate_basis",
 )
 
 
