@@ -64,6 +64,45 @@ def test_cate_vector_paper_mode_needs_the_owner(client: TestClient, api: Api) ->
     problem(r, 403, "paper-mode-disabled")
 
 
+def test_cate_vector_default_is_the_ebm_release_where_it_learns(
+    client: TestClient, api: Api
+) -> None:
+    """n eps / q = 800 * 6 / 3 = 1600 >= 1500: the public rule picks the ebm_cate default;
+    only the estimates and public facts leave (no model), and the charge is the request's."""
+    owner, analyst, ds = _setup(api, schema=SCHEMA)
+    key = analyst["api_key"]
+    params = {"points": POINTS, "epsilon": 6.0}
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "cate_vector", "params": params},
+        headers=Api.auth(key),
+    )
+    assert quote.status_code == 200, quote.text
+    assert quote.json()["accuracy"]["estimator"] == "ebm"
+    r = post_release(client, key, ds["id"], params, kind="cate_vector")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    result = done["result"]
+    assert result["estimator"] == "ebm"
+    assert result["learner"] == "dr"
+    assert result["guarantee"] == "strict"
+    assert len(result["estimates"]) == 2
+    assert all(abs(v) <= 100.0 for v in result["estimates"])  # within [-R_Y, R_Y]
+    assert not {"model", "shape_functions", "anchor_centre"} & set(result)
+    assert _spent(client, owner, ds) == pytest.approx(6.0)
+    # the ridge stays one field away, and asking for both is refused before any charge
+    ridge = {**params, "learner": "dr"}
+    r = post_release(client, key, ds["id"], ridge, kind="cate_vector")
+    done = wait(client, key, r.json()["id"])
+    assert done["result"]["estimator"] == "ridge"
+    both = {**params, "estimator": "ebm", "n_features": 10}
+    body = problem(
+        post_release(client, key, ds["id"], both, kind="cate_vector"), 422, "validation-failed"
+    )
+    assert [e["pointer"] for e in body["errors"]] == ["#/params/n_features"]
+    assert _spent(client, owner, ds) == pytest.approx(12.0)
+
+
 def test_ebm_cate_release_and_free_predictions(client: TestClient, api: Api) -> None:
     owner, analyst, ds = _setup(api, schema=SCHEMA)
     key = analyst["api_key"]

@@ -66,6 +66,9 @@ CASES: list[tuple[str, dict[str, Any], StudyDesign]] = [
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, RCT),
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]], "learner": "dr"}, OBS),
     ("cate_vector", {"epsilon": 2.0, "points": [[0.5, 0.5, 0.5]], "shrinkage": "none"}, OBS),
+    # n eps / q = 2667 >= 1500: the estimator rule picks the ebm_cate release (cate_vector.md §9)
+    ("cate_vector", {"epsilon": 4.0, "points": [[0.2, 0.5, 0.8]]}, OBS),
+    ("cate_vector", {"epsilon": 4.0, "points": [[0.2, 0.5, 0.8]]}, RCT),
     # the anchored default's whole-data anchor (the ate default; its GP noise is audited in
     # test_end_to_end_noise and tests/api/test_functions.py)
     ("cate_function", {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32}, RCT),

@@ -152,6 +152,10 @@ CASES = [
         {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]], "shrinkage": "none", "learner": "dr"},
         StudyDesign.OBSERVATIONAL,
     ),
+    # n eps / q >= 1500: the estimator rule runs the ebm_cate default (cate_vector.md §9): the
+    # draws are ebm_cate's (its anchor and calibration sums; interpret draws the DP-EBMs')
+    ("cate_vector", {"epsilon": 4.0, "points": [[0.2, 0.5, 0.8]]}, StudyDesign.OBSERVATIONAL),
+    ("cate_vector", {"epsilon": 4.0, "points": [[0.2, 0.5, 0.8]]}, StudyDesign.RCT),
     # the anchored default: the whole-data anchor is the strict ate default (proof §7); the
     # function's own unit normals are audited by test_cate_function_finite_basis_noise
     ("cate_function", {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32}, StudyDesign.RCT),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -393,7 +394,7 @@ def test_suggested_ridge_is_public_and_the_adapter_default(
     kind = CateVectorKind()
     previous = math.inf
     for epsilon in (0.3, 1.0, 3.0, 30.0):
-        body = {"points": [[0.5, 0.5]], "epsilon": epsilon, "delta": 1e-5}
+        body = {"points": [[0.5, 0.5]], "epsilon": epsilon, "delta": 1e-5, "estimator": "ridge"}
         quote = kind.quote(body, dom)
         ridge = quote["ridge"]
         assert ridge in cv.STRICT_RIDGE_GRID
@@ -496,3 +497,29 @@ def test_anchored_release_is_never_far_from_the_ate_on_a_constant_effect() -> No
                 assert abs(out["ate_anchor"] - truth) < 0.5
     assert max(errors[True]) < 0.5
     assert np.mean(errors[True]) < np.mean(errors[False])
+
+
+def test_estimator_rule_is_public_and_reads_values_only() -> None:
+    """``ebm`` where n eps / q >= 1500 and every ridge field is at its default (DS1's schema:
+    n 2700, q 2, so from eps 1.12); a stored request (every field dumped) resolves alike."""
+    from service.problems import ValidationFailed
+    from service.releases.kinds.cate_vector import CateVectorRequest, estimator_for
+
+    dom = _bench_domain()
+    points = [[0.5, 0.5]]
+
+    def rule(**fields: Any) -> str:
+        return estimator_for(CateVectorRequest(points=points, **fields), dom)
+
+    assert rule(epsilon=1.1) == "ridge"
+    assert rule(epsilon=1.2) == "ebm"
+    assert rule(epsilon=1.2, learner="r") == "ebm"  # the default value is no choice
+    assert rule(epsilon=1.2, learner="dr") == "ridge"
+    assert rule(epsilon=1.2, ridge=0.3) == "ridge"
+    assert rule(epsilon=1.2, shrinkage="none") == "ridge"
+    assert rule(epsilon=1.2, estimator="ridge") == "ridge"
+    assert rule(epsilon=0.1, estimator="ebm") == "ebm"
+    stored = CateVectorRequest(points=points, epsilon=1.2).model_dump(mode="json")
+    assert estimator_for(CateVectorRequest.model_validate(stored), dom) == "ebm"
+    with pytest.raises(ValidationFailed):
+        rule(epsilon=1.2, estimator="ebm", lengthscale=0.5)

@@ -126,6 +126,9 @@ def test_cate_vector_result_matches_the_kind() -> None:
     assert parsed.estimates == [0.5, 1.5]
     assert parsed.points == [[1.0, 2.0], [3.0, 4.0]]
     assert (parsed.learner, parsed.guarantee, parsed.epsilon) == ("r", "strict", 1.0)
+    assert parsed.estimator == "ridge"  # results stored before the estimator rule
+    ebm = CateVectorResult.from_result({"estimates": [0.1], "estimator": "ebm", "learner": "dr"})
+    assert (ebm.estimator, ebm.learner) == ("ebm", "dr")
     bands = parsed.bands(0.1, 0.95)  # the quote's noise_sd_upper_bound
     assert bands[0] == pytest.approx((0.5 - 0.195996, 0.5 + 0.195996), abs=1e-5)
     assert z_value(0.95) == pytest.approx(1.959964, abs=1e-6)

@@ -1,8 +1,10 @@
 """The ``cate_vector`` release kind: DP-CATE at d public query points (one charge per vector).
 
 ``strict`` (default): DP-EBM nuisances and an output-perturbed ridge second stage with a proven
-global sensitivity (docs/proofs/cate_vector.md). ``paper``: Schroeder et al.'s Theorem 1 with a
-data-dependent influence-function scale, only where the owner set ``allow_paper_mode``.
+global sensitivity (docs/proofs/cate_vector.md), or, where the public estimator rule picks it,
+the strict ``ebm_cate`` release (DP-EBM DR learner) evaluated at the points (post-processing;
+docs/proofs/cate_vector.md §9). ``paper``: Schroeder et al.'s Theorem 1 with a data-dependent
+influence-function scale, only where the owner set ``allow_paper_mode``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt
 
-from service.mechanisms import cate_vector
+from service.mechanisms import cate_vector, ebm_cate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
 from service.problems import ValidationFailed
+from service.releases.kinds import ebm_cate as ebm_kind
 from service.releases.kinds.base import KindParams, Progress, versus_ate_block
+
+Estimator = Literal["ridge", "ebm"]
 
 
 class CateVectorRequest(KindParams):
@@ -38,10 +43,16 @@ class CateVectorRequest(KindParams):
     n_features: StrictInt = Field(default=50, ge=1, le=cate_vector.MAX_FEATURES)
     lengthscale: StrictFloat = Field(default=0.3, gt=0, allow_inf_nan=False)
     fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=2, max_length=3)
-    # "ate" (strict default): spend 20 % of the estimation budget on a DP ATE, fit the CATE as
-    # deviations from it and shrink them toward it (James–Stein with the public noise
-    # variances), so a noisy CATE falls back to the ATE. "none": the raw ridge release.
+    # "ate" (strict default): the strict ``ate`` default on all rows at a public share of the
+    # budget as the anchor, the CATE fitted as deviations from it and shrunk toward it
+    # (James–Stein with the public noise variances), so a noisy CATE falls back to the ATE.
+    # "none": the raw ridge release.
     shrinkage: Literal["ate", "none"] | None = None
+    # "ridge": the fields above. "ebm": the strict ``ebm_cate`` default release (DP-EBM DR
+    # learner, anchored) evaluated at the points. None: the public rule ``estimator_for``
+    # ("ebm" where n epsilon per covariate reaches ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    # and every ridge field above is at its default; else "ridge").
+    estimator: Estimator | None = None
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -57,6 +68,56 @@ def check_points(points: list[list[float]], domain: PublicDomain, prefix: str) -
         raise ValidationFailed(
             "query points must lie inside the public covariate box", errors=errors
         )
+
+
+# The ridge estimator's own fields and their defaults: a request changing any keeps the ridge.
+RIDGE_DEFAULTS: dict[str, Any] = {
+    "learner": "r",
+    "mode": "strict",
+    "propensity_clip": 0.05,
+    "pseudo_outcome_clip": None,
+    "ridge": None,
+    "n_features": 50,
+    "lengthscale": 0.3,
+    "fold_fractions": None,
+    "shrinkage": None,
+}
+
+
+def _ridge_fields_changed(params: CateVectorRequest) -> list[str]:
+    return [name for name, value in RIDGE_DEFAULTS.items() if getattr(params, name) != value]
+
+
+def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
+    """The public estimator rule (values only, so a stored request resolves alike): the one
+    asked for, else ``"ebm"`` where the DP-EBM effect model learns (``n epsilon / q`` at least
+    ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``, the threshold of ebm_cate's own anchor
+    rules) and the request leaves every ridge field at its default, else ``"ridge"``.
+
+    Raises:
+        ValidationFailed: ``"ebm"`` asked for together with a ridge field.
+    """
+    changed = _ridge_fields_changed(params)
+    if params.estimator == "ebm":
+        if changed:
+            raise ValidationFailed(
+                "these parameters shape the ridge estimator only; leave them out with "
+                '"estimator": "ebm"',
+                errors=[
+                    {"pointer": f"#/params/{name}", "detail": "ridge estimator only"}
+                    for name in changed
+                ],
+            )
+        return "ebm"
+    if params.estimator == "ridge" or changed:
+        return "ridge"
+    useful = domain.n * params.epsilon / domain.q >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    return "ebm" if useful else "ridge"
+
+
+def _ebm_request(params: CateVectorRequest) -> ebm_kind.EbmCateRequest:
+    """The strict ebm_cate default release at the request's (epsilon, delta)."""
+    return ebm_kind.EbmCateRequest(epsilon=params.epsilon, delta=params.delta)
 
 
 def to_mechanism_params(
@@ -92,14 +153,25 @@ class CateVectorKind:
 
     def record(self, params: Any, domain: PublicDomain) -> MechanismRecord:
         """The mechanism record and cost, from public inputs only."""
-        return cate_vector.plan(domain, to_mechanism_params(_as_params(params), domain))
+        request = _as_params(params)
+        if estimator_for(request, domain) == "ebm":
+            check_points(request.points, domain, "#/params/points/")
+            return ebm_kind.EbmCateKind().record(_ebm_request(request), domain)
+        return cate_vector.plan(domain, to_mechanism_params(request, domain))
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
         """Public accuracy preview (no data access): strict, an upper bound on every
-        coordinate's noise sd; paper, public lower and upper bounds on its data-dependent sd."""
+        coordinate's noise sd; paper, public lower and upper bounds on its data-dependent sd;
+        the ebm estimator, ebm_cate's quote."""
         request = _as_params(params)
+        if estimator_for(request, domain) == "ebm":
+            check_points(request.points, domain, "#/params/points/")
+            ebm_request = _ebm_request(request).model_copy(
+                update={"expected_heterogeneity_sd": request.expected_heterogeneity_sd}
+            )
+            return {"estimator": "ebm", **ebm_kind.EbmCateKind().quote(ebm_request, domain)}
         checked = to_mechanism_params(request, domain)
-        out = cate_vector.quote(domain, checked)
+        out = {"estimator": "ridge", **cate_vector.quote(domain, checked)}
         out["versus_ate"] = versus_ate_block(
             request, domain, lambda r: _noise_sd(r, domain), anchored=checked.anchor
         )
@@ -116,14 +188,61 @@ class CateVectorKind:
         progress: Progress,
     ) -> dict[str, Any]:
         """Run after the charge; ``ReleaseFailed`` on any data-time failure."""
-        return cate_vector.run(
+        request = _as_params(params)
+        if estimator_for(request, domain) == "ebm":
+            return _run_ebm(arrays, domain, request, rng=rng, noise=noise, progress=progress)
+        out = cate_vector.run(
             arrays,
             domain,
-            to_mechanism_params(_as_params(params), domain),
+            to_mechanism_params(request, domain),
             rng=rng,
             noise=noise,
             progress=progress,
         )
+        return {"estimator": "ridge", **out}
+
+
+# The ebm_cate result's public fields a cate_vector result repeats (never its model).
+_EBM_PUBLIC = (
+    "mode",
+    "guarantee",
+    "learner",
+    "epsilon",
+    "delta",
+    "fold_sizes",
+    "propensity_clip",
+    "treatment_probability",
+    "pseudo_outcome_clip",
+    "design",
+    "shrinkage",
+    "anchor_share",
+    "ate_anchor",
+    "shrinkage_factor",
+)
+
+
+def _run_ebm(
+    arrays: Arrays,
+    domain: PublicDomain,
+    request: CateVectorRequest,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The strict ebm_cate release, then its CATE at the public points (post-processing); only
+    the estimates and public facts leave, not the model."""
+    fitted = ebm_kind.EbmCateKind().run(
+        arrays, domain, _ebm_request(request), rng=rng, noise=noise, progress=progress
+    )
+    estimates = ebm_cate.predict(fitted, np.asarray(request.points, dtype=np.float64))
+    public = {key: fitted[key] for key in _EBM_PUBLIC if key in fitted}
+    return {
+        "estimator": "ebm",
+        **public,
+        "queries": len(request.points),
+        "estimates": [float(v) for v in estimates],
+    }
 
 
 def _as_params(params: Any) -> CateVectorRequest:

@@ -105,6 +105,7 @@ class CateVectorResult:
     epsilon: float
     delta: float
     raw: dict[str, Any] = field(repr=False)
+    estimator: str = "ridge"  # "ebm": the ebm_cate release evaluated at the points
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> CateVectorResult:
@@ -120,6 +121,7 @@ class CateVectorResult:
             epsilon=float(result.get("epsilon", 0.0)),
             delta=float(result.get("delta", 0.0)),
             raw=dict(result),
+            estimator=str(result.get("estimator", "ridge")),
         )
 
     def bands(self, noise_sd_upper_bound: float, level: float = 0.95) -> list[tuple[float, float]]:
