@@ -613,7 +613,7 @@ def _evaluate_exact(
             raise
         entry.path.append(draw)
         # Read-ahead doubling with t (never past t_max): the next batches find their factor
-        # columns faulted in, and the memory committed stays within twice what is used.
+        # columns faulted in; past t = batch_max the memory committed stays within twice the used.
         prefault.populate_later(entry.path.ahead(max(locked.batch_max, locked.t)))
         for key, value in zip(new_index, values, strict=True):
             entry.answers[key] = float(value)
