@@ -158,6 +158,47 @@ def test_access_is_by_grant(client: TestClient, api: Api, setup: Any) -> None:
     assert evaluate(client, setup["client"]["api_key"], "0" * 32, [[30, 0, 0]]).status_code == 404
 
 
+def test_ebm_basis_where_the_dp_ebm_learns(client: TestClient, api: Api) -> None:
+    """n eps / q = 2400 * 2 / 3 = 1600 >= 1500: the default function is the strict ebm_cate
+    release (proof §9); it answers for free, identically for every caller and after a restart,
+    and shows no model."""
+    owner, analyst, other = (
+        api.principal("owner"),
+        api.principal("analyst"),
+        api.principal("client"),
+    )
+    ds = api.dataset(owner["api_key"], n=2400, schema=RCT_SCHEMA, epsilon_total=3.0)
+    for who in (analyst, other):
+        api.grant(owner["api_key"], ds["id"], who["id"])
+    s = {"owner": owner, "analyst": analyst, "client": other, "ds": ds}
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "cate_function", "params": {"epsilon": 2.0}},
+        headers=Api.auth(analyst["api_key"]),
+    )
+    assert quote.status_code == 200, quote.text
+    assert quote.json()["accuracy"]["basis"] == "ebm"
+    done = release(client, s, {"epsilon": 2.0})
+    assert done["result"]["basis"] == "ebm"
+    assert done["result"]["guarantee"] == "strict"
+    assert not {"model", "shape_functions", "anchor_centre"} & set(done["result"])
+    _no_secrets(done)
+    before = spent(client, s)
+    assert before == pytest.approx(2.0)
+    fid = done["id"]
+    pts = [[20.0 + 3 * i, (i % 10) / 10, float(i % 2)] for i in range(20)]
+    a = evaluate(client, analyst["api_key"], fid, pts)
+    assert a.status_code == 200, a.text
+    functions.forget()
+    b = evaluate(client, other["api_key"], fid, pts)
+    assert a.json()["values"] == b.json()["values"]
+    assert all(abs(v) <= 10.0 for v in a.json()["values"])  # the public CATE range R_Y
+    assert spent(client, s) == before  # evaluation never charges
+    meta = client.get(f"/v1/functions/{fid}", headers=Api.auth(other["api_key"])).json()
+    assert (meta["basis"], meta["t_max"]) == ("ebm", None)
+    _no_secrets(meta)
+
+
 @pytest.mark.parametrize("basis", ["nystrom", "rff"])
 def test_finite_basis(client: TestClient, setup: Any, basis: str) -> None:
     params = {"epsilon": 1.0, "nuisance": "none", "basis": basis, "n_centres": 32, "n_features": 32}

@@ -73,6 +73,9 @@ CASES: list[tuple[str, dict[str, Any], StudyDesign]] = [
     # test_end_to_end_noise and tests/api/test_functions.py)
     ("cate_function", {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32}, RCT),
     ("cate_function", {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32}, OBS),
+    # n eps / q = 2667 >= 1500: the basis rule's "ebm", the ebm_cate release (cate_function §9)
+    ("cate_function", {"epsilon": 4.0}, OBS),
+    ("cate_function", {"epsilon": 4.0}, RCT),
 ]
 
 

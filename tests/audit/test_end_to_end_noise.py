@@ -164,6 +164,9 @@ CASES = [
         {"epsilon": 2.0, "basis": "nystrom", "n_centres": 32},
         StudyDesign.OBSERVATIONAL,
     ),
+    # n eps / q >= 1500: the basis rule's "ebm" runs the ebm_cate default (cate_function.md §9)
+    ("cate_function", {"epsilon": 4.0}, StudyDesign.OBSERVATIONAL),
+    ("cate_function", {"epsilon": 4.0}, StudyDesign.RCT),
 ]
 
 

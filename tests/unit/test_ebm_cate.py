@@ -591,3 +591,62 @@ def test_rct_anchor_is_as_accurate_as_the_constant_dp_ate() -> None:
     anchor_rmse = math.sqrt(np.mean(np.square(anchor_errors)))
     ate_rmse = math.sqrt(np.mean(np.square(ate_errors)))
     assert anchor_rmse <= 1.3 * ate_rmse, (anchor_rmse, ate_rmse)
+
+
+def test_cate_function_ebm_basis_answers_the_ebm_release() -> None:
+    """cate_function's basis rule picks "ebm" here (n eps / q = 8000 * 16 / 2); the function it
+    stores answers exactly ebm_cate's predictions (to the public output lattice), survives the
+    sealed round trip, and keeps the model out of the result."""
+    from service.functions.payload import SECRET_KEY
+    from service.mechanisms.cate_function import FittedFunction
+    from service.releases.kinds.cate_function import CateFunctionKind, CateFunctionParams, basis_for
+
+    n = 8000
+    dom = domain(n)
+    request = CateFunctionParams(epsilon=16.0, delta=1e-5)
+    assert basis_for(request, dom) == "ebm"
+    record = CateFunctionKind().record(request, dom)
+    assert record.mechanism == "ebm_cate"
+    assert record.epsilon == 16.0
+    out = CateFunctionKind().run(
+        _data(n, 1, rct=False),
+        dom,
+        request,
+        rng=np.random.default_rng(2),
+        noise=SeededSampler(np.random.default_rng(3)),
+        progress=lambda f, s: None,
+    )
+    secret = out.pop(SECRET_KEY)
+    assert out["basis"] == "ebm"
+    assert not {"model", "shape_functions", "anchor_centre"} & set(out)
+    fitted = FittedFunction.from_bytes(secret.fitted.to_bytes())
+    assert (fitted.kind, secret.basis) == ("ebm", "ebm")
+    grid = np.column_stack([np.linspace(0, 1, 21), np.full(21, 0.5)])
+    answers = fitted.released(fitted.mean(grid))  # canonical points = the unit box here
+    shrink = secret.fitted.model
+    assert shrink is not None
+    expected = fitted.anchor + fitted.shrink * np.clip(
+        SafeEbm.from_dict(shrink["effect"]).predict(grid) - shrink["centre"],
+        -shrink["deviation_bound"],
+        shrink["deviation_bound"],
+    )
+    step = 2.0**fitted.output_lattice_exponent
+    np.testing.assert_allclose(answers, expected, rtol=0, atol=step)
+    assert answers[-1] - answers[0] > 0.5  # the heterogeneity (tau from 1 to 3) is kept
+
+
+def test_cate_function_basis_rule_reads_values_only() -> None:
+    from service.problems import ValidationFailed
+    from service.releases.kinds.cate_function import CateFunctionParams, basis_for
+
+    dom = domain(4000)  # q = 2: "ebm" from eps = 0.75 where the default release is anchored
+    assert basis_for(CateFunctionParams(epsilon=0.5), dom) == "exact"
+    assert basis_for(CateFunctionParams(epsilon=2.0), dom) == "ebm"
+    assert basis_for(CateFunctionParams(epsilon=2.0, learner="r"), dom) == "ebm"
+    assert basis_for(CateFunctionParams(epsilon=2.0, nuisance="none"), dom) == "exact"
+    assert basis_for(CateFunctionParams(epsilon=2.0, basis="nystrom"), dom) == "nystrom"
+    assert basis_for(CateFunctionParams(epsilon=2.0, t_max=50), dom) == "ebm"  # capacity only
+    stored = CateFunctionParams(epsilon=2.0).model_dump(mode="json")
+    assert basis_for(CateFunctionParams.model_validate(stored), dom) == "ebm"
+    with pytest.raises(ValidationFailed):
+        basis_for(CateFunctionParams(epsilon=2.0, basis="ebm", regularization=0.3), dom)

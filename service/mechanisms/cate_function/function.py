@@ -4,10 +4,11 @@ FittedFunction with its answers, and the GP path as the service starts it."""
 from __future__ import annotations
 
 import io
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import scipy.linalg
@@ -21,6 +22,7 @@ from service.mechanisms.cate_function.calibration import (
     FloatArray,
     Plan,
 )
+from service.mechanisms.dp_ebm import SafeEbm
 
 # ---- second stage (pure, closed form) -------------------------------------------------------
 
@@ -89,7 +91,7 @@ def fit_basis(
     return np.asarray(scipy.linalg.solve(lhs, rhs, assume_a="pos"), dtype=np.float64)
 
 
-FunctionKind = Literal["gp", "centres", "rff"]
+FunctionKind = Literal["gp", "centres", "rff", "ebm"]
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,10 @@ class FittedFunction:
 
     ``kind = "gp"``: ``g*(x) = k0(x, support) @ coef`` plus the GP noise ``r0 u(x)`` drawn on
     demand; ``kind = "centres"`` / ``"rff"``: ``g_DP(x) = basis(x) @ coef`` with the noise
-    already in ``coef``.
+    already in ``coef``; ``kind = "ebm"``: a strict ebm_cate release (``model``: its DP effect
+    model's safe fields and shrinkage; ``support`` and ``coef`` empty), ``g(x)`` its deviation
+    ``clip(model(x) - centre, -G, G)`` and ``anchor``, ``shrink`` its anchor and factor, so the
+    answers are ebm_cate's predictions (proof §9).
     """
 
     kind: FunctionKind
@@ -125,6 +130,8 @@ class FittedFunction:
     # exact basis with shrinkage: the GP path's draws at the reference points, persisted as the
     # function's first batch (never serialised with the fit)
     reference: ReferenceDraw | None = None
+    # kind "ebm": {"effect": SafeEbm dict, "centre", "deviation_bound", "x_lower", "x_upper"}
+    model: dict[str, Any] | None = None
 
     def basis(self, points: FloatArray) -> FloatArray:
         if self.kind == "rff":
@@ -133,6 +140,8 @@ class FittedFunction:
 
     def mean(self, points: FloatArray) -> FloatArray:
         """``g*(x)`` (``kind="gp"``) or ``g_DP(x)`` (finite bases), chunked over the support."""
+        if self.kind == "ebm":
+            return self._ebm_deviation(points)
         out = np.zeros(points.shape[0], dtype=np.float64)
         support_chunk = max(1, (1 << 22) // max(points.shape[0], 1))
         if self.kind == "rff":
@@ -144,6 +153,21 @@ class FittedFunction:
                 @ self.coef[start : start + support_chunk]
             )
         return out
+
+    def _ebm_deviation(self, points: FloatArray) -> FloatArray:
+        """kind "ebm": the model's deviation at canonical points in [0, 1]^q (post-processing
+        of the DP model; the points are mapped back to the public box)."""
+        if self.model is None:
+            raise ValueError("an ebm function needs its model")
+        lower = np.asarray(self.model["x_lower"], dtype=np.float64)
+        upper = np.asarray(self.model["x_upper"], dtype=np.float64)
+        x = lower + np.asarray(points, dtype=np.float64) * (upper - lower)
+        values = SafeEbm.from_dict(self.model["effect"]).predict(x)
+        bound = float(self.model["deviation_bound"])
+        return np.asarray(
+            np.clip(np.nan_to_num(values - float(self.model["centre"])), -bound, bound),
+            dtype=np.float64,
+        )
 
     def released(self, mean: FloatArray, unit_noise: FloatArray | None = None) -> FloatArray:
         """The answers at points where ``mean = self.mean(points)`` (and, ``kind="gp"``, the unit
@@ -175,6 +199,7 @@ class FittedFunction:
             value_bound=np.array(self.value_bound),
             anchor=np.array(self.anchor),
             shrink=np.array(self.shrink),
+            model=np.array(json.dumps(self.model) if self.model is not None else ""),
         )
         return buffer.getvalue()
 
@@ -182,8 +207,12 @@ class FittedFunction:
     def from_bytes(cls, data: bytes) -> FittedFunction:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             kind = str(z["kind"])
-            if kind not in ("gp", "centres", "rff"):
+            if kind not in ("gp", "centres", "rff", "ebm"):
                 raise ValueError("unknown function kind")
+            stored = str(z["model"]) if "model" in z.files else ""
+            model = json.loads(stored) if stored else None
+            if kind == "ebm" and not isinstance(model, dict):
+                raise ValueError("an ebm function needs its model")
             return cls(
                 kind=cast(FunctionKind, kind),
                 bandwidth=float(z["bandwidth"]),
@@ -194,10 +223,47 @@ class FittedFunction:
                 value_bound=float(z["value_bound"]) if "value_bound" in z.files else math.inf,
                 anchor=float(z["anchor"]) if "anchor" in z.files else 0.0,
                 shrink=float(z["shrink"]) if "shrink" in z.files else 1.0,
+                model=model,
             )
 
     def nbytes(self) -> int:
-        return int(self.support.nbytes + self.coef.nbytes)
+        extra = len(json.dumps(self.model)) if self.model is not None else 0
+        return int(self.support.nbytes + self.coef.nbytes + extra)
+
+    @classmethod
+    def from_ebm_release(
+        cls,
+        result: dict[str, Any],
+        *,
+        x_lower: FloatArray,
+        x_upper: FloatArray,
+        value_bound: float,
+        output_lattice_exponent: int,
+    ) -> FittedFunction:
+        """kind "ebm" from a strict, anchored ebm_cate DR result (post-processing: the model's
+        safe fields, its anchor, factor, centre and public deviation bound G)."""
+        model = result["model"]
+        shrink = model.get("shrinkage")
+        if model.get("kind") != "effect" or not isinstance(shrink, dict):
+            raise ValueError("an ebm function is an anchored DR effect model")
+        return cls(
+            kind="ebm",
+            bandwidth=0.0,
+            r0=0.0,
+            support=np.zeros((0, len(x_lower)), dtype=np.float64),
+            coef=np.zeros(0, dtype=np.float64),
+            output_lattice_exponent=output_lattice_exponent,
+            value_bound=value_bound,
+            anchor=float(shrink["anchor"]),
+            shrink=float(shrink["factor"]),
+            model={
+                "effect": model["effect"],
+                "centre": float(shrink["centre"]),
+                "deviation_bound": float(shrink["deviation_bound"]),
+                "x_lower": [float(v) for v in x_lower],
+                "x_upper": [float(v) for v in x_upper],
+            },
+        )
 
 
 def second_stage(

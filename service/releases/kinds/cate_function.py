@@ -4,6 +4,9 @@ The job fits ``g*`` and fixes the noise (``service.mechanisms.cate_function``); 
 public metadata only. The fitted function travels to the runner under ``SECRET_KEY`` and is
 persisted by ``service.functions.service.store``; clients evaluate it at
 ``POST /v1/functions/{release_id}/evaluate``.
+
+Where the public basis rule picks ``ebm`` the release is the strict ``ebm_cate`` default and the
+function its CATE model (``FittedFunction`` kind ``"ebm"``; docs/proofs/cate_function.md §9).
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ from pydantic import Field, StrictFloat, StrictInt
 
 from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.mechanisms import cate_function as mech
-from service.mechanisms import gp
+from service.mechanisms import ebm_cate, gp
 from service.mechanisms.domain import Arrays, PublicDomain
-from service.mechanisms.noise import NoiseSampler
+from service.mechanisms.noise import NoiseSampler, lattice_exponent
 from service.mechanisms.records import MechanismRecord
+from service.problems import ValidationFailed
+from service.releases.kinds import ebm_cate as ebm_kind
 from service.releases.kinds.base import KindParams, Progress, versus_ate_block
+
+Basis = Literal["exact", "nystrom", "rff", "ebm"]
 
 
 class CateFunctionParams(KindParams):
@@ -37,7 +44,10 @@ class CateFunctionParams(KindParams):
     lambda_convention: Literal["normalised", "unnormalised"] = "normalised"
     propensity_clip: StrictFloat = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
     fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=1, max_length=3)
-    basis: Literal["exact", "nystrom", "rff"] = "exact"
+    # None: the public rule ``basis_for`` ("ebm", the strict ebm_cate default release as the
+    # function, where n epsilon per covariate reaches ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    # and every field of the kernel learner below is at its default; else "exact").
+    basis: Basis | None = None
     n_centres: StrictInt = Field(default=256, ge=1, le=mech.MAX_CENTRES)
     n_features: StrictInt = Field(default=256, ge=1, le=mech.MAX_FEATURES)
     t_max: StrictInt = Field(default=10000, ge=1, le=mech.MAX_T)
@@ -54,6 +64,76 @@ class CateFunctionParams(KindParams):
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+# The kernel learner's own fields and their defaults: a request changing any keeps a kernel
+# basis ("exact" unless named).
+KERNEL_DEFAULTS: dict[str, Any] = {
+    "mode": "strict",
+    "learner": "r",
+    "bandwidth": None,
+    "regularization": None,
+    "lambda_convention": "normalised",
+    "propensity_clip": 0.1,
+    "fold_fractions": None,
+    "n_centres": 256,
+    "n_features": 256,
+    "jitter": gp.DEFAULT_JITTER,
+    "nuisance": "dp_ebm",
+    "shrinkage": None,
+    "anchor": None,
+}
+
+
+def _kernel_fields_changed(params: CateFunctionParams) -> list[str]:
+    return [name for name, value in KERNEL_DEFAULTS.items() if getattr(params, name) != value]
+
+
+def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
+    """The public basis rule (values only, so a stored request resolves alike): the one asked
+    for, else ``"ebm"`` where the DP-EBM effect model learns (``n epsilon / q`` at least
+    ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``) and its default release is anchored, and
+    the request leaves every kernel field at its default; else ``"exact"``.
+
+    Raises:
+        ValidationFailed: ``"ebm"`` asked for together with a kernel field.
+    """
+    changed = _kernel_fields_changed(params)
+    if params.basis == "ebm":
+        if changed:
+            raise ValidationFailed(
+                'these parameters shape the kernel bases only; leave them out with "basis": "ebm"',
+                errors=[
+                    {"pointer": f"#/params/{name}", "detail": "kernel bases only"}
+                    for name in changed
+                ],
+            )
+        return "ebm"
+    if params.basis is not None:
+        return params.basis
+    if changed:
+        return "exact"
+    useful = domain.n * params.epsilon / domain.q >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    if useful and _ebm_anchored(params, domain):
+        return "ebm"
+    return "exact"
+
+
+def _ebm_request(params: CateFunctionParams) -> ebm_kind.EbmCateRequest:
+    """The strict ebm_cate default release at the request's (epsilon, delta)."""
+    return ebm_kind.EbmCateRequest(
+        epsilon=params.epsilon,
+        delta=params.delta,
+        expected_heterogeneity_sd=params.expected_heterogeneity_sd,
+    )
+
+
+def _ebm_anchored(params: CateFunctionParams, domain: PublicDomain) -> bool:
+    try:
+        checked = ebm_kind.to_mechanism_params(_ebm_request(params), domain)
+        return bool(ebm_cate.make_plan(domain, checked).anchored)
+    except Exception:  # the ebm default cannot run here: the kernel basis answers
+        return False
 
 
 def to_mechanism_params(
@@ -75,7 +155,7 @@ def to_mechanism_params(
         lambda_convention=params.lambda_convention,
         propensity_clip=params.propensity_clip,
         fold_fractions=params.fold_fractions,
-        basis=params.basis,
+        basis=_kernel_basis(params),
         n_centres=params.n_centres,
         n_features=params.n_features,
         t_max=params.t_max,
@@ -95,11 +175,17 @@ class CateFunctionKind:
 
     def record(self, params: Any, domain: PublicDomain) -> MechanismRecord:
         """The mechanism record and cost, from public inputs only."""
-        return mech.plan(domain, to_mechanism_params(_as_params(params), domain)).record
+        request = _as_params(params)
+        if basis_for(request, domain) == "ebm":
+            return ebm_kind.EbmCateKind().record(_ebm_request(request), domain)
+        return mech.plan(domain, to_mechanism_params(request, domain)).record
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
-        """Public preview: constants and the pointwise noise sd."""
+        """Public preview: constants and the pointwise noise sd (the ebm basis: ebm_cate's)."""
         request = _as_params(params)
+        if basis_for(request, domain) == "ebm":
+            ebm = ebm_kind.EbmCateKind().quote(_ebm_request(request), domain)
+            return {"basis": "ebm", "t_max": None, "batch_max": request.batch_max, **ebm}
         out = mech.quote(domain, to_mechanism_params(request, domain))
         out["versus_ate"] = versus_ate_block(
             request, domain, lambda r: _noise_sd(r, domain), anchored=out["shrinkage"] == "ate"
@@ -117,7 +203,10 @@ class CateFunctionKind:
         progress: Progress,
     ) -> dict[str, Any]:
         """Fit after the charge; the secret rides under ``SECRET_KEY`` for the runner to store."""
-        checked = to_mechanism_params(_as_params(params), domain)
+        request = _as_params(params)
+        if basis_for(request, domain) == "ebm":
+            return _run_ebm(arrays, domain, request, rng=rng, noise=noise, progress=progress)
+        checked = to_mechanism_params(request, domain)
         result, fitted = mech.run(arrays, domain, checked, rng=rng, noise=noise, progress=progress)
         public = {
             **result,
@@ -139,6 +228,78 @@ class CateFunctionKind:
             "evaluate": "POST /v1/functions/{release_id}/evaluate",
             SECRET_KEY: secret,
         }
+
+
+# The ebm_cate result's public fields a cate_function result repeats (never its model).
+_EBM_PUBLIC = (
+    "mode",
+    "guarantee",
+    "learner",
+    "epsilon",
+    "delta",
+    "fold_sizes",
+    "propensity_clip",
+    "treatment_probability",
+    "pseudo_outcome_clip",
+    "design",
+    "shrinkage",
+    "anchor_share",
+    "ate_anchor",
+    "shrinkage_factor",
+)
+
+
+def _kernel_basis(params: CateFunctionParams) -> Literal["exact", "nystrom", "rff"]:
+    return "exact" if params.basis in (None, "ebm") else params.basis  # type: ignore[return-value]
+
+
+def _run_ebm(
+    arrays: Arrays,
+    domain: PublicDomain,
+    request: CateFunctionParams,
+    *,
+    rng: np.random.Generator,
+    noise: NoiseSampler,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The strict ebm_cate release; its CATE model becomes the function (post-processing).
+    The result shows ebm_cate's public facts only; the model stays in the function's secret."""
+    fitted_release = ebm_kind.EbmCateKind().run(
+        arrays, domain, _ebm_request(request), rng=rng, noise=noise, progress=progress
+    )
+    value_bound = domain.outcome_range
+    fitted = mech.FittedFunction.from_ebm_release(
+        fitted_release,
+        x_lower=np.asarray(domain.x_lower, dtype=np.float64),
+        x_upper=np.asarray(domain.x_upper, dtype=np.float64),
+        value_bound=value_bound,
+        output_lattice_exponent=lattice_exponent(value_bound),
+    )
+    result = {
+        "basis": "ebm",
+        **{key: fitted_release[key] for key in _EBM_PUBLIC if key in fitted_release},
+        "value_bound": value_bound,
+    }
+    public = {
+        **result,
+        "x_lower": [float(v) for v in domain.x_lower],
+        "x_upper": [float(v) for v in domain.x_upper],
+    }
+    secret = FunctionSecret(
+        fitted=fitted,
+        basis="ebm",
+        q=domain.q,
+        t_max=request.t_max,
+        batch_max=request.batch_max,
+        jitter=request.jitter,
+        public=public,
+        initial=None,
+    )
+    return {
+        **result,
+        "evaluate": "POST /v1/functions/{release_id}/evaluate",
+        SECRET_KEY: secret,
+    }
 
 
 def _as_params(params: Any) -> CateFunctionParams:
