@@ -22,7 +22,6 @@ from service.mechanisms import ebm_cate, gp
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler, lattice_exponent
 from service.mechanisms.records import MechanismRecord
-from service.problems import ValidationFailed
 from service.releases.kinds import ebm_cate as ebm_kind
 from service.releases.kinds.base import KindParams, Progress, versus_ate_block
 
@@ -85,10 +84,6 @@ KERNEL_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _kernel_fields_changed(params: CateFunctionParams) -> list[str]:
-    return [name for name, value in KERNEL_DEFAULTS.items() if getattr(params, name) != value]
-
-
 def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
     """The public basis rule (values only, so a stored request resolves alike): the one asked
     for, else ``"ebm"`` where the DP-EBM effect model learns (``n epsilon / q`` at least
@@ -98,34 +93,22 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
     Raises:
         ValidationFailed: ``"ebm"`` asked for together with a kernel field.
     """
-    changed = _kernel_fields_changed(params)
+    changed = ebm_kind.changed_fields(params, KERNEL_DEFAULTS)
     if params.basis == "ebm":
         if changed:
-            raise ValidationFailed(
-                'these parameters shape the kernel bases only; leave them out with "basis": "ebm"',
-                errors=[
-                    {"pointer": f"#/params/{name}", "detail": "kernel bases only"}
-                    for name in changed
-                ],
-            )
+            raise ebm_kind.refuse_with_ebm("basis", changed, "kernel bases")
         return "ebm"
     if params.basis is not None:
         return params.basis
     if changed:
         return "exact"
-    useful = domain.n * params.epsilon / domain.q >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
-    if useful and _ebm_anchored(params, domain):
+    if ebm_kind.learns(domain, params.epsilon) and _ebm_anchored(params, domain):
         return "ebm"
     return "exact"
 
 
 def _ebm_request(params: CateFunctionParams) -> ebm_kind.EbmCateRequest:
-    """The strict ebm_cate default release at the request's (epsilon, delta)."""
-    return ebm_kind.EbmCateRequest(
-        epsilon=params.epsilon,
-        delta=params.delta,
-        expected_heterogeneity_sd=params.expected_heterogeneity_sd,
-    )
+    return ebm_kind.default_request(params.epsilon, params.delta, params.expected_heterogeneity_sd)
 
 
 def _ebm_anchored(params: CateFunctionParams, domain: PublicDomain) -> bool:
@@ -230,25 +213,6 @@ class CateFunctionKind:
         }
 
 
-# The ebm_cate result's public fields a cate_function result repeats (never its model).
-_EBM_PUBLIC = (
-    "mode",
-    "guarantee",
-    "learner",
-    "epsilon",
-    "delta",
-    "fold_sizes",
-    "propensity_clip",
-    "treatment_probability",
-    "pseudo_outcome_clip",
-    "design",
-    "shrinkage",
-    "anchor_share",
-    "ate_anchor",
-    "shrinkage_factor",
-)
-
-
 def _kernel_basis(params: CateFunctionParams) -> Literal["exact", "nystrom", "rff"]:
     return "exact" if params.basis in (None, "ebm") else params.basis  # type: ignore[return-value]
 
@@ -277,7 +241,7 @@ def _run_ebm(
     )
     result = {
         "basis": "ebm",
-        **{key: fitted_release[key] for key in _EBM_PUBLIC if key in fitted_release},
+        **ebm_kind.public_facts(fitted_release),
         "value_bound": value_bound,
     }
     public = {

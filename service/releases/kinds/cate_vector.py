@@ -84,10 +84,6 @@ RIDGE_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _ridge_fields_changed(params: CateVectorRequest) -> list[str]:
-    return [name for name, value in RIDGE_DEFAULTS.items() if getattr(params, name) != value]
-
-
 def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
     """The public estimator rule (values only, so a stored request resolves alike): the one
     asked for, else ``"ebm"`` where the DP-EBM effect model learns (``n epsilon / q`` at least
@@ -97,27 +93,18 @@ def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
     Raises:
         ValidationFailed: ``"ebm"`` asked for together with a ridge field.
     """
-    changed = _ridge_fields_changed(params)
+    changed = ebm_kind.changed_fields(params, RIDGE_DEFAULTS)
     if params.estimator == "ebm":
         if changed:
-            raise ValidationFailed(
-                "these parameters shape the ridge estimator only; leave them out with "
-                '"estimator": "ebm"',
-                errors=[
-                    {"pointer": f"#/params/{name}", "detail": "ridge estimator only"}
-                    for name in changed
-                ],
-            )
+            raise ebm_kind.refuse_with_ebm("estimator", changed, "ridge estimator")
         return "ebm"
     if params.estimator == "ridge" or changed:
         return "ridge"
-    useful = domain.n * params.epsilon / domain.q >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
-    return "ebm" if useful else "ridge"
+    return "ebm" if ebm_kind.learns(domain, params.epsilon) else "ridge"
 
 
 def _ebm_request(params: CateVectorRequest) -> ebm_kind.EbmCateRequest:
-    """The strict ebm_cate default release at the request's (epsilon, delta)."""
-    return ebm_kind.EbmCateRequest(epsilon=params.epsilon, delta=params.delta)
+    return ebm_kind.default_request(params.epsilon, params.delta)
 
 
 def to_mechanism_params(
@@ -166,8 +153,8 @@ class CateVectorKind:
         request = _as_params(params)
         if estimator_for(request, domain) == "ebm":
             check_points(request.points, domain, "#/params/points/")
-            ebm_request = _ebm_request(request).model_copy(
-                update={"expected_heterogeneity_sd": request.expected_heterogeneity_sd}
+            ebm_request = ebm_kind.default_request(
+                request.epsilon, request.delta, request.expected_heterogeneity_sd
             )
             return {"estimator": "ebm", **ebm_kind.EbmCateKind().quote(ebm_request, domain)}
         checked = to_mechanism_params(request, domain)
@@ -202,25 +189,6 @@ class CateVectorKind:
         return {"estimator": "ridge", **out}
 
 
-# The ebm_cate result's public fields a cate_vector result repeats (never its model).
-_EBM_PUBLIC = (
-    "mode",
-    "guarantee",
-    "learner",
-    "epsilon",
-    "delta",
-    "fold_sizes",
-    "propensity_clip",
-    "treatment_probability",
-    "pseudo_outcome_clip",
-    "design",
-    "shrinkage",
-    "anchor_share",
-    "ate_anchor",
-    "shrinkage_factor",
-)
-
-
 def _run_ebm(
     arrays: Arrays,
     domain: PublicDomain,
@@ -236,10 +204,9 @@ def _run_ebm(
         arrays, domain, _ebm_request(request), rng=rng, noise=noise, progress=progress
     )
     estimates = ebm_cate.predict(fitted, np.asarray(request.points, dtype=np.float64))
-    public = {key: fitted[key] for key in _EBM_PUBLIC if key in fitted}
     return {
         "estimator": "ebm",
-        **public,
+        **ebm_kind.public_facts(fitted),
         "queries": len(request.points),
         "estimates": [float(v) for v in estimates],
     }

@@ -15,6 +15,7 @@ from service.mechanisms import ebm_cate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
+from service.problems import ValidationFailed
 from service.releases.kinds.base import KindParams, Progress, versus_ate_block
 
 
@@ -106,6 +107,60 @@ class EbmCateKind:
             progress=progress,
             noise=noise,
         )
+
+
+# ---- the ebm_cate default as another kind's estimator (cate_vector "ebm", cate_function "ebm")
+
+# The result's public fields such a kind repeats (never the model).
+PUBLIC_FIELDS = (
+    "mode",
+    "guarantee",
+    "learner",
+    "epsilon",
+    "delta",
+    "fold_sizes",
+    "propensity_clip",
+    "treatment_probability",
+    "pseudo_outcome_clip",
+    "design",
+    "shrinkage",
+    "anchor_share",
+    "ate_anchor",
+    "shrinkage_factor",
+)
+
+
+def default_request(
+    epsilon: float, delta: float | None, expected_heterogeneity_sd: float | None = None
+) -> EbmCateRequest:
+    """The strict ebm_cate default release at (epsilon, delta)."""
+    return EbmCateRequest(
+        epsilon=epsilon, delta=delta, expected_heterogeneity_sd=expected_heterogeneity_sd
+    )
+
+
+def learns(domain: PublicDomain, epsilon: float) -> bool:
+    """The public threshold where the DP-EBM effect model learns (n epsilon per covariate at
+    least ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``, as ebm_cate's own anchor rules)."""
+    return domain.n * epsilon / domain.q >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+
+
+def public_facts(result: dict[str, Any]) -> dict[str, Any]:
+    return {key: result[key] for key in PUBLIC_FIELDS if key in result}
+
+
+def changed_fields(params: KindParams, defaults: dict[str, Any]) -> list[str]:
+    """The fields of ``defaults`` whose request value differs from the default (values only,
+    so a stored request, every field dumped, reads alike)."""
+    return [name for name, value in defaults.items() if getattr(params, name) != value]
+
+
+def refuse_with_ebm(selector: str, changed: list[str], what: str) -> ValidationFailed:
+    """422: ``selector: "ebm"`` asked for together with fields of the other estimator."""
+    return ValidationFailed(
+        f'these parameters shape the {what} only; leave them out with "{selector}": "ebm"',
+        errors=[{"pointer": f"#/params/{name}", "detail": f"{what} only"} for name in changed],
+    )
 
 
 def _as_params(params: Any) -> EbmCateRequest:
