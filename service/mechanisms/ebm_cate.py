@@ -705,11 +705,22 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
     return out
 
 
+# The public formula below (per-bin noise sd times sqrt(q)) overstates the noise a release
+# carries: on the realistic studies the release-to-release sd of the DR learner's predictions on
+# one sample (privacy noise plus fold variation, an upper bound on the noise) was 0.42-0.59 of
+# it in four cells from n eps = 2e4 to 1e5 (bench/README.md, "ebm_cate's quoted prediction
+# noise"; bench.ebm_noise). Quote only: it shapes no noise.
+PREDICTION_NOISE_CALIBRATION = 0.5
+
+
 def prediction_noise_sd(domain: PublicDomain, quoted: dict[str, Any]) -> float:
     """A public scale of one prediction's privacy noise: the approximate per-bin noise sd of a
     shape function times sqrt(number of covariates) (a prediction sums one bin of each shape
-    function, with independent noise). Rough, like ``approx_shape_noise_sd`` itself."""
-    return float(quoted["approx_shape_noise_sd"]) * math.sqrt(domain.q)
+    function, with independent noise), times ``PREDICTION_NOISE_CALIBRATION``. Rough, like
+    ``approx_shape_noise_sd`` itself."""
+    return (
+        float(quoted["approx_shape_noise_sd"]) * math.sqrt(domain.q) * PREDICTION_NOISE_CALIBRATION
+    )
 
 
 # ---- running ---------------------------------------------------------------------------------
