@@ -191,30 +191,44 @@ class CateFunctionKind:
             return _run_ebm(arrays, domain, request, rng=rng, noise=noise, progress=progress)
         checked = to_mechanism_params(request, domain)
         result, fitted = mech.run(arrays, domain, checked, rng=rng, noise=noise, progress=progress)
-        public = {
-            **result,
-            "x_lower": [float(v) for v in domain.x_lower],
-            "x_upper": [float(v) for v in domain.x_upper],
-        }
-        secret = FunctionSecret(
-            fitted=fitted,
-            basis=checked.basis,
-            q=domain.q,
-            t_max=checked.t_max,
-            batch_max=checked.batch_max,
-            jitter=checked.jitter,
-            public=public,
-            initial=fitted.reference,
-        )
-        return {
-            **result,
-            "evaluate": "POST /v1/functions/{release_id}/evaluate",
-            SECRET_KEY: secret,
-        }
+        return _with_secret(result, fitted, request, domain, basis=checked.basis)
+
+
+def _with_secret(
+    result: dict[str, Any],
+    fitted: mech.FittedFunction,
+    request: CateFunctionParams,
+    domain: PublicDomain,
+    *,
+    basis: str,
+) -> dict[str, Any]:
+    """The job's result with the function's secret under ``SECRET_KEY`` for the runner."""
+    public = {
+        **result,
+        "x_lower": [float(v) for v in domain.x_lower],
+        "x_upper": [float(v) for v in domain.x_upper],
+    }
+    secret = FunctionSecret(
+        fitted=fitted,
+        basis=basis,
+        q=domain.q,
+        t_max=request.t_max,
+        batch_max=request.batch_max,
+        jitter=request.jitter,
+        public=public,
+        initial=fitted.reference,
+    )
+    return {
+        **result,
+        "evaluate": "POST /v1/functions/{release_id}/evaluate",
+        SECRET_KEY: secret,
+    }
 
 
 def _kernel_basis(params: CateFunctionParams) -> Literal["exact", "nystrom", "rff"]:
-    return "exact" if params.basis in (None, "ebm") else params.basis  # type: ignore[return-value]
+    if params.basis == "nystrom" or params.basis == "rff":
+        return params.basis
+    return "exact"
 
 
 def _run_ebm(
@@ -244,26 +258,7 @@ def _run_ebm(
         **ebm_kind.public_facts(fitted_release),
         "value_bound": value_bound,
     }
-    public = {
-        **result,
-        "x_lower": [float(v) for v in domain.x_lower],
-        "x_upper": [float(v) for v in domain.x_upper],
-    }
-    secret = FunctionSecret(
-        fitted=fitted,
-        basis="ebm",
-        q=domain.q,
-        t_max=request.t_max,
-        batch_max=request.batch_max,
-        jitter=request.jitter,
-        public=public,
-        initial=None,
-    )
-    return {
-        **result,
-        "evaluate": "POST /v1/functions/{release_id}/evaluate",
-        SECRET_KEY: secret,
-    }
+    return _with_secret(result, fitted, request, domain, basis="ebm")
 
 
 def _as_params(params: Any) -> CateFunctionParams:
