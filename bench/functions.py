@@ -42,6 +42,16 @@ from tests.live import live_server
 
 ADMIN = "bench-admin-key"
 EPSILON = 1.0
+# The released function both runs time: the R-learner's raw GP function, no nuisance models,
+# lambda0 = 0.1. Shrinkage "none": its capacity and timings are for the clients' points only
+# (the anchored default would add 256 reference points at release time).
+RAW_EXACT: dict[str, Any] = {
+    "epsilon": EPSILON,
+    "nuisance": "none",
+    "regularization": 0.1,
+    "lambda_convention": "unnormalised",
+    "shrinkage": "none",
+}
 
 
 def dgp(n: int, q: int, seed: int) -> tuple[str, dict[str, Any]]:
@@ -236,15 +246,7 @@ def run(db_url: str, *, quick: bool) -> dict[str, Any]:
             h = float(np.sqrt(q / 6))
             n = 2000 if quick else 4000
             s = Session(base, q, n=n)
-            common = {
-                "epsilon": EPSILON,
-                "nuisance": "none",
-                "regularization": 0.1,
-                "lambda_convention": "unnormalised",
-                # the raw function: its capacity and timings are for the clients' points only
-                # (the anchored default would add 256 reference points at release time)
-                "shrinkage": "none",
-            }
+            common = dict(RAW_EXACT)
             rng = np.random.default_rng(q)
             exact_t = [100, 1000] if quick else [100, 1000, 5000, 10000]
             fid = s.release({**common, "t_max": max(exact_t) + 200})
@@ -317,14 +319,7 @@ def batch_seconds(
             for q in qs:
                 s = Session(base, q, n=4000)
                 rng = np.random.default_rng(1000 + q)
-                common = {
-                    "epsilon": EPSILON,
-                    "nuisance": "none",
-                    "regularization": 0.1,
-                    "lambda_convention": "unnormalised",
-                    "shrinkage": "none",
-                    "t_max": stored + 1000,
-                }
+                common = {**RAW_EXACT, "t_max": stored + 1000}
                 seconds, fills = [], []
                 for _ in range(functions):
                     fid = s.release(common)
