@@ -54,6 +54,7 @@ from service.mechanisms.ate_rct import solve_epsilon
 from service.mechanisms.ate_strict import (
     MAX_EPSILON,
     MIN_EPSILON,
+    assumed_pseudo_outcome_sd,
     confidence_interval,
     d2_statistics,
     gaussian_event,
@@ -100,6 +101,8 @@ HAJEK_AUTO_MAX_WEIGHT_NOISE = 0.05
 HAJEK_SUMS_SENSITIVITY_XI = math.sqrt(5.0)
 HAJEK_SECOND_SENSITIVITY_XI2 = math.sqrt(6.0)
 _FLOAT_SLACK_BITS = 50
+# Quote only: Gauss-Hermite nodes over the DP second moments' noise (expected half-width).
+_QUOTE_NODES = 40
 
 
 @dataclass(frozen=True)
@@ -401,7 +404,8 @@ def hajek_interval(
 def _epsilon_for_target(
     domain: PublicDomain, params: AteIpwParams, z: float, target: float
 ) -> float | None:
-    """Smallest epsilon whose noise-only half-width is <= target.
+    """Smallest epsilon whose expected half-width (``expected_half_width``) is <= target; None
+    where none up to ``MAX_EPSILON`` reaches it (the assumed sampling error sets a floor).
 
     With a pinned normalization the half-width is non-increasing in epsilon (bisection). With
     ``"auto"`` it jumps up once, at the smallest epsilon ``e_s`` where Hajek is chosen, so the
@@ -412,7 +416,7 @@ def _epsilon_for_target(
     def half_width(normalization: Normalization) -> Callable[[float], float]:
         def at(eps: float) -> float:
             pinned = replace(params, epsilon=eps, normalization=normalization)
-            return z * _noise_sd(_make_plan(domain, pinned))
+            return expected_half_width(domain, _make_plan(domain, pinned), z)
 
         return at
 
@@ -436,17 +440,58 @@ def _epsilon_for_target(
     return candidate if half_width("auto")(candidate) <= target else None
 
 
+def assumed_arm_shares(domain: PublicDomain) -> tuple[float, float]:
+    """Quote only: the treated and control shares assumed (the declared p, else 1/2)."""
+    p = domain.treatment_probability if domain.treatment_probability is not None else 0.5
+    return p, 1.0 - p
+
+
+def expected_half_width(domain: PublicDomain, state: _Plan, z: float) -> float:
+    """The quote's expected half-width at an assumed outcome scale (public inputs only).
+
+    Assumed: the outcome sd ``s = assumed_pseudo_outcome_sd(domain)`` (R / 6, the strict
+    quote's scale) in each arm, centred at the public midpoint, the propensity at the arm
+    shares ``p_a`` (``assumed_arm_shares``) and the DP weight sums at 1. Then the IPW terms'
+    variance is ``V = sum_a s^2 / p_a`` and the released interval's variance estimate is that
+    plus the DP second moments' noise, floored at 0 as ``run`` does (Horvitz-Thompson: one
+    second moment; Hajek: one per arm, each ``V_a = s^2 / p_a``). The half-width
+    ``z sqrt(V_hat / n2 + noise_sd^2)`` is averaged over that noise by Gauss-Hermite quadrature.
+    The noise-only figure is ``min_half_width``.
+    """
+    nodes, weights = np.polynomial.hermite_e.hermegauss(_QUOTE_NODES)
+    weights = weights / weights.sum()
+    scale = assumed_pseudo_outcome_sd(domain)
+    shares = assumed_arm_shares(domain)
+    noise_sd = _noise_sd(state)
+    if state.normalization == "hajek":
+        half_range = domain.outcome_range / 2.0
+        spread = state.second_moment.sigma * half_range * half_range  # outcome units squared
+        arms = [np.maximum(0.0, scale * scale / share + spread * nodes) for share in shares]
+        variance = arms[0][:, None] + arms[1][None, :]
+        mass = weights[:, None] * weights[None, :]
+    else:
+        total = sum(scale * scale / share for share in shares)
+        variance = np.maximum(0.0, total + state.second_moment.sigma * nodes)
+        mass = weights
+    widths = z * np.sqrt(variance / state.n2 + noise_sd * noise_sd)
+    return float(np.sum(mass * widths))
+
+
 def quote(
     domain: PublicDomain, params: AteIpwParams, *, target_half_width: float | None = None
 ) -> dict[str, Any]:
-    """Public preview: the noise-only half-width ``z s_theta``; optionally the epsilon needed."""
+    """Public preview: the expected half-width at an assumed outcome scale
+    (``expected_half_width``), the noise-only ``z s_theta`` (``min_half_width``); optionally
+    the epsilon at which the expected half-width reaches a target."""
     state = _make_plan(domain, params)
     z = float(ndtri(1.0 - params.alpha / 2.0))
     out: dict[str, Any] = {
         **_public_parameters(state),
         "ci_level": 1.0 - params.alpha,
-        "expected_half_width": z * _noise_sd(state),
-        "half_width_basis": "noise_only",
+        "expected_half_width": expected_half_width(domain, state, z),
+        "half_width_basis": "assumed_scale",
+        "assumed_outcome_sd": assumed_pseudo_outcome_sd(domain),
+        "min_half_width": z * _noise_sd(state),
         "s_theta": _noise_sd(state),
         "s_2": _second_scale(state, domain),
         "n2": state.n2,

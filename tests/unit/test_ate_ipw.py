@@ -145,12 +145,48 @@ def test_quote_both_ways() -> None:
     domain = make_domain(10_000)
     params = AteIpwParams(epsilon=1.0, delta=1e-6)
     preview = ate_ipw.quote(domain, params, target_half_width=0.2)
-    assert preview["half_width_basis"] == "noise_only"
-    assert preview["expected_half_width"] == pytest.approx(1.959963984540054 * preview["s_theta"])
+    assert preview["half_width_basis"] == "assumed_scale"
+    assert preview["assumed_outcome_sd"] == pytest.approx(4.0 / 6.0)
+    assert preview["min_half_width"] == pytest.approx(1.959963984540054 * preview["s_theta"])
+    assert preview["expected_half_width"] > preview["min_half_width"]
     eps = preview["epsilon_for_target_half_width"]
     assert ate_ipw.quote(domain, replace(params, epsilon=eps))["expected_half_width"] <= 0.2
     assert ate_ipw.quote(domain, replace(params, epsilon=eps * 0.99))["expected_half_width"] > 0.2
+    # the assumed sampling error is a floor no epsilon removes: 2 sd / sqrt(n2) ~ 0.037 here
+    assert (
+        ate_ipw.quote(domain, params, target_half_width=0.03)["epsilon_for_target_half_width"]
+        is None
+    )
     assert math.isfinite(ate_ipw.default_delta_for(domain, None))
+
+
+@pytest.mark.parametrize(("n", "epsilon"), [(2_000, 1.0), (40_000, 2.0)])
+def test_expected_half_width_matches_releases_at_the_assumed_scale(n: int, epsilon: float) -> None:
+    """On data at the quote's assumptions (outcome centred at the midpoint with sd R / 6 in
+    each arm, treatment at 1/2 independent of X) the realised half-widths average to the quote
+    within 10 %: Horvitz-Thompson at (2000, 1), Hajek at (40000, 2)."""
+    domain = make_domain(n)
+    params = AteIpwParams(epsilon=epsilon, delta=1e-6)
+    preview = ate_ipw.quote(domain, params)
+    assert preview["normalization"] == ("hajek" if n == 40_000 else "horvitz_thompson")
+    rng = np.random.default_rng(11)
+    widths = []
+    for rep in range(30):
+        x = rng.uniform(-1.0, 1.0, size=(n, 2))
+        a = (rng.uniform(size=n) < 0.5).astype(np.float64)
+        y = np.clip(rng.normal(0.0, 4.0 / 6.0, n), -2.0, 2.0)
+        out = ate_ipw.run(
+            Arrays(x=x, a=a, y=y),
+            domain,
+            params,
+            rng=np.random.default_rng(100 + rep),
+            noise=SeededSampler(np.random.default_rng(200 + rep)),
+            progress=lambda _f, _s: None,
+        )
+        widths.append(out["half_width"])
+    assert np.mean(widths) == pytest.approx(preview["expected_half_width"], rel=0.10)
+    if n == 40_000:  # where the sampling error matters, the noise-only figure is > 10 % short
+        assert np.mean(widths) > 1.1 * preview["min_half_width"]
 
 
 # ---- Hajek normalisation with DP arm weights (proof §7) -------------------------------------
