@@ -42,7 +42,8 @@ def test_each_combination_records_and_quotes_both_ways(
     preview = kind.quote(params, domain)
     assert preview["estimator"] == params.estimator
     assert preview["guarantee"] == guarantee
-    assert preview["half_width_basis"].startswith("noise_only")
+    basis = "assumed_scale" if params.estimator == "ipw" else "noise_only"
+    assert preview["half_width_basis"].startswith(basis)
     width = preview["expected_half_width"]
     target = AteParams.model_validate({"epsilon": 1.0, **extra, "target_half_width": width})
     epsilon = kind.quote(target, domain)["epsilon_for_target_half_width"]
