@@ -434,7 +434,8 @@ def test_observational_run_is_near_the_truth_and_releases_only_allowed_keys() ->
     assert result["ci_upper"] == pytest.approx(result["estimate"] + expected, rel=1e-12)
     assert result["ci_level"] == 0.95
     assert result["n2"] == n // 2
-    assert result["fold_sizes"] == {"propensity": 3000, "outcome": 3000, "estimation": 6000}
+    # n epsilon = 48000 >= 2 * 10^4: DP-EBM's outcome-heavy default folds (0.1, 0.4, 0.5)
+    assert result["fold_sizes"] == {"propensity": 1200, "outcome": 4800, "estimation": 6000}
     fractions = [fraction for fraction, _ in stages]
     assert fractions == sorted(fractions)
     assert fractions[-1] == 1.0
@@ -530,7 +531,8 @@ def test_kind_registry_and_params() -> None:
     record = kind.record(params, domain)
     assert record.delta == 1e-5  # min(1e-5, 1 / (10 * 750))
     big = make_domain(n=1_000_000)
-    assert kind.record(params, big).delta == pytest.approx(4e-7)  # 1 / (10 * 250000)
+    # n epsilon >= 2 * 10^4: folds (0.1, 0.4, 0.5), so 1 / (10 * 100000)
+    assert kind.record(params, big).delta == pytest.approx(1e-6)
     preview = kind.quote(AteParams(epsilon=0.5, target_half_width=0.606), domain)
     assert preview["epsilon_for_target_half_width"] == pytest.approx(1.0, rel=2e-3)
     with pytest.raises(pydantic.ValidationError, match="not DP for the estimation fold"):
@@ -732,3 +734,24 @@ def test_default_params_are_what_an_epsilon_only_ate_request_runs(
     assert request == ate_strict.default_params(domain, epsilon)
     explicit = to_mechanism_params(AteParams(epsilon=epsilon, delta=1e-7), domain)
     assert explicit == ate_strict.default_params(domain, epsilon, 1e-7)
+
+
+def test_dp_ebm_default_folds_rule() -> None:
+    """DP-EBM (observational): (0.1, 0.4, 0.5) from n eps = 2 * 10^4, the propensity fold
+    raised to 100 records from the outcome fold, the spec's (0.25, 0.25, 0.5) below the switch,
+    where the raised folds do not fit, and without epsilon (cate_function's call)."""
+    domain = make_domain(n=10_000)
+    below = plan(domain, AteStrictParams(epsilon=1.99, delta=1e-6))
+    assert below.fold_sizes == {"propensity": 2500, "outcome": 2500, "estimation": 5000}
+    at = plan(domain, AteStrictParams(epsilon=2.0, delta=1e-6))
+    assert at.fold_sizes == {"propensity": 1000, "outcome": 4000, "estimation": 5000}
+    # the switch moves neither the estimation fold nor the noise-only quote
+    assert ate_strict.quote(domain, AteStrictParams(epsilon=1.99, delta=1e-6))["n2"] == 5000
+    small = plan(make_domain(n=800), AteStrictParams(epsilon=50.0, delta=1e-6))
+    assert small.fold_sizes == {"propensity": 100, "outcome": 299, "estimation": 401}
+    tiny = plan(make_domain(n=400), AteStrictParams(epsilon=60.0, delta=1e-6))
+    assert tiny.fold_sizes == {"propensity": 100, "outcome": 100, "estimation": 200}
+    assert ate_strict.dp_ebm_outcome_folds(400) is None
+    assert ate_strict.default_fold_fractions(domain, "dp_ebm") == (0.25, 0.25, 0.5)
+    linear = plan(domain, AteStrictParams(epsilon=2.0, delta=1e-6, nuisance="dp_linear"))
+    assert linear.fold_sizes == {"propensity": 2500, "outcome": 2500, "estimation": 5000}

@@ -80,8 +80,9 @@ class AteParams(KindParams):
     alpha: StrictFloat = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
     propensity_clip: StrictFloat = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
     pseudo_outcome_clip: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # None: the design's default ((0.25, 0.25, 0.5) observational; (0.5, 0.5) RCT; (1.0,) RCT
-    # with nuisance "none"; (0.5, 0.5) for ipw).
+    # None: the design's default ((0.25, 0.25, 0.5) observational, (0.1, 0.4, 0.5) with DP-EBM
+    # nuisances from n epsilon = 2 * 10^4, (0.2, 0.2, 0.6) with dp_linear up to n epsilon =
+    # 5000; (0.5, 0.5) RCT; (1.0,) RCT with nuisance "none"; (0.5, 0.5) for ipw).
     fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=1, max_length=3)
     # None: the mechanism's public default (strict: 0.8, 0.9 with cross_fit; ipw: 0.8).
     mean_share: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
