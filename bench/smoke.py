@@ -21,6 +21,7 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.lee",
     "bench.realistic",
     "bench.nuisance_bias",
+    "bench.ate_folds",
     "bench.drlearner",
     "bench.cate_basis",
     "bench.ebm_noise",
