@@ -3,8 +3,9 @@
 ``execute_release_job`` is what a procrastinate worker runs on PostgreSQL and what the embedded
 runner (``service.jobs.runner``) runs on SQLite:
 
-    claim (queued -> running, a fresh token) -> mark ``data_read_at`` (durable, conditional on
-    the token) -> load rows -> kind.run -> store result + status in one transaction -> pad.
+    claim (queued -> running, a fresh token) -> check the stored request still resolves to the
+    charged mechanism record -> mark ``data_read_at`` (durable, conditional on the token) ->
+    load rows -> kind.run -> store result + status in one transaction -> pad.
 
 The release row is the state machine; the queue only delivers its id, at least once. So a job
 delivered twice, retried by the engine, or re-deferred by the recovery sweep runs at most once:
@@ -39,6 +40,7 @@ from service.datasets import storage
 from service.db.models import Dataset, Release
 from service.functions import service as functions
 from service.functions.payload import SECRET_KEY, FunctionSecret
+from service.ledger.chain import canonical_json
 from service.ledger.service import now_iso
 from service.mechanisms.domain import Arrays
 from service.mechanisms.noise import OpenDPSampler, secure_rng
@@ -206,6 +208,16 @@ def _run_claimed(
             if dataset.status != "ready":
                 raise RowsDeleted
             domain = datasets.domain_of(dataset)
+            # The plan the charge paid for is the plan that runs: where a newer version's
+            # default rules resolve the stored request to another mechanism record (other
+            # folds, another delta), the job fails here, before any row is read, keeping its
+            # charge, rather than run a release it was not charged for.
+            try:
+                planned = canonical_json(kind.record(params, domain).to_dict())
+            except Exception:
+                raise InvalidJob from None
+            if planned != release.record_json:
+                raise InvalidJob
             # The durable marker, before the rows are read: from here on a crash keeps the
             # charge. Conditional on our claim: if the release was recovered, we stop here.
             marked = session.execute(

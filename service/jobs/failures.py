@@ -10,8 +10,9 @@ DEFAULT = "run-failed"
 FAILURES: dict[str, str] = {
     "run-failed": "the release failed after its charge; the charge is kept",
     "invalid-job": (
-        "the stored request did not validate when its job ran (e.g. after an upgrade changed "
-        "the kind's parameters); nothing was computed; the charge is kept"
+        "the stored request did not validate when its job ran, or resolved to another "
+        "mechanism plan than the one charged (e.g. after an upgrade changed the kind's "
+        "parameters or default rules); nothing was computed; the charge is kept"
     ),
     "rows-deleted": "the dataset's rows were deleted before the job ran; the charge is kept",
     "worker-lost": (

@@ -104,6 +104,44 @@ def test_invalid_job_payload_fails_the_release_keeps_charge_and_queue_moves_on(
         assert left == []
 
 
+def test_job_whose_plan_changed_since_the_charge_fails_before_reading_rows(
+    api: Api, client: TestClient, db_url: str
+) -> None:
+    """A stored request that still validates but resolves to another mechanism record than the
+    one charged (as after an upgrade changes a default rule) is not run: invalid-job, no rows
+    read, the charge kept."""
+    client.app.state.runner.stop()  # type: ignore[attr-defined]
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], n=300, schema=RCT_SCHEMA, epsilon_total=3.0)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    ah = api.auth(analyst["api_key"])
+    body = {"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}, "fresh": True}
+    moved = client.post(
+        f"/v1/datasets/{ds['id']}/releases", json=body, headers=ah | {"Idempotency-Key": "m"}
+    ).json()
+    # valid, but its plan (epsilon 1.5) is not the record the ledger charged (epsilon 1.0)
+    _sql(
+        db_url,
+        "UPDATE release SET params_json = :p WHERE id = :id",
+        p=json.dumps({"params": {"epsilon": 1.5, "nuisance": "none"}, "fresh": True}),
+        id=moved["id"],
+    )
+    runner = jobs_in_process(get_settings())
+    runner.start()
+    try:
+        failed = _wait_status(client, moved["id"], ah)
+    finally:
+        runner.stop()
+    assert failed["status"] == "failed"
+    assert failed["result"] is None
+    assert "another mechanism plan" in failed["error"]["detail"]
+    read = _sql(db_url, "SELECT data_read_at FROM release WHERE id = :id", id=moved["id"])
+    assert read == [(None,)]
+    oh = api.auth(owner["api_key"])
+    budget = client.get(f"/v1/datasets/{ds['id']}/budget", headers=oh).json()
+    assert budget["epsilon_spent"] == 1.0  # the charge stays as it was made
+
+
 @pytest.mark.parametrize("module", ["service", "service.worker"])
 def test_unreachable_database_at_start_up_is_one_line(module: str) -> None:
     port = 1  # nothing listens there
