@@ -41,26 +41,39 @@ def _wait_status(client: TestClient, release_id: str, headers: dict[str, str]) -
     raise AssertionError("release did not finish")
 
 
-def test_invalid_job_payload_fails_the_release_keeps_charge_and_queue_moves_on(
-    api: Api, client: TestClient, db_url: str
-) -> None:
+BODY = {"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}, "fresh": True}
+
+
+def _queued_with_stored_params(
+    api: Api, client: TestClient, db_url: str, stored: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], dict[str, Any]]:
+    """With the runner stopped: an owner, a granted analyst, an RCT dataset (epsilon 3) and one
+    queued ``ate`` release (epsilon 1) whose stored request is then replaced by ``stored``.
+    Returns (owner, dataset, the analyst's headers, the release)."""
     client.app.state.runner.stop()  # type: ignore[attr-defined]
     owner, analyst = api.principal("owner"), api.principal("analyst")
     ds = api.dataset(owner["api_key"], n=300, schema=RCT_SCHEMA, epsilon_total=3.0)
     api.grant(owner["api_key"], ds["id"], analyst["id"])
     ah = api.auth(analyst["api_key"])
-    body = {"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}, "fresh": True}
-
-    bad = client.post(
-        f"/v1/datasets/{ds['id']}/releases", json=body, headers=ah | {"Idempotency-Key": "bad"}
+    release = client.post(
+        f"/v1/datasets/{ds['id']}/releases", json=BODY, headers=ah | {"Idempotency-Key": "q"}
     ).json()
-    # The stored request no longer validates inside the worker (as after an incompatible
-    # upgrade of the kind's parameters).
     _sql(
         db_url,
         "UPDATE release SET params_json = :p WHERE id = :id",
-        p=json.dumps({"params": {"epsilon": "lots", "bogus": 1}, "fresh": True}),
-        id=bad["id"],
+        p=json.dumps({"params": stored, "fresh": True}),
+        id=release["id"],
+    )
+    return owner, ds, ah, release
+
+
+def test_invalid_job_payload_fails_the_release_keeps_charge_and_queue_moves_on(
+    api: Api, client: TestClient, db_url: str
+) -> None:
+    # The stored request no longer validates inside the worker (as after an incompatible
+    # upgrade of the kind's parameters).
+    owner, ds, ah, bad = _queued_with_stored_params(
+        api, client, db_url, {"epsilon": "lots", "bogus": 1}
     )
     postgres = db_url.startswith("postgresql")
     if postgres:
@@ -80,7 +93,7 @@ def test_invalid_job_payload_fails_the_release_keeps_charge_and_queue_moves_on(
     try:
         good = client.post(
             f"/v1/datasets/{ds['id']}/releases",
-            json=body,
+            json=BODY,
             headers=ah | {"Idempotency-Key": "good"},
         ).json()
         failed = _wait_status(client, bad["id"], ah)
@@ -110,21 +123,9 @@ def test_job_whose_plan_changed_since_the_charge_fails_before_reading_rows(
     """A stored request that still validates but resolves to another mechanism record than the
     one charged (as after an upgrade changes a default rule) is not run: invalid-job, no rows
     read, the charge kept."""
-    client.app.state.runner.stop()  # type: ignore[attr-defined]
-    owner, analyst = api.principal("owner"), api.principal("analyst")
-    ds = api.dataset(owner["api_key"], n=300, schema=RCT_SCHEMA, epsilon_total=3.0)
-    api.grant(owner["api_key"], ds["id"], analyst["id"])
-    ah = api.auth(analyst["api_key"])
-    body = {"kind": "ate", "params": {"epsilon": 1.0, "nuisance": "none"}, "fresh": True}
-    moved = client.post(
-        f"/v1/datasets/{ds['id']}/releases", json=body, headers=ah | {"Idempotency-Key": "m"}
-    ).json()
     # valid, but its plan (epsilon 1.5) is not the record the ledger charged (epsilon 1.0)
-    _sql(
-        db_url,
-        "UPDATE release SET params_json = :p WHERE id = :id",
-        p=json.dumps({"params": {"epsilon": 1.5, "nuisance": "none"}, "fresh": True}),
-        id=moved["id"],
+    owner, ds, ah, moved = _queued_with_stored_params(
+        api, client, db_url, {"epsilon": 1.5, "nuisance": "none"}
     )
     runner = jobs_in_process(get_settings())
     runner.start()
