@@ -91,6 +91,7 @@ from service.mechanisms.errors import InvalidParameters, PaperModeDisabled, Rele
 from service.mechanisms.noise import GaussianCalibration, NoiseSampler, calibrate_gaussian
 from service.mechanisms.partition import (
     MIN_FOLD_SIZE,
+    at_least_min_fold,
     checked_fractions,
     fold_sizes,
     prepare_arrays,
@@ -256,8 +257,7 @@ def dr_default_folds(domain: PublicDomain) -> tuple[float, ...]:
     if len(modules(domain, "dr")) == 2:
         return DR_DEFAULT_FOLDS_RCT
     propensity, outcome, _ = DR_DEFAULT_FOLDS
-    # + 0.5 record: floor(fraction * n) in fold_sizes must not round below the minimum.
-    propensity = max(propensity, (MIN_FOLD_SIZE + 0.5) / max(domain.n, 1))
+    propensity = at_least_min_fold(propensity, domain.n)
     return (propensity, outcome, 1.0 - propensity - outcome)
 
 

@@ -21,6 +21,12 @@ MIN_FOLD_SIZE = 100
 _FOLD_SUM_TOLERANCE = 1e-9
 
 
+def at_least_min_fold(fraction: float, n: int) -> float:
+    """``fraction`` raised where ``fraction * n`` is under ``MIN_FOLD_SIZE`` records (by half a
+    record, so ``floor(fraction * n)`` in ``fold_sizes`` cannot round below it). Public n only."""
+    return max(fraction, (MIN_FOLD_SIZE + 0.5) / max(n, 1))
+
+
 def fold_sizes(n: int, fractions: Sequence[float]) -> tuple[int, ...]:
     """Public fold sizes: ``floor(fraction * n)`` per fold; the last fold takes the rest."""
     sizes = [math.floor(fraction * n) for fraction in fractions[:-1]]

@@ -23,6 +23,7 @@ from service.mechanisms.domain import PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.partition import (
     MIN_FOLD_SIZE,
+    at_least_min_fold,
     checked_fractions,
     fold_sizes,
 )
@@ -69,10 +70,10 @@ DP_LINEAR_SMALL_FOLDS_MAX_N_EPSILON = 5000.0
 # MIN_FOLD_SIZE records) and the outcome fold grows to the rest of the first half: the DP
 # classifier's residuals are bounded by 1, the outcome regressor's by R_Y, so the outcome model
 # is the noisier nuisance (as for ebm_cate's DR folds). On the realistic observational studies
-# (36 covariates; bench/README.md, "DP-EBM folds of the observational default") the RMSE fell
-# from 0.42 to 0.31 (n 20000, eps 4) and 1.39 to 0.84 (n 5000, eps 4), was equal at n 20000,
-# eps 1, and rose below n * epsilon = 2 * 10^4 (3.1 to 4.3 at n 5000, eps 1; 7.3 to 10.1 at
-# n 1000, eps 4), where the small propensity fold's noise dominates: there the spec's folds stay.
+# (36 covariates, 30 releases per cell; bench/README.md, "DP-EBM folds of the observational
+# default") the RMSE was 0.68-1.04x the spec folds' from n * epsilon = 2 * 10^4 (n 5000, eps 4:
+# 1.23 / 1.40 to 0.93 / 1.08) and 1.19-2.70x below it, where the small propensity fold's noise
+# dominates: there the spec's folds stay.
 DEFAULT_FOLDS_OBSERVATIONAL_DP_EBM = (0.1, 0.4, 0.5)
 DP_EBM_OUTCOME_FOLDS_MIN_N_EPSILON = 20_000.0
 
@@ -275,8 +276,7 @@ def dp_ebm_outcome_folds(n: int) -> tuple[float, float, float] | None:
     ``MIN_FOLD_SIZE`` records where 0.1 n is fewer (taken from the outcome fold; the estimation
     half is unchanged); None where the outcome fold would then fall below it. Public n only."""
     propensity, outcome, estimation = DEFAULT_FOLDS_OBSERVATIONAL_DP_EBM
-    # + 0.5 record: floor(fraction * n) in fold_sizes must not round below the minimum.
-    raised = max(propensity, (MIN_FOLD_SIZE + 0.5) / max(n, 1))
+    raised = at_least_min_fold(propensity, n)
     folds = (raised, propensity + outcome - raised, estimation)
     return folds if min(fold_sizes(n, folds)) >= MIN_FOLD_SIZE else None
 
