@@ -19,6 +19,10 @@ Verdicts (``s`` against ``h``, the assumed sd(tau)):
 * ``possible`` (``s < h / 2``): the noise leaves room; the learner's own error (not included:
   it depends on the data) decides.
 
+A release that is one number for every patient by construction (an uplift table of one cell)
+is ``not_expected`` whatever its noise: its PEHE is at least ``sd(tau)``, the constant's, so
+``expected_pehe_lower_bound`` is ``h`` and no epsilon makes it worth it (``constant_block``).
+
 Pure: no I/O, no data.
 """
 
@@ -151,3 +155,31 @@ def quote_block(
     return versus_ate(
         noise_sd, domain, epsilon, heterogeneity_sd=heterogeneity_sd, epsilon_worth_it=worth_it
     )
+
+
+def constant_block(
+    domain: PublicDomain,
+    epsilon: float,
+    heterogeneity_sd: float | None,
+    *,
+    reason: str,
+    fix: str,
+) -> dict[str, Any]:
+    """``versus_ate`` for a release that answers one number for every patient by construction
+    (module docstring): ``not_expected`` at any epsilon; ``reason`` says why it cannot vary,
+    ``fix`` what to request instead."""
+    assumed = heterogeneity_sd is None
+    h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
+    return {
+        "verdict": "not_expected",
+        "expected_pehe_lower_bound": h,
+        "heterogeneity_sd": h,
+        "heterogeneity_sd_assumed": assumed,
+        "constant_ate_pehe_approx": h,
+        "epsilon_worth_it": None,
+        "message": (
+            f"at n = {domain.n}, epsilon = {epsilon:g} this release gives every patient the same "
+            f"effect ({reason}), so it cannot be more accurate than the constant ATE at any "
+            f"epsilon; {fix}."
+        ),
+    }

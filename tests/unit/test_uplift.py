@@ -465,13 +465,29 @@ def test_adjusted_record_is_the_strict_ate_default() -> None:
     assert quote["approx_uplift_sd_per_cell"] == quote["adjusted_ate"]["s_theta"]
 
 
-def test_adjusted_quote_through_the_kind_says_it_is_the_ate() -> None:
+def test_a_one_cell_quote_says_the_table_cannot_beat_the_ate() -> None:
+    """One cell is one number for every patient: not_expected at any epsilon, whatever the
+    noise, with the constant's PEHE as the bound; a grid of >= 2 cells keeps the noise verdict."""
     from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequest
 
+    kind = UpliftTableKind()
     dom = domain(5000, q=2, rct=False)
-    quote = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[1, 1]), dom)
-    assert quote["anchor"] == "adjusted_ate"
-    assert "the DP ATE itself" in quote["versus_ate"]["message"]
-    table = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[1, 1]), domain(5000, q=2))
-    assert table["anchor"] == "table"
-    assert "the DP ATE itself" not in table["versus_ate"]["message"]
+    h = dom.outcome_range / 24.0
+    for epsilon in (1.0, 100.0):
+        quote = kind.quote(UpliftTableRequest(epsilon=epsilon, bins=[1, 1]), dom)
+        block = quote["versus_ate"]
+        assert quote["anchor"] == "adjusted_ate"
+        assert block["verdict"] == "not_expected"
+        assert block["epsilon_worth_it"] is None
+        assert block["expected_pehe_lower_bound"] == pytest.approx(h)
+        assert "the strict DP ATE itself" in block["message"]
+        assert "ebm_cate or cate_function" in block["message"]
+    rct = kind.quote(UpliftTableRequest(epsilon=100.0, bins=[1, 1]), domain(5000, q=2))
+    assert rct["anchor"] == "table"
+    assert rct["versus_ate"]["verdict"] == "not_expected"
+    assert "give bins over the covariates" in rct["versus_ate"]["message"]
+    assert "the strict DP ATE itself" not in rct["versus_ate"]["message"]
+    grid = kind.quote(UpliftTableRequest(epsilon=100.0, bins=[2, 2]), domain(5000, q=2))
+    assert grid["cells"] == 4
+    assert grid["versus_ate"]["verdict"] in ("marginal", "possible")
+    assert grid["versus_ate"]["expected_pehe_lower_bound"] < h

@@ -67,11 +67,24 @@ def versus_ate_block(
     noise_sd: Callable[[Any], float],
     *,
     anchored: bool = False,
+    constant: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """A CATE quote's ``versus_ate``: ``noise_sd(request)`` is the kind's public per-prediction
     noise sd for a request, evaluated here at the request's epsilon and at others (the epsilon
     search); the request carries ``epsilon`` and ``expected_heterogeneity_sd``. ``anchored``:
-    the release shrinks towards its own DP ATE (shrinkage ``ate``), which the block says."""
+    the release shrinks towards its own DP ATE (shrinkage ``ate``), which the block says.
+    ``constant``: (why, what instead) for a release that is one number for every patient by
+    construction, whose verdict is ``not_expected`` whatever its noise."""
+    if constant is not None:
+        block = versus_ate.constant_block(
+            domain,
+            request.epsilon,
+            request.expected_heterogeneity_sd,
+            reason=constant[0],
+            fix=constant[1],
+        )
+        block["anchored"] = anchored
+        return block
 
     def at(epsilon: float) -> float:
         return noise_sd(request.model_copy(update={"epsilon": epsilon}))

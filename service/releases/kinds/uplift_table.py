@@ -86,13 +86,12 @@ class UpliftTableKind:
         request = _as_params(params)
         out = uplift.quote(domain, to_mechanism_params(request, domain))
         out["versus_ate"] = versus_ate_block(
-            request, domain, lambda r: _noise_sd(r, domain), anchored=out["shrinkage"] == "ate"
+            request,
+            domain,
+            lambda r: _noise_sd(r, domain),
+            anchored=out["shrinkage"] == "ate",
+            constant=_one_cell(out),
         )
-        if out.get("anchor") == "adjusted_ate":
-            out["versus_ate"]["message"] += (
-                " Here the release is the DP ATE itself: one grid cell on an observational "
-                "dataset releases the strict DP AIPW ATE at its defaults (proof step 6)."
-            )
         return out
 
     def run(
@@ -120,6 +119,24 @@ def _as_params(params: Any) -> UpliftTableRequest:
     if isinstance(params, UpliftTableRequest):
         return params
     return UpliftTableRequest.model_validate(params)
+
+
+def _one_cell(quoted: dict[str, Any]) -> tuple[str, str] | None:
+    """(why, what instead) for a one-cell table, which is one number for every patient."""
+    if quoted["cells"] != 1:
+        return None
+    instead = "request ebm_cate or cate_function, which adjust for every covariate"
+    if quoted.get("anchor") == "adjusted_ate":
+        return (
+            "a one-cell table on an observational dataset is the strict DP ATE itself "
+            "(proof step 6)",
+            instead,
+        )
+    return (
+        "a table of one cell is one uplift for all",
+        "give bins over the covariates you expect to modify the effect (at least 2 cells), "
+        f"or {instead}",
+    )
 
 
 def _noise_sd(request: UpliftTableRequest, domain: PublicDomain) -> float:
