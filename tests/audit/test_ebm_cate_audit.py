@@ -100,7 +100,7 @@ def _datasets() -> tuple[Arrays, Arrays]:
 def _ates(state: ec.Plan, data: Arrays, runs: int, seed: int) -> NDArray[np.float64]:
     rng = np.random.default_rng(seed)
     out = [
-        ec._run(data, _domain(), state, rng=rng, progress=lambda f, s: None, names=None)["ate"]
+        ec.run_plan(data, _domain(), state, rng=rng, progress=lambda f, s: None, names=None)["ate"]
         for _ in range(runs)
     ]
     return np.asarray(out, dtype=np.float64)
@@ -189,7 +189,7 @@ def _record_release(
     state: ec.Plan, design: StudyDesign, n: int
 ) -> list[tuple[float, NDArray[np.float64]]]:
     with _recording() as calls:
-        ec._run(
+        ec.run_plan(
             _np_data(n),
             _np_domain(design, n),
             state,

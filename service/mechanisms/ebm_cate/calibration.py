@@ -1,0 +1,402 @@
+"""ebm_cate's calibration and privacy map: the plan (folds, DP-EBM accounting, anchor,
+calibration Gaussian) and the mechanism record it charges, from public inputs only
+(docs/proofs/ebm_cate.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from service.mechanisms import ate_strict
+from service.mechanisms.anchor import (
+    AnchorPlan,
+    AteAnchorPlan,
+    no_room_for_anchor,
+    plan_anchor,
+    plan_ate_anchor,
+)
+from service.mechanisms.calibration import (
+    public_propensity,
+    validate_delta,
+    validate_epsilon,
+    validate_finite_positive,
+)
+from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.dp_ebm import (
+    DP_EBM_MAX_ROUNDS,
+    DpEbmAccounting,
+    dp_ebm_event,
+    solve_dp_ebm_epsilon_p,
+)
+from service.mechanisms.ebm_cate.rules import (
+    CALIBRATION_FRACTION,
+    CALIBRATION_STATISTICS,
+    DEVIATION_BOUND_OF_K,
+    MAX_EPSILON,
+    MAX_MAX_BINS,
+    MAX_MAX_ROUNDS,
+    MECHANISM,
+    MIN_CALIBRATION_ROWS,
+    MIN_EPSILON,
+    MIN_MAX_BINS,
+    MIN_MAX_ROUNDS,
+    VERSION,
+    EbmCateParams,
+    ebm_anchor_share,
+    modules,
+    rct_anchor_share,
+    resolved_fractions,
+    resolved_shrinkage,
+)
+from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
+from service.mechanisms.noise import GaussianCalibration, calibrate_gaussian
+from service.mechanisms.partition import (
+    MIN_FOLD_SIZE,
+    fold_sizes,
+)
+from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
+
+
+@dataclass(frozen=True)
+class Plan:
+    params: EbmCateParams
+    guarantee: Guarantee
+    modules: tuple[str, ...]
+    fold_sizes: tuple[int, ...]
+    clip_k: float
+    propensity: float | None  # RCT: the declared p
+    accounting: DpEbmAccounting
+    record: MechanismRecord
+    # shrinkage "ate" (proof step 6): the effect model's own accounting at the effect fold's
+    # remaining budget, the anchor, the calibration Gaussian, the public fit/calibration split
+    effect_accounting: DpEbmAccounting | None = None
+    anchor: AnchorPlan | None = None
+    anchor_share: float = 0.0
+    calibration: GaussianCalibration | None = None
+    calibration_size: int = 0
+    # randomised designs (proof step 6.1): the strict ATE release that is the anchor, on all n
+    rct_anchor: AteAnchorPlan | None = None
+
+    @property
+    def effect_fit_size(self) -> int:
+        return self.fold_sizes[-1] - self.calibration_size
+
+    @property
+    def anchored(self) -> bool:
+        return self.anchor is not None or self.rct_anchor is not None
+
+    @property
+    def anchor_rows(self) -> int:
+        """The records the anchor's DP mean averages (public)."""
+        if self.rct_anchor is not None:
+            return self.rct_anchor.n2
+        return self.fold_sizes[-1]
+
+
+def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
+    """Validate the request and compute the record (the cost) from public inputs only."""
+    learner = params.learner
+    if learner not in ("dr", "r", "s"):
+        raise InvalidParameters("learner must be 'dr', 'r' or 's'")
+    guarantee = Guarantee.PAPER if learner == "r" else Guarantee.STRICT
+    if guarantee == Guarantee.PAPER and not domain.allow_paper_mode:
+        raise PaperModeDisabled(
+            "the DP-EBM R-learner is paper-label only (data-dependent sample weights); the "
+            "dataset's owner has not enabled paper mode"
+        )
+    if not domain.y_lower < domain.y_upper:
+        raise InvalidParameters("outcome bounds must satisfy y_lower < y_upper")
+    epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
+    max_bins = params.max_bins
+    if (
+        isinstance(max_bins, bool)
+        or not isinstance(max_bins, int)
+        or not MIN_MAX_BINS <= max_bins <= MAX_MAX_BINS
+    ):
+        raise InvalidParameters(f"max_bins must be an integer in [{MIN_MAX_BINS}, {MAX_MAX_BINS}]")
+    max_rounds = params.max_rounds
+    if (
+        isinstance(max_rounds, bool)
+        or not isinstance(max_rounds, int)
+        or not MIN_MAX_ROUNDS <= max_rounds <= MAX_MAX_ROUNDS
+    ):
+        raise InvalidParameters(
+            f"max_rounds must be an integer in [{MIN_MAX_ROUNDS}, {MAX_MAX_ROUNDS}]"
+        )
+    fractions = resolved_fractions(domain, learner, params.fold_fractions)
+    names = modules(domain, learner)
+    sizes = fold_sizes(domain.n, fractions)
+    shrinkage = resolved_shrinkage(params)
+    if shrinkage not in ("ate", "none"):
+        raise InvalidParameters("shrinkage must be 'ate' or 'none'")
+    if shrinkage == "ate" and learner != "dr":
+        raise InvalidParameters(
+            "shrinkage 'ate' is for the DR learner (the S-learner's CATE is constant in x; the "
+            "R-learner is paper-label)"
+        )
+    calibration_size = calibration_rows(sizes[-1]) if shrinkage == "ate" else 0
+    if shrinkage == "ate" and calibration_size == 0:
+        if params.shrinkage is not None:
+            raise InvalidParameters(
+                f"shrinkage 'ate' needs an effect fold of at least "
+                f"{MIN_FOLD_SIZE + MIN_CALIBRATION_ROWS} records (fitting and calibration "
+                "rows); use shrinkage 'none' or a larger fold"
+            )
+        shrinkage = "none"  # the default on a too small effect fold (public n only)
+    delta = validate_delta(params.delta, n_min=min((*sizes, calibration_size or sizes[0])))
+    big_r = domain.outcome_range
+    propensity, clip = public_propensity(domain, params.propensity_clip)
+    # proof step 1: the public pseudo-outcome bound K (|psi_DR| <= R / c; |psi_R| <= R / c).
+    natural = big_r / clip
+    clip_k = natural if learner != "s" else big_r
+    if params.pseudo_outcome_clip is not None and learner != "s":
+        clip_k = min(validate_finite_positive(params.pseudo_outcome_clip, "K"), natural)
+    elif learner != "s":
+        clip_k = min(big_r, natural)
+    # proof step 2: every module at epsilon_p with (epsilon, delta) under replace-one.
+    accounting = solve_dp_ebm_epsilon_p(epsilon, delta)
+    requested = (epsilon, delta)
+    q = domain.q
+    events: list[NoiseEvent] = []
+    # proof step 6 (shrinkage "ate"): the effect fold spends the public ebm_anchor_share on the
+    # anchor; the effect model (fitting rows) and the calibration statistics (calibration rows,
+    # disjoint) each get the rest.
+    effect_epsilon, effect_delta, effect_accounting = epsilon, delta, accounting
+    anchor: AnchorPlan | None = None
+    anchor_events: list[NoiseEvent] = []
+    share = 0.0
+    calibration: GaussianCalibration | None = None
+    rct_anchor: AteAnchorPlan | None = None
+    if shrinkage == "ate" and domain.design == StudyDesign.RCT:
+        # proof step 6.1 (RCT): the strict ATE release on all n at the anchor's share, then the
+        # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
+        chosen = rct_anchor_share(domain, epsilon, delta)
+        if chosen is None:
+            raise no_room_for_anchor()
+        share = chosen
+        epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
+        delta_anchor, effect_delta = ate_strict.split_share(delta, share)
+        rct_anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
+        effect_accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
+        # every DR module runs at the rest (sequential composition with the anchor)
+        epsilon, delta, accounting = effect_epsilon, effect_delta, effect_accounting
+        calibration = calibrate_gaussian(
+            effect_epsilon,
+            effect_delta,
+            ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
+            dim=CALIBRATION_STATISTICS,
+        )
+    elif shrinkage == "ate":
+        share = ebm_anchor_share(domain.n, epsilon, domain.q)
+        epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
+        delta_anchor, effect_delta = ate_strict.split_share(delta, share)
+        anchor, planned = plan_anchor(
+            "dr",
+            epsilon_anchor,
+            delta_anchor,
+            outcome_range=big_r,
+            propensity_clip=clip,
+            dr_bound=anchor_bound(domain, clip, clip_k),
+            n2=sizes[-1],
+        )
+        anchor_events = [
+            replace(event, module="effect", params={**event.params, "rows": "effect fold"})
+            for event in planned
+        ]
+        effect_accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
+        calibration = calibrate_gaussian(
+            effect_epsilon,
+            effect_delta,
+            ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
+            dim=CALIBRATION_STATISTICS,
+        )
+    for name in names:
+        if name == "propensity":
+            events.append(
+                dp_ebm_event(
+                    name,
+                    epsilon,
+                    delta,
+                    accounting,
+                    n_features=q,
+                    target_range=1.0,
+                    learner="Classifier",
+                    max_bins=max_bins,
+                    max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
+                )
+            )
+        elif name == "outcome":
+            width = q if learner == "r" else q + 1
+            events.append(
+                dp_ebm_event(
+                    name,
+                    epsilon,
+                    delta,
+                    accounting,
+                    n_features=width,
+                    target_range=big_r,
+                    learner="Regressor",
+                    max_bins=max_bins,
+                    max_rounds=max_rounds if learner == "s" else DP_EBM_MAX_ROUNDS,
+                )
+            )
+        else:
+            events.extend(anchor_events)
+            events.append(
+                dp_ebm_event(
+                    name,
+                    effect_epsilon,
+                    effect_delta,
+                    effect_accounting,
+                    n_features=q,
+                    target_range=2.0 * clip_k,
+                    learner="Regressor",
+                    max_bins=max_bins,
+                    max_rounds=max_rounds,
+                )
+            )
+    recorded_sizes = dict(zip(names, sizes, strict=True))
+    if calibration is not None:
+        recorded_sizes["effect"] = sizes[-1] - calibration_size
+        recorded_sizes["calibration"] = calibration_size
+        events.append(_calibration_event(calibration, clip_k, calibration_size))
+    # proof step 3: Theorem 6 - the max over modules; with the anchor (step 6) the effect
+    # fold's own total is the anchor's plus the effect model's (the calibration statistics are
+    # on disjoint rows of the same fold at the same budget as the effect model): exact sums.
+    epsilon_total = max(
+        math.fsum(e.epsilon for e in events if e.module == "effect"),
+        *(e.epsilon for e in events if e.module not in ("effect", "calibration")),
+    )
+    delta_total = max(
+        math.fsum(e.delta for e in events if e.module == "effect"),
+        *(e.delta for e in events if e.module not in ("effect", "calibration")),
+    )
+    if rct_anchor is not None:
+        # proof step 6.1 (RCT): the anchor release (its own record's cost, ate_strict proof)
+        # composes sequentially with the DR pipeline: exact sums of the exact splits.
+        events, recorded_sizes = rct_anchor.compose(
+            events, recorded_sizes, (epsilon_total, delta_total), requested
+        )
+        epsilon_total, delta_total = requested
+    record = MechanismRecord(
+        mechanism=MECHANISM,
+        version=VERSION,
+        guarantee=guarantee,
+        n=domain.n,
+        fold_sizes=recorded_sizes,
+        composition=(
+            Composition.ANCHOR_THEN_THEOREM6_MAX
+            if rct_anchor is not None
+            else Composition.THEOREM6_MAX
+            if len(names) > 1
+            else Composition.SEQUENTIAL
+        ),
+        events=tuple(events),
+        epsilon=epsilon_total,
+        delta=delta_total,
+    )
+    return Plan(
+        params,
+        guarantee,
+        names,
+        sizes,
+        clip_k,
+        propensity,
+        accounting,
+        record,
+        effect_accounting=effect_accounting if shrinkage == "ate" else None,
+        anchor=anchor,
+        anchor_share=share,
+        calibration=calibration,
+        calibration_size=calibration_size,
+        rct_anchor=rct_anchor,
+    )
+
+
+def anchor_bound(domain: PublicDomain, clip: float, clip_k: float) -> float:
+    """The anchor pseudo-outcome's public bound B_a (the adaptive clip K_a <= B_a): in an RCT
+    the natural bound R_Y / c (c = min(p, 1 - p): a few R_Y; clipping the skewed AIPW term at
+    the learner's K biased the anchor there), observationally the learner's K (R_Y / c with
+    c = 0.05 is 20 R_Y, and the anchor's noise grows with the bound: PEHE 44 against 2.2 at
+    K, n 1000, eps 1, bench/README.md)."""
+    if domain.design == StudyDesign.RCT:
+        return domain.outcome_range / clip
+    return clip_k
+
+
+def calibration_rows(effect_size: int) -> int:
+    """proof step 6: the public number of calibration rows of an effect fold of ``effect_size``
+    records: ``CALIBRATION_FRACTION`` of it, raised towards ``MIN_FOLD_SIZE`` as far as the
+    fitting rows keep ``MIN_FOLD_SIZE`` (a DP-EBM fit's minimum); 0 where that leaves fewer than
+    ``MIN_CALIBRATION_ROWS`` (no anchored release is possible; public n only)."""
+    size = max(
+        math.floor(CALIBRATION_FRACTION * effect_size),
+        min(MIN_FOLD_SIZE, effect_size - MIN_FOLD_SIZE),
+    )
+    if size < MIN_CALIBRATION_ROWS or effect_size - size < MIN_FOLD_SIZE:
+        return 0
+    return size
+
+
+def deviation_bound(clip_k: float) -> float:
+    """G: the public bound of the released deviations (``DEVIATION_BOUND_OF_K * K``)."""
+    return DEVIATION_BOUND_OF_K * clip_k
+
+
+def calibration_sensitivity(clip_k: float) -> float:
+    """proof step 6: replace-one L2 sensitivity of ``(sum g^2, sum r g, (G / K) sum r^2)`` with
+    g in [-G, G] and r in [-K, K]: one row's triple moves by at most ``(G^2, 2 K G, G K)``, so
+    ``G sqrt(G^2 + 5 K^2)``."""
+    bound = deviation_bound(clip_k)
+    return bound * math.sqrt(bound * bound + 5.0 * clip_k * clip_k)
+
+
+def _calibration_event(calibration: GaussianCalibration, clip_k: float, rows: int) -> NoiseEvent:
+    return NoiseEvent(
+        type="gaussian",
+        module="calibration",
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": "calibration sums (g^2, r g, r^2) of the effect model's deviations",
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "rows": "calibration rows of the effect fold (disjoint from the effect model's)",
+            "sensitivity_l2_nominal": calibration_sensitivity(clip_k),
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "dim": calibration.dim,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "bound": clip_k,
+            "deviation_bound": deviation_bound(clip_k),
+            "calibration_rows": rows,
+        },
+    )
+
+
+def plan(domain: PublicDomain, params: EbmCateParams) -> MechanismRecord:
+    """The mechanism record (cost) of a request; raises ``InvalidParameters`` before a charge."""
+    return make_plan(domain, params).record
+
+
+def public_parameters(state: Plan, domain: PublicDomain) -> dict[str, Any]:
+    return {
+        "mode": str(state.guarantee),
+        "guarantee": str(state.guarantee),
+        "learner": state.params.learner,
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "epsilon_p": state.accounting.epsilon_p,
+        "propensity_clip": state.params.propensity_clip if state.propensity is None else None,
+        "treatment_probability": state.propensity,
+        "pseudo_outcome_clip": state.clip_k if state.params.learner != "s" else None,
+        "fold_sizes": dict(state.record.fold_sizes),
+        "max_bins": state.params.max_bins,
+        "max_rounds": state.params.max_rounds,
+        "design": str(domain.design),
+        "shrinkage": "ate" if state.anchored else "none",
+        "anchor_share": state.anchor_share,
+    }

@@ -1,0 +1,246 @@
+"""ebm_cate's public rules and constants: the request parameters, the folds, the DR learner's
+service defaults and the anchor's budget shares. Public n, epsilon and schema only; no data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from service.mechanisms.anchor import (
+    ANCHOR_SHARE,
+    ANCHOR_SHARE_NOISY,
+    ate_anchor_share,
+)
+from service.mechanisms.calibration import default_delta
+from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.dp_ebm import (
+    DP_EBM_MAX_BINS,
+    DP_EBM_MAX_ROUNDS,
+)
+from service.mechanisms.partition import (
+    at_least_min_fold,
+    checked_fractions,
+    fold_sizes,
+)
+
+MECHANISM = "ebm_cate"
+VERSION = "3"  # 2: shrinkage "ate" (the anchored DR default, proof step 6); 3: RCT anchor (6.1)
+
+Learner = Literal["dr", "r", "s"]
+Shrinkage = Literal["ate", "none"]
+Progress = Callable[[float, str], None]
+
+MIN_EPSILON = 0.05
+MAX_EPSILON = 100.0
+MAX_PREDICT_POINTS = 10_000
+MIN_MAX_BINS, MAX_MAX_BINS = 4, 256
+MIN_MAX_ROUNDS, MAX_MAX_ROUNDS = 10, 1000
+# The quote warns below n * min(eps, 4) = 8000: there the DR learner (service defaults) was less
+# accurate than the S-learner's constant ATE on at least 3 of Niu et al.'s 5 setups, at and
+# above it on at most 2 (bench/results/ebm_cate_crossover.json: n 1000-16000, eps 1 and 4,
+# 10 fits per cell; the spec's Voting guidance, dp_ebm_learners.md §6 item 11, was n ~ 20000
+# at eps = 1 for Niu et al.'s configuration). eps above 4 was not measured, hence the cap.
+SMALL_N_EPSILON_WARNING = 8000.0
+WARNING_EPSILON_CAP = 4.0
+# proof step 6 (shrinkage "ate"): the calibration rows are the last CALIBRATION_FRACTION of the
+# effect fold (at least MIN_FOLD_SIZE records); the effect model is fitted on the others.
+CALIBRATION_FRACTION = 0.2
+MIN_CALIBRATION_ROWS = 20
+# The factor keeps the deviations only where the DP calibration slope is significant at this
+# one-sided level (pure noise: lambda = 0 with probability about 0.99).
+CALIBRATION_LEVEL = 0.99
+CALIBRATION_STATISTICS = 3  # sum g^2, sum r g, (G / K) sum r^2 over the calibration rows
+# The released deviations are clipped to [-G, G], G = DEVIATION_BOUND_OF_K * K (public): the
+# calibration sums' sensitivity is then G sqrt(G^2 + 5 K^2) instead of sqrt(6) K^2.
+DEVIATION_BOUND_OF_K = 0.25
+# The anchor's share of the effect fold's budget (public rule ``ebm_anchor_share``):
+# anchor.ANCHOR_SHARE where n * epsilon / q >= EBM_USEFUL_N_EPSILON_PER_COVARIATE, else
+# ANCHOR_SHARE_NOISY. On the
+# realistic studies (bench/README.md, "ebm_cate and uplift_table anchored") the DR effect model
+# beat the constant ATE only at n * epsilon = 80000 (n 20000, eps 4; PEHE 2.1-2.3 against 3.15);
+# at 20000 and below its deviations were noise (factor 0), so the release is the anchor and the
+# anchor should get the budget. anchor.anchor_share's switch reads the public per-prediction
+# noise scale, which for this kind is too rough (prediction_noise_sd: about 2x the deviations'
+# sd at the data at n 20000, eps 4, so it would have chosen the noisy share there too).
+# The switch reads n * epsilon per covariate: DP-EBM spends its budget over every feature's
+# shape, so a model on 6 covariates learns at an n * epsilon that leaves one on 36 noise. A
+# switch at n * epsilon = 50 000 regardless of q gave Niu et al.'s Setups (q = 6, n 16 000,
+# eps 1) the noisy share and a factor of 0: CATE MSE 1.27 / 1.80 / 9.1 on B / D / E, the constant's,
+# against 0.38 / 0.87 / 4.4 unanchored (bench/results/ebm_cate_target.json); at 0.2 they were
+# 0.41-0.51 / 1.42-1.52 / 5.7-6.5 (2 fits each). On the realistic studies (q = 36) the switch is
+# unchanged: n * epsilon >= 54 000, as before only n 20 000, eps 4 of the grid.
+EBM_USEFUL_N_EPSILON_PER_COVARIATE = 1_500.0
+# Randomised designs where the effect model can learn: the whole-data anchor's share. Niu et
+# al.'s Setup B declared as an RCT (q = 6, n 16 000, eps 1): CATE MSE 1.27 at 0.8 (factor 0),
+# 1.04 at 0.5, 0.61-0.74 at 0.35, 0.44-0.60 at 0.2 (2 fits each; unanchored v1: 0.34); the
+# realistic rct_none trial at n 20 000, eps 4 (q = 36): the anchor's RMSE 1.46x the whole-budget
+# ate release's at 0.2, 1.08x at 0.35, 0.97x at 0.5 (40 samples,
+# bench/results/rct-anchor-20000-4.json). 0.35 keeps the anchor within 1.1x and most of the gain.
+RCT_USEFUL_ANCHOR_SHARE = 0.35
+# proof step 6.1 (randomised designs): the anchor is the strict ``ate`` kind's default release
+# (dp_linear outcome models, cross-fitted above n * epsilon = 10^4, adaptive clip; mean share
+# anchor.ANCHOR_MEAN_SHARE) on all n records at the public share anchor.ate_anchor_share,
+# composed sequentially with the DR pipeline at the rest. On the realistic trials the effect-fold
+# anchor (AIPW with the DR learner's DP-EBM outcome model on 30 % of the rows, the effect fold's
+# 70 %) was 1.2-2.7x less accurate than that constant DP ATE (bench/README.md, "ebm_cate and
+# uplift_table anchored").
+
+
+@dataclass(frozen=True)
+class EbmCateParams:
+    """Public request parameters.
+
+    The defaults below are the mechanism's (Niu et al.'s configuration). The release kind
+    fills an omitted K, folds, ``max_bins`` and ``max_rounds`` from ``service_defaults``
+    instead, which for the DR learner is the public rule ``dr_defaults``.
+
+    Attributes:
+        epsilon, delta: the charged (epsilon, delta); each module gets (epsilon, delta).
+        learner: ``"dr"`` (default, strict), ``"s"`` (strict, an ATE learner) or ``"r"``
+            (paper label: data-dependent sample weights).
+        propensity_clip: c; e_hat is clipped to [c, 1 - c] (observational designs).
+        pseudo_outcome_clip: public K; pseudo-outcomes are clipped to [-K, K]. None: R_Y.
+        fold_fractions: fractions per module (see ``modules``); None: Niu et al.'s defaults.
+        max_bins: interpret's ``max_bins`` for every module (public; privacy-neutral: the
+            binning and boosting noise scales do not depend on it). Default 32 (interpret's
+            and Niu et al.'s). Fewer bins give every bin more records, so the noisy per-bin
+            updates of the shape functions are smaller (bench/README.md, DP-EBM section).
+        max_rounds: interpret's ``max_rounds`` for the final model (the effect model of DR/R,
+            the outcome model of S); public and privacy-neutral (interpret spreads the same mu
+            over the rounds, sigma_boost ~ sqrt(rounds)). The noise accumulated in a shape
+            function grows like rounds x learning rate while the fitted signal saturates, so
+            fewer rounds trade a little shrinkage for less noise. First-stage nuisance models
+            always use interpret's 300: their shrinkage would bias the pseudo-outcomes (it did
+            on Setup C: bench/README.md). Default 300 (interpret's and Niu et al.'s).
+        shrinkage: ``"ate"`` (the DR learner's default; proof step 6): a public share of the
+            effect fold's budget buys a DP ATE anchor of the effect fold (in an RCT: a public
+            share of the whole budget buys the strict ATE release on all n, step 6.1, and the
+            rest of the pipeline runs at the remainder), the effect model is
+            fitted to pseudo-outcomes centred at it on the effect fold's fitting rows, and a
+            DP calibration slope of the model's deviations on the fold's held-out calibration
+            rows sets the factor lambda in [0, 1] of ``anchor + lambda * deviation`` (0 unless
+            the deviations predict the held-out pseudo-outcomes significantly). ``"none"``:
+            the unshrunk effect model (the S-learner's only value: its CATE is constant in x;
+            the paper-label R-learner's too). None: ``"ate"`` for DR, ``"none"`` otherwise.
+    """
+
+    epsilon: float
+    delta: float
+    learner: Learner = "dr"
+    propensity_clip: float = 0.05
+    pseudo_outcome_clip: float | None = None
+    fold_fractions: tuple[float, ...] | None = None
+    max_bins: int = DP_EBM_MAX_BINS
+    max_rounds: int = DP_EBM_MAX_ROUNDS
+    shrinkage: Shrinkage | None = None
+
+
+def resolved_shrinkage(params: EbmCateParams) -> Shrinkage:
+    """The request's shrinkage, or the learner's default (``"ate"`` for DR; ``make_plan``
+    falls back to ``"none"`` where the effect fold is too small for calibration rows)."""
+    if params.shrinkage is None:
+        return "ate" if params.learner == "dr" else "none"
+    return params.shrinkage
+
+
+def modules(domain: PublicDomain, learner: Learner) -> tuple[str, ...]:
+    """The fold names in partition order."""
+    if learner == "s":
+        return ("outcome",)
+    if domain.design == StudyDesign.RCT:
+        return ("outcome", "effect")
+    return ("propensity", "outcome", "effect")
+
+
+def default_fractions(domain: PublicDomain, learner: Learner) -> tuple[float, ...]:
+    """Niu et al.: (0.25, 0.25, 0.5); RCT (known propensity): (0.5, 0.5); S: all rows."""
+    count = len(modules(domain, learner))
+    return {1: (1.0,), 2: (0.5, 0.5), 3: (0.25, 0.25, 0.5)}[count]
+
+
+# The service's DR-learner defaults (a public rule; the mechanism's own defaults stay Niu et
+# al.'s configuration). Chosen on simulated data of benchmarks.md §3 (screening seeds,
+# bench/results/ebm_cate_screening.json), then measured on fresh seeds
+# (bench/results/ebm_cate_target.json, 10 fits per setup, n = 16000, charged eps = 1).
+# The outcome fold is the large one: the DR pseudo-outcome's error is driven by the DP outcome
+# model (target range R_Y, d + 1 features), while the DP classifier's residuals are bounded by 1,
+# so its fold can be small. On Setup C (strong confounding) the 40 % fold lowers the outcome
+# model's RMSE from 1.78 to 1.34 (bench/results/ebm_cate_diagnosis.json); its error still biases
+# the ATE there by about -0.45 through the clip at K.
+DR_DEFAULT_K_OF_RANGE = 0.3
+DR_DEFAULT_FOLDS = (0.1, 0.4, 0.5)  # propensity, outcome, effect
+DR_DEFAULT_FOLDS_RCT = (0.3, 0.7)  # outcome, effect (the propensity is declared)
+DR_DEFAULT_MAX_BINS = 16
+DR_DEFAULT_MAX_ROUNDS = 200  # the effect model; the nuisances keep interpret's 300
+
+
+def dr_default_folds(domain: PublicDomain) -> tuple[float, ...]:
+    """``DR_DEFAULT_FOLDS`` with the propensity fold raised to ``MIN_FOLD_SIZE`` records where
+    10 % of n is fewer (taken from the effect fold); RCT: ``DR_DEFAULT_FOLDS_RCT``. Public n only.
+    """
+    if len(modules(domain, "dr")) == 2:
+        return DR_DEFAULT_FOLDS_RCT
+    propensity, outcome, _ = DR_DEFAULT_FOLDS
+    propensity = at_least_min_fold(propensity, domain.n)
+    return (propensity, outcome, 1.0 - propensity - outcome)
+
+
+def dr_defaults(domain: PublicDomain) -> dict[str, Any]:
+    """The DR learner's public default configuration for ``domain`` (no data)."""
+    return {
+        "pseudo_outcome_clip": DR_DEFAULT_K_OF_RANGE * domain.outcome_range,
+        "fold_fractions": dr_default_folds(domain),
+        "max_bins": DR_DEFAULT_MAX_BINS,
+        "max_rounds": DR_DEFAULT_MAX_ROUNDS,
+    }
+
+
+def service_defaults(domain: PublicDomain, learner: Learner) -> dict[str, Any]:
+    """What the service uses for an omitted K, folds, ``max_bins`` and ``max_rounds``: the DR
+    rule above, and Niu et al.'s configuration (the ``EbmCateParams`` defaults) otherwise."""
+    if learner == "dr":
+        return dr_defaults(domain)
+    return {
+        "pseudo_outcome_clip": None,
+        "fold_fractions": None,
+        "max_bins": DP_EBM_MAX_BINS,
+        "max_rounds": DP_EBM_MAX_ROUNDS,
+    }
+
+
+def default_delta_for(
+    domain: PublicDomain, learner: Learner, fold_fractions: tuple[float, ...] | None
+) -> float:
+    """README §1.7 default: ``min(1e-5, 1 / (10 n_min))`` over this release's folds."""
+    fractions = resolved_fractions(domain, learner, fold_fractions)
+    return default_delta(min(fold_sizes(domain.n, fractions)))
+
+
+def resolved_fractions(
+    domain: PublicDomain, learner: Learner, fold_fractions: tuple[float, ...] | None
+) -> tuple[float, ...]:
+    names = modules(domain, learner)
+    fractions = default_fractions(domain, learner) if fold_fractions is None else fold_fractions
+    return checked_fractions(domain.n, names, fractions)
+
+
+def ebm_anchor_share(n: int, epsilon: float, q: int) -> float:
+    """The observational anchor's public share of the effect fold's budget (see
+    ``EBM_USEFUL_N_EPSILON_PER_COVARIATE``): public n, epsilon and number of covariates only."""
+    useful = n * epsilon / q >= EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    return ANCHOR_SHARE if useful else ANCHOR_SHARE_NOISY
+
+
+def rct_anchor_share(domain: PublicDomain, epsilon: float, delta: float) -> float | None:
+    """Randomised designs (proof step 6.1): the whole-data anchor's public share of (epsilon,
+    delta): ``RCT_USEFUL_ANCHOR_SHARE`` where the effect model can learn (n epsilon per
+    covariate at least ``EBM_USEFUL_N_EPSILON_PER_COVARIATE``, as the observational switch),
+    else the shared rule ``anchor.ate_anchor_share`` (the release is then mostly the anchor).
+    None where the anchor cannot run. Public n, epsilon, delta and the schema only."""
+    shared = ate_anchor_share(domain, epsilon, delta)
+    if shared is None:
+        return None
+    useful = domain.n * epsilon / domain.q >= EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    return min(shared, RCT_USEFUL_ANCHOR_SHARE) if useful else shared
