@@ -19,6 +19,11 @@ Verdicts (``s`` against ``h``, the assumed sd(tau)):
 * ``possible`` (``s < h / 2``): the noise leaves room; the learner's own error (not included:
   it depends on the data) decides.
 
+A learner that keeps only a share ``rho`` of the heterogeneity in its mean (a kernel ridge
+shrinks a smooth effect by its public regularisation, ``cate_function.quote.kernel_retention``)
+can show at most ``rho h``: the verdict then compares ``s`` with ``rho h`` instead of ``h``, and
+``expected_pehe_lower_bound`` is ``hypot(s, (1 - rho) h)`` (its noise and the signal it drops).
+
 A release that is one number for every patient by construction (an uplift table of one cell)
 is ``not_expected`` whatever its noise: its PEHE is at least ``sd(tau)``, the constant's, so
 ``expected_pehe_lower_bound`` is ``h`` and no epsilon makes it worth it (``constant_block``).
@@ -78,13 +83,16 @@ def versus_ate(
     *,
     heterogeneity_sd: float | None,
     epsilon_worth_it: float | None,
+    retention: float | None = None,
 ) -> dict[str, Any]:
-    """The quote's ``versus_ate`` block (module docstring)."""
+    """The quote's ``versus_ate`` block (module docstring); ``retention``: the share of the
+    heterogeneity the learner's mean keeps (None: all of it)."""
     assumed = heterogeneity_sd is None
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
-    if noise_sd >= h:
+    shown = h if retention is None else retention * h
+    if noise_sd >= shown:
         verdict = "not_expected"
-    elif noise_sd >= WORTH_IT_RATIO * h:
+    elif noise_sd >= WORTH_IT_RATIO * shown:
         verdict = "marginal"
     else:
         verdict = "possible"
@@ -94,11 +102,19 @@ def versus_ate(
         else "your expected_heterogeneity_sd"
     )
     where = f"at n = {domain.n}, epsilon = {epsilon:g}"
+    if retention is None:
+        target = f"the heterogeneity it would resolve ({h:.3g}, {basis})"
+    else:
+        target = (
+            f"the heterogeneity its learner can show ({shown:.3g}: at its public regularisation "
+            f"the learner keeps about {retention:.1%} of a smooth heterogeneity of {h:.3g}, "
+            f"{basis})"
+        )
     if verdict == "possible":
         message = (
-            f"{where} the privacy noise per prediction (sd {noise_sd:.3g}) is well below the "
-            f"heterogeneity ({h:.3g}, {basis}); whether this CATE beats the ATE then depends on "
-            "how well the learner fits, which the quote cannot know."
+            f"{where} the privacy noise per prediction (sd {noise_sd:.3g}) is well below "
+            f"{target}; whether this CATE beats the ATE then depends on how well the learner "
+            "fits, which the quote cannot know."
         )
     else:
         fix = (
@@ -109,17 +125,19 @@ def versus_ate(
         )
         lead = "is at least" if verdict == "not_expected" else "is more than half of"
         message = (
-            f"{where} the privacy noise per prediction alone (sd {noise_sd:.3g}) {lead} the "
-            f"heterogeneity it would resolve ({h:.3g}, {basis}): a constant ATE is expected to "
-            f"be {'more' if verdict == 'not_expected' else 'about as'} accurate for a typical "
+            f"{where} the privacy noise per prediction alone (sd {noise_sd:.3g}) {lead} "
+            f"{target}: a constant ATE is expected to be "
+            f"{'more' if verdict == 'not_expected' else 'about as'} accurate for a typical "
             f"patient; {fix}."
         )
+    bound = noise_sd if retention is None else math.hypot(noise_sd, (1.0 - retention) * h)
     return {
         "verdict": verdict,
-        "expected_pehe_lower_bound": noise_sd,
+        "expected_pehe_lower_bound": bound,
         "heterogeneity_sd": h,
         "heterogeneity_sd_assumed": assumed,
         "constant_ate_pehe_approx": h,
+        "learner_retention": retention,
         "epsilon_worth_it": epsilon_worth_it,
         "message": message,
     }
@@ -135,25 +153,39 @@ def quote_block(
     domain: PublicDomain,
     epsilon: float,
     heterogeneity_sd: float | None,
+    retention_at: Callable[[float], float] | None = None,
 ) -> dict[str, Any]:
     """``versus_ate`` for a kind whose public per-prediction noise sd at epsilon is
-    ``noise_sd_at(epsilon)``; epsilons the kind refuses count as unreachable."""
+    ``noise_sd_at(epsilon)`` and whose learner keeps ``retention_at(epsilon)`` of the
+    heterogeneity (None: all); epsilons the kind refuses count as unreachable. With a retention
+    the epsilon search asks for ``noise <= WORTH_IT_RATIO * retention * h``; a retention that
+    steps with a public rule (cate_function's regularisation grid) makes that ratio only roughly
+    monotone, so the epsilon found is one that meets it, not always the smallest."""
+
+    def keep(value: float) -> float:
+        return 1.0 if retention_at is None else float(retention_at(value))
 
     def safe(value: float) -> float:
         try:
-            return float(noise_sd_at(value))
+            return float(noise_sd_at(value)) / keep(value)
         except Exception:  # an epsilon outside the kind's limits: not a candidate
             return math.inf
 
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     noise_sd = float(noise_sd_at(epsilon))
+    retention = None if retention_at is None else keep(epsilon)
     worth_it = None
-    if noise_sd >= WORTH_IT_RATIO * h:
+    if noise_sd >= WORTH_IT_RATIO * h * (1.0 if retention is None else retention):
         worth_it = epsilon_for_noise_sd(
             safe, WORTH_IT_RATIO * h, minimum=SEARCH_MIN_EPSILON, maximum=SEARCH_MAX_EPSILON
         )
     return versus_ate(
-        noise_sd, domain, epsilon, heterogeneity_sd=heterogeneity_sd, epsilon_worth_it=worth_it
+        noise_sd,
+        domain,
+        epsilon,
+        heterogeneity_sd=heterogeneity_sd,
+        epsilon_worth_it=worth_it,
+        retention=retention,
     )
 
 
@@ -176,6 +208,7 @@ def constant_block(
         "heterogeneity_sd": h,
         "heterogeneity_sd_assumed": assumed,
         "constant_ate_pehe_approx": h,
+        "learner_retention": 0.0,
         "epsilon_worth_it": None,
         "message": (
             f"at n = {domain.n}, epsilon = {epsilon:g} this release gives every patient the same "

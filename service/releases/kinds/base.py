@@ -68,13 +68,15 @@ def versus_ate_block(
     *,
     anchored: bool = False,
     constant: tuple[str, str] | None = None,
+    retention: Callable[[Any], float] | None = None,
 ) -> dict[str, Any]:
     """A CATE quote's ``versus_ate``: ``noise_sd(request)`` is the kind's public per-prediction
     noise sd for a request, evaluated here at the request's epsilon and at others (the epsilon
     search); the request carries ``epsilon`` and ``expected_heterogeneity_sd``. ``anchored``:
     the release shrinks towards its own DP ATE (shrinkage ``ate``), which the block says.
     ``constant``: (why, what instead) for a release that is one number for every patient by
-    construction, whose verdict is ``not_expected`` whatever its noise."""
+    construction, whose verdict is ``not_expected`` whatever its noise. ``retention(request)``:
+    the share of the heterogeneity the kind's learner keeps (versus_ate), None: all of it."""
     if constant is not None:
         block = versus_ate.constant_block(
             domain,
@@ -89,7 +91,15 @@ def versus_ate_block(
     def at(epsilon: float) -> float:
         return noise_sd(request.model_copy(update={"epsilon": epsilon}))
 
-    block = versus_ate.quote_block(at, domain, request.epsilon, request.expected_heterogeneity_sd)
+    keep = None
+    if retention is not None:
+
+        def keep(epsilon: float) -> float:
+            return retention(request.model_copy(update={"epsilon": epsilon}))
+
+    block = versus_ate.quote_block(
+        at, domain, request.epsilon, request.expected_heterogeneity_sd, retention_at=keep
+    )
     block["anchored"] = anchored
     if anchored:
         block["message"] += (

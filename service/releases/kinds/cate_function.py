@@ -171,7 +171,11 @@ class CateFunctionKind:
             return {"basis": "ebm", "t_max": None, "batch_max": request.batch_max, **ebm}
         out = mech.quote(domain, to_mechanism_params(request, domain))
         out["versus_ate"] = versus_ate_block(
-            request, domain, lambda r: _noise_sd(r, domain), anchored=out["shrinkage"] == "ate"
+            request,
+            domain,
+            lambda r: _noise_sd(r, domain),
+            anchored=out["shrinkage"] == "ate",
+            retention=lambda r: _retention(r, domain),
         )
         return out
 
@@ -270,3 +274,10 @@ def _as_params(params: Any) -> CateFunctionParams:
 def _noise_sd(request: CateFunctionParams, domain: PublicDomain) -> float:
     """Public per-prediction privacy-noise sd of a request (the quote's pointwise_noise_sd)."""
     return float(mech.quote(domain, to_mechanism_params(request, domain))["pointwise_noise_sd"])
+
+
+def _retention(request: CateFunctionParams, domain: PublicDomain) -> float:
+    """The share of a smooth heterogeneity the kernel learner keeps at the request's public
+    regularisation (the quote's learner_signal_retention)."""
+    quoted = mech.quote(domain, to_mechanism_params(request, domain))
+    return float(quoted["learner_signal_retention"])
