@@ -1,6 +1,6 @@
 """Empirical privacy audit of the DP k-means partition of uplift_table (DPLloyd, replace-one).
 
-Mechanism (adum.md §4 (c), service/mechanisms/uplift.py ``dp_kmeans``): data-independent
+Mechanism (adum.md §4 (c), service/mechanisms/uplift/estimation.py ``dp_kmeans``): data-independent
 initial centroids, then T iterations that each release noisy cluster counts (L1 sensitivity 2)
 and noisy coordinate sums on [-1, 1]^q (L1 sensitivity 2q), each at eps_km / (2T); the
 centroids are post-processing. Claim: the k-means step is (eps_km, 0)-DP under replace-one.

@@ -14,6 +14,7 @@ from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import OpenDPSampler, SeededSampler
 from service.mechanisms.records import Composition, Guarantee
+from service.mechanisms.uplift.estimation import _deviation_traces
 
 
 def domain(n: int = 20000, *, q: int = 1, rct: bool = True) -> PublicDomain:
@@ -300,7 +301,7 @@ def test_deviation_traces_match_the_dense_covariance() -> None:
         centring = np.eye(p) - np.outer(np.ones(p), w)
         sigma = centring @ np.diag(v) @ centring.T
         m = np.sqrt(np.outer(w, w)) * sigma
-        trace, trace_squared = up._deviation_traces(w, v)
+        trace, trace_squared = _deviation_traces(w, v)
         assert trace == pytest.approx(float(np.trace(m)), rel=1e-10)
         assert trace_squared == pytest.approx(float(np.sum(m * m)), rel=1e-10)
 

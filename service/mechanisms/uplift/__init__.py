@@ -1,0 +1,130 @@
+"""epsilon-ADUM (Betlei et al. 2021): a DP uplift table on a public regular grid.
+
+What it releases:
+    for every cell k of a public regular grid over the public covariate box and every arm t,
+    a noisy count ``C[k, t]`` and a noisy centred outcome sum ``S[k, t]`` (Laplace, on the
+    public lattice via OpenDP), and their post-processing: the guarded cell means
+    ``y[k, t] = clip(m_y + S / max(C, c_min), y_lo, y_hi)``, the uplift ``u[k] = y[k, 1] -
+    y[k, 0]``, a low-count flag per cell (noisy count below a public threshold) and the
+    delta-method noise sd of each uplift. Predictions are lookups ``u[cell(x)]`` (free).
+
+Neighbouring relation:
+    replace-one on (X, A, Y), n public (adum.md §3.2).
+
+Claim:
+    ``run`` is (epsilon, 0)-DP. The 2p counts (one per cell and arm) have replace-one L1
+    sensitivity 2 (a replaced record leaves one group and enters one, or stays); the 2p
+    centred sums of ``y - m_y`` with ``|y - m_y| <= W / 2`` have L1 sensitivity ``W`` (``W =
+    y_hi - y_lo``). Each vector gets the Laplace mechanism at epsilon / 2 with those
+    sensitivities (scales 4 / epsilon and 2 W / epsilon = 4 D_y / epsilon, D_y = W / 2), plus
+    the lattice inflation; sequential composition gives epsilon. The grid is public (declared
+    box and analyst-chosen bins), so the partition costs nothing. Shrinkage ``"ate"`` (the
+    default, >= 2 cells) first spends 10 % of the table's epsilon on the arms' centred second
+    moments (Laplace, L1 sensitivity W^2 / 2); the anchor (the count-weighted mean of the cell
+    uplifts) and the James–Stein factor are post-processing. Exception (proof step 6): with
+    shrinkage ``"ate"``, a one-cell grid on an observational design adjusts for no covariate
+    (its uplift is a confounded difference in means), so the release is the strict DP AIPW ATE
+    at its public defaults instead (``ate_strict.default_params``: the ``ate`` kind's default
+    release), (epsilon, delta)-DP at the request's epsilon and that ATE's public default delta;
+    the record is that ATE's. Proof: docs/proofs/uplift_table.md.
+
+Causal reading: uplift = CATE only under an RCT, or when the cells form a valid adjustment set
+(declared by the analyst with ``adjustment_partition=True``; adum.md §1). The one-cell
+observational default (step 6) is the ATE under unconfoundedness given all covariates (the
+``ate`` kind's reading) and needs no assertion.
+
+References:
+    Betlei, Gregoir, Rahier, Bissuel, Diemert, Amini (2021). Differentially private individual
+    treatment effect estimation from aggregated data. HAL hal-03339723.
+    McSherry (2009). Privacy integrated queries. SIGMOD (parallel composition).
+
+Modules:
+    ``rules``: the request parameters, the grid's cells, the partition-size heuristic and the
+    one-cell observational switch (public rules); ``calibration``: the plan and the record it
+    charges (the privacy map the proof covers); ``estimation``: the run after the charge and
+    predictions at public points; ``quote``: the public accuracy preview.
+"""
+
+from __future__ import annotations
+
+from service.mechanisms.uplift.calibration import (
+    Plan,
+    make_plan,
+    plan,
+    second_moment_sensitivity,
+    shrinkage_fields,
+    sum_sensitivity,
+)
+from service.mechanisms.uplift.estimation import (
+    aggregates,
+    aggregates_by_cell,
+    cluster_statistics,
+    dp_kmeans,
+    nearest,
+    predict,
+    run,
+    second_moment_sums,
+    shrink_to_anchor,
+    table,
+    unit_scale,
+)
+from service.mechanisms.uplift.quote import (
+    quote,
+)
+from service.mechanisms.uplift.rules import (
+    COUNT_SHARE,
+    MAX_BINS_PER_FEATURE,
+    MAX_CELLS,
+    MAX_CLUSTERS,
+    MAX_EPSILON,
+    MAX_KMEANS_ITERATIONS,
+    MECHANISM,
+    MIN_EPSILON,
+    SECOND_MOMENT_SHARE,
+    VERSION,
+    Progress,
+    UpliftParams,
+    adjusted_one_cell,
+    cell_index,
+    default_bins,
+    grid_cells,
+    suggested_bins,
+)
+
+__all__ = [
+    "COUNT_SHARE",
+    "MAX_BINS_PER_FEATURE",
+    "MAX_CELLS",
+    "MAX_CLUSTERS",
+    "MAX_EPSILON",
+    "MAX_KMEANS_ITERATIONS",
+    "MECHANISM",
+    "MIN_EPSILON",
+    "Plan",
+    "Progress",
+    "SECOND_MOMENT_SHARE",
+    "UpliftParams",
+    "VERSION",
+    "adjusted_one_cell",
+    "aggregates",
+    "aggregates_by_cell",
+    "cell_index",
+    "cluster_statistics",
+    "default_bins",
+    "dp_kmeans",
+    "grid_cells",
+    "make_plan",
+    "nearest",
+    "plan",
+    "predict",
+    "quote",
+    "run",
+    "second_moment_sensitivity",
+    "second_moment_sums",
+    "shrink_to_anchor",
+    "shrinkage_fields",
+    "suggested_bins",
+    "sum_sensitivity",
+    "table",
+    "unit_scale",
+]

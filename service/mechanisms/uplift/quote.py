@@ -1,0 +1,79 @@
+"""uplift_table's quote: the noise scales, the expected noise sd of a cell uplift and the
+partition-size heuristic (no data, no charge).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from service.mechanisms import ate_strict
+from service.mechanisms.domain import PublicDomain
+from service.mechanisms.uplift.calibration import (
+    Plan,
+    make_plan,
+    shrinkage_fields,
+)
+from service.mechanisms.uplift.rules import (
+    UpliftParams,
+    suggested_bins,
+)
+
+
+def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
+    """Public preview: noise scales, the expected noise sd of a cell uplift, the p heuristic."""
+    state = make_plan(domain, params)
+    p_treat = domain.treatment_probability or 0.5
+    if state.adjusted is not None:
+        return _adjusted_quote(domain, state, p_treat)
+    width = domain.outcome_range
+    if state.counts is None or state.sums is None:  # pragma: no cover - only when adjusted
+        raise ValueError("no table calibration")
+    b_c, b_s = state.counts.scale, state.sums.scale
+    per_cell = domain.n / state.cells
+    arms = {"treated": per_cell * p_treat, "control": per_cell * (1.0 - p_treat)}
+    # delta method (adum.md §5) with |centred mean| <= W / 2 and outcome sd <= W / 2.
+    variance = 0.0
+    for size in arms.values():
+        size = max(size, params.min_count)
+        variance += (width / 2) ** 2 / size + (2 * b_s**2 + (width / 2) ** 2 * 2 * b_c**2) / size**2
+    return {
+        "mode": "strict",
+        "guarantee": "strict",
+        "epsilon": state.record.epsilon,
+        "delta": 0.0,
+        "cells": state.cells,
+        "partition": params.partition,
+        "bins": list(params.bins),
+        "count_noise_scale": b_c,
+        "sum_noise_scale": b_s,
+        "expected_records_per_cell": per_cell,
+        "approx_uplift_sd_per_cell": math.sqrt(variance),
+        **shrinkage_fields(state),
+        **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
+    }
+
+
+def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[str, Any]:
+    """proof step 6: the one-cell observational default quotes the strict ATE it releases; the
+    cell's noise sd is that ATE's (public) noise sd ``s_theta``."""
+    if state.adjusted is None:  # pragma: no cover - guarded by the caller
+        raise ValueError("not an adjusted plan")
+    params = state.params
+    inner = ate_strict.quote(domain, state.adjusted.params)
+    return {
+        "mode": "strict",
+        "guarantee": "strict",
+        "epsilon": state.record.epsilon,
+        "delta": state.record.delta,
+        "cells": 1,
+        "partition": params.partition,
+        "bins": list(params.bins),
+        "count_noise_scale": None,
+        "sum_noise_scale": None,
+        "expected_records_per_cell": float(domain.n),
+        "approx_uplift_sd_per_cell": float(inner["s_theta"]),
+        "adjusted_ate": inner,
+        **shrinkage_fields(state),
+        **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
+    }
