@@ -22,6 +22,7 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.realistic",
     "bench.nuisance_bias",
     "bench.ate_folds",
+    "bench.nuisance_oracle",
     "bench.drlearner",
     "bench.cate_basis",
     "bench.ebm_noise",

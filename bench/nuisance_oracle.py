@@ -1,0 +1,237 @@
+"""Which DP nuisance carries the observational strict ATE's bias, and two designs tried on it.
+
+On the realistic observational studies (``bench.studies``), per cell (n, epsilon,
+heterogeneity) and repetition a fresh sample, and on that same sample one strict ``ate`` default
+release (DP-EBM nuisances, the outcome-heavy folds from n·epsilon = 2·10^4) per variant:
+
+* ``default``: the service's release;
+* ``oracle_propensity``: the propensity model replaced by the study's true propensity (known to
+  the simulator only), the outcome model the DP-EBM;
+* ``oracle_outcome``: the outcome model replaced by the true mu0, mu1, the propensity the DP-EBM;
+* ``outcome_clip``: the outcome DP-EBM fitted on Y clipped to its own fold's 1 % / 99 %
+  quantiles, the fit's bounds those quantiles. The quantiles are exact here (no privacy): the
+  best a charged DP quantile clip could do. The fit's noise scales with the clip range (about
+  2.5× below the declared R_Y on these studies);
+* ``shared_fold``: the propensity and outcome DP-EBMs both fitted on the union of their two folds
+  (half the rows), each at mu / sqrt 2 of the fold's mu-GDP budget, so the pair composes to the
+  same mu (Gaussian DP composition) and the release's (epsilon, delta) is unchanged.
+
+The oracle variants are diagnoses, not releases. Figures per variant: bias, sd and RMSE of the
+estimate against the true ATE, the mean CI half-width and the share of intervals covering the
+true ATE. All variants run on the same samples.
+
+    python -m bench.nuisance_oracle --reps 16 --workers 2
+    python -m bench.nuisance_oracle --cells 100000:1,100000:4 --variants default,shared_fold \\
+        --reps 12 --workers 2 --name nuisance_oracle-shared-large
+    python -m bench.nuisance_oracle --quick       # CI smoke: n 2000, eps 4, none, 1 rep
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack, contextmanager
+from typing import Any
+from unittest import mock
+
+import numpy as np
+from numpy.typing import NDArray
+from threadpoolctl import threadpool_limits
+
+from bench import studies
+from bench.common import write_result
+from bench.realistic import ate_release
+from bench.studies import STUDIES, Study
+from service.mechanisms import dp_ebm, partition
+from service.mechanisms.ate_strict import estimation
+from service.releases.kinds.ate import AteParams
+
+FloatArray = NDArray[np.float64]
+VARIANTS = ("default", "oracle_propensity", "oracle_outcome", "outcome_clip", "shared_fold")
+CLIP_LEVEL = 0.01
+CELLS = ((20000, 1.0), (20000, 4.0), (5000, 4.0))
+
+
+def _true_propensity(x: FloatArray) -> FloatArray:
+    b = studies.N_BINARY
+    return studies._propensity(x[:, :b], studies._standardised(x[:, b:]))
+
+
+def _true_mu0(x: FloatArray) -> FloatArray:
+    b = studies.N_BINARY
+    return studies._mu0(x[:, :b], studies._standardised(x[:, b:]))
+
+
+@functools.lru_cache(maxsize=64)
+def _accounting_at(mu_replace_one: float, delta: float) -> dp_ebm.DpEbmAccounting:
+    """The DP-EBM accounting whose replace-one mu is at most ``mu_replace_one`` (bisection)."""
+    low, high = 1e-4, 1000.0
+    for _ in range(80):
+        middle = math.sqrt(low * high)
+        if dp_ebm.dp_ebm_accounting(middle, delta).mu_replace_one <= mu_replace_one:
+            low = middle
+        else:
+            high = middle
+    return dp_ebm.dp_ebm_accounting(low, delta)
+
+
+def _half(accounting: dp_ebm.DpEbmAccounting) -> dp_ebm.DpEbmAccounting:
+    return _accounting_at(accounting.mu_replace_one / math.sqrt(2.0), accounting.delta_p)
+
+
+@contextmanager
+def variant(name: str, study: Study) -> Iterator[None]:
+    """The estimation module's nuisance functions (and folds) replaced for one variant."""
+    propensity: Callable[..., Any] = dp_ebm.propensity_scores
+    outcome: Callable[..., Any] = dp_ebm.outcome_predictions
+    folds: Callable[..., Any] = partition.random_folds
+    patches: dict[str, Callable[..., Any]] = {}
+    if name == "oracle_propensity":
+
+        def true_propensity(*args: Any, clip: float, **_: Any) -> FloatArray:
+            return np.clip(_true_propensity(args[2]), clip, 1.0 - clip)
+
+        patches["propensity_scores"] = true_propensity
+    elif name == "oracle_outcome":
+
+        def true_outcome(*args: Any, **_: Any) -> tuple[FloatArray, FloatArray]:
+            x = args[3]
+            mu0 = _true_mu0(x)
+            return mu0, mu0 + study.tau_true(x)
+
+        patches["outcome_predictions"] = true_outcome
+    elif name == "outcome_clip":
+
+        def clipped_outcome(*args: Any, **kwargs: Any) -> Any:
+            x_fit, a_fit, y_fit, x_predict, lower, upper, _, _, accounting = args
+            low, high = (float(v) for v in np.quantile(y_fit, [CLIP_LEVEL, 1.0 - CLIP_LEVEL]))
+            y_clipped = np.clip(y_fit, low, high)
+            return outcome(
+                x_fit, a_fit, y_clipped, x_predict, lower, upper, low, high, accounting, **kwargs
+            )
+
+        patches["outcome_predictions"] = clipped_outcome
+    elif name == "shared_fold":
+
+        def shared_folds(*args: Any) -> Any:
+            out = dict(folds(*args))
+            if "propensity" in out and "outcome" in out:
+                union = np.concatenate([out["propensity"], out["outcome"]])
+                out["propensity"] = out["outcome"] = union
+            return out
+
+        def half_propensity(*args: Any, **kwargs: Any) -> Any:
+            return propensity(*args[:5], _half(args[5]), **kwargs)
+
+        def half_outcome(*args: Any, **kwargs: Any) -> Any:
+            return outcome(*args[:8], _half(args[8]), **kwargs)
+
+        patches.update(
+            random_folds=shared_folds,
+            propensity_scores=half_propensity,
+            outcome_predictions=half_outcome,
+        )
+    elif name != "default":
+        raise ValueError(f"unknown variant {name}")
+    with ExitStack() as stack:
+        for attribute, replacement in patches.items():
+            stack.enter_context(mock.patch.object(estimation, attribute, replacement))
+        yield
+
+
+def _summary(errors: list[float], halves: list[float]) -> dict[str, Any]:
+    e, h = np.asarray(errors), np.asarray(halves)
+    covered = float(np.mean(np.abs(e) <= h))
+    return {
+        "reps": int(e.size),
+        "bias": float(e.mean()),
+        "sd": float(e.std(ddof=1)) if e.size > 1 else None,
+        "rmse": float(np.sqrt(np.mean(e * e))),
+        "mean_half_width": float(h.mean()),
+        "coverage": covered,
+    }
+
+
+def run_cell(
+    n: int, epsilon: float, het: str, reps: int, seed: int, variants: tuple[str, ...] = VARIANTS
+) -> dict[str, Any]:
+    study = STUDIES[het]
+    domain = study.domain(n)
+    rng = np.random.default_rng(seed)
+    errors: dict[str, list[float]] = {name: [] for name in variants}
+    halves: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(reps):
+        arrays, _ = study.sample(n, rng)
+        for name in variants:
+            with variant(name, study):
+                estimate, half, _ = ate_release(arrays, domain, AteParams(epsilon=epsilon))
+            errors[name].append(estimate - study.true_ate)
+            halves[name].append(half)
+    rows = {name: _summary(errors[name], halves[name]) for name in variants}
+    return {
+        "n": n,
+        "epsilon": epsilon,
+        "heterogeneity": het,
+        "rows": rows,
+        "rmse_ratio": {name: rows[name]["rmse"] / rows["default"]["rmse"] for name in variants},
+    }
+
+
+def _cell(job: tuple[int, float, str, int, int, tuple[str, ...]]) -> dict[str, Any]:
+    with threadpool_limits(1):
+        return run_cell(*job)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="CI smoke")
+    parser.add_argument("--het", default="none,strong")
+    parser.add_argument(
+        "--cells", default=None, help="n:eps pairs, e.g. 100000:1,100000:4 (default: CELLS)"
+    )
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="default first")
+    parser.add_argument("--reps", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=20261127)
+    parser.add_argument("--workers", type=int, default=1, help="cells run at once")
+    parser.add_argument("--name", default="nuisance_oracle")
+    args = parser.parse_args(argv)
+    cells: tuple[tuple[int, float], ...] = CELLS
+    if args.cells:
+        pairs = (pair.split(":") for pair in args.cells.split(","))
+        cells = tuple((int(n), float(eps)) for n, eps in pairs)
+    if args.quick:
+        cells = ((2000, 4.0),)
+    variants = tuple(args.variants.split(","))
+    if variants[0] != "default" or not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants: 'default' first, then any of {', '.join(VARIANTS[1:])}")
+    hets = ("none",) if args.quick else tuple(args.het.split(","))
+    reps = 1 if args.quick else args.reps
+    started = time.perf_counter()
+    jobs = [
+        (n, epsilon, het, reps, args.seed + 1000 * index + n + round(100 * epsilon), variants)
+        for n, epsilon in cells
+        for index, het in enumerate(hets)
+    ]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        results = list(pool.map(_cell, jobs))
+    for cell in results:
+        print(f"n {cell['n']} eps {cell['epsilon']:g} {cell['heterogeneity']}")
+        for name, r in cell["rows"].items():
+            print(
+                f"  {name:18s} rmse {r['rmse']:.3f} bias {r['bias']:+.3f} "
+                f"half {r['mean_half_width']:.3f} cov {r['coverage']:.2f}"
+            )
+    write_result(
+        args.name,
+        {"reps": reps, "cells": results, "seconds": time.perf_counter() - started},
+        quick=args.quick,
+        module="bench.nuisance_oracle",
+    )
+
+
+if __name__ == "__main__":
+    main()
