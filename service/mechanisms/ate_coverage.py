@@ -12,10 +12,12 @@ fitted under privacy noise:
   when the DP propensity / outcome models remove the confounding. Fitted on part of the rows
   under privacy noise, with public regularisation, they leave part of it, and the interval,
   which treats the fitted models as fixed, is then too narrow and centred off the true effect.
-  bench/README.md ("Coverage of observational intervals") measures how often: on the realistic
-  studies (36 covariates) the strict default covered 0.53-0.97 (30 releases per cell,
-  bench/results/ate_folds.json; 0.60-0.97 with the outcome-heavy folds it uses from
-  n * epsilon = 2 * 10^4), worst at large n where the interval is narrow.
+  bench/README.md ("Coverage of observational intervals", "Which DP nuisance carries the
+  observational bias") measures how often: on the realistic studies (36 covariates) the strict
+  default covered 0.56-0.97 at n 5000-20000 and n * epsilon >= 2 * 10^4 (12-30 releases per
+  cell; bench/results/ate_folds.json, nuisance_oracle.json) and 0.00-0.83 at n = 10^5, eps 1-4
+  (12 releases per cell; nuisance_oracle-shared-large.json), worst at large n where the
+  interval is narrow.
 
 Pure: reads the public design and request fields only.
 """
@@ -38,9 +40,9 @@ _NUISANCE_MESSAGE = (
     "error left by the DP propensity and outcome models: it assumes they remove the "
     "confounding. Fitted under privacy noise on part of the rows, they often leave some, and "
     "then the interval is too narrow and off-centre; on simulated clinical studies with 36 "
-    "covariates the default 95 % interval covered the true effect in 60-97 % of releases "
-    "at n * epsilon >= 20,000 (60-80 % at n = 20,000). Read it as a lower bound on the "
-    "uncertainty "
+    "covariates the default 95 % interval covered the true effect in 56-97 % of releases "
+    "at n = 5,000-20,000 with n * epsilon >= 20,000, and in 0-83 % at n = 100,000, where it "
+    "is narrowest. Read it as a lower bound on the uncertainty "
     "(docs/guide-analyst.md, 'What the interval covers')."
 )
 
