@@ -191,12 +191,8 @@ def test_retention_lowers_the_verdict_and_raises_the_bound() -> None:
     assert "its learner can show" in str(weak["message"])
 
 
-def test_a_kernel_function_on_many_covariates_is_not_expected_to_beat_the_ate() -> None:
-    """36 covariates, n epsilon / q below the ebm basis rule: the kernel function's privacy noise
-    is below half the assumed heterogeneity (the old verdict: possible), but at its public
-    regularisation the ridge keeps under 1 % of a smooth effect; on the realistic studies its
-    shrinkage factor was 0 in every such cell."""
-    domain = PublicDomain(
+def _many_covariates() -> PublicDomain:
+    return PublicDomain(
         x_lower=np.zeros(36),
         x_upper=np.ones(36),
         y_lower=0.0,
@@ -205,6 +201,14 @@ def test_a_kernel_function_on_many_covariates_is_not_expected_to_beat_the_ate() 
         design=StudyDesign.RCT,
         treatment_probability=0.5,
     )
+
+
+def test_a_kernel_function_on_many_covariates_is_not_expected_to_beat_the_ate() -> None:
+    """36 covariates, n epsilon / q below the ebm basis rule: the kernel function's privacy noise
+    is below half the assumed heterogeneity (the old verdict: possible), but at its public
+    regularisation the ridge keeps under 1 % of a smooth effect; on the realistic studies its
+    shrinkage factor was 0 in every such cell."""
+    domain = _many_covariates()
     kind = REGISTRY["cate_function"]
     quoted = kind.quote(kind.Params.model_validate({"epsilon": 1.0}), domain)
     block = quoted["versus_ate"]
@@ -212,3 +216,28 @@ def test_a_kernel_function_on_many_covariates_is_not_expected_to_beat_the_ate() 
     assert quoted["pointwise_noise_sd"] < 0.5 * block["heterogeneity_sd"]
     assert quoted["learner_signal_retention"] == block["learner_retention"] < 0.01
     assert block["verdict"] == "not_expected"
+
+
+@pytest.mark.parametrize(
+    ("kind", "switched", "extra"),
+    [("cate_function", "basis", {}), ("cate_vector", "estimator", {"points": [[0.5] * 36]})],
+)
+def test_the_epsilon_worth_it_follows_the_default_rule_to_the_ebm_release(
+    kind: str, switched: str, extra: dict[str, object]
+) -> None:
+    """Below the rule's threshold the kernel / ridge release is not worth it at any epsilon; the
+    epsilon the quote recommends is one where the same request resolves to the ebm release,
+    whose own quote then meets the worth-it criterion."""
+    domain = _many_covariates()
+    release_kind = REGISTRY[kind]
+    low = release_kind.quote(release_kind.Params.model_validate({"epsilon": 1.0, **extra}), domain)
+    assert low[switched] != "ebm"
+    worth = low["versus_ate"]["epsilon_worth_it"]
+    assert worth is not None
+    assert worth > 1.0
+    high = release_kind.quote(
+        release_kind.Params.model_validate({"epsilon": worth, **extra}), domain
+    )
+    assert high[switched] == "ebm"
+    block = high["versus_ate"]
+    assert block["expected_pehe_lower_bound"] <= 0.5 * block["heterogeneity_sd"] * (1 + 1e-9)

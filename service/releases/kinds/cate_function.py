@@ -173,9 +173,9 @@ class CateFunctionKind:
         out["versus_ate"] = versus_ate_block(
             request,
             domain,
-            lambda r: _noise_sd(r, domain),
+            lambda r: _noise_sd_by_rule(r, domain),
             anchored=out["shrinkage"] == "ate",
-            retention=lambda r: _retention(r, domain),
+            retention=lambda r: _retention_by_rule(r, domain),
         )
         return out
 
@@ -281,3 +281,19 @@ def _retention(request: CateFunctionParams, domain: PublicDomain) -> float:
     regularisation (the quote's learner_signal_retention)."""
     quoted = mech.quote(domain, to_mechanism_params(request, domain))
     return float(quoted["learner_signal_retention"])
+
+
+def _noise_sd_by_rule(request: CateFunctionParams, domain: PublicDomain) -> float:
+    """The per-prediction noise sd of the release the basis rule picks for this request (the
+    epsilon search of ``versus_ate`` passes through the rule's switch to the ebm basis)."""
+    if basis_for(request, domain) == "ebm":
+        return ebm_kind.noise_sd(_ebm_request(request), domain)
+    return _noise_sd(request, domain)
+
+
+def _retention_by_rule(request: CateFunctionParams, domain: PublicDomain) -> float:
+    """The kernel learner's retention, or 1 where the rule picks the ebm basis (its quote
+    models the DP-EBM's own noise and assumes no shrinkage of the effect)."""
+    if basis_for(request, domain) == "ebm":
+        return 1.0
+    return _retention(request, domain)

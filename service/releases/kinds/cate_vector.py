@@ -160,7 +160,7 @@ class CateVectorKind:
         checked = to_mechanism_params(request, domain)
         out = {"estimator": "ridge", **cate_vector.quote(domain, checked)}
         out["versus_ate"] = versus_ate_block(
-            request, domain, lambda r: _noise_sd(r, domain), anchored=checked.anchor
+            request, domain, lambda r: _noise_sd_by_rule(r, domain), anchored=checked.anchor
         )
         return out
 
@@ -221,3 +221,11 @@ def _as_params(params: Any) -> CateVectorRequest:
 def _noise_sd(request: CateVectorRequest, domain: PublicDomain) -> float:
     """Public per-prediction privacy-noise sd of a request (RMS over the query points)."""
     return cate_vector.rms_noise_sd(domain, to_mechanism_params(request, domain))
+
+
+def _noise_sd_by_rule(request: CateVectorRequest, domain: PublicDomain) -> float:
+    """The per-prediction noise sd of the release the estimator rule picks for this request
+    (the epsilon search of ``versus_ate`` passes through the rule's switch to ebm)."""
+    if estimator_for(request, domain) == "ebm":
+        return ebm_kind.noise_sd(_ebm_request(request), domain)
+    return _noise_sd(request, domain)

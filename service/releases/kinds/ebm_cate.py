@@ -83,7 +83,7 @@ class EbmCateKind:
         out = ebm_cate.quote(domain, checked)
         anchored = out["shrinkage"] == "ate"
         out["versus_ate"] = versus_ate_block(
-            request, domain, lambda r: _noise_sd(r, domain), anchored=anchored
+            request, domain, lambda r: noise_sd(r, domain), anchored=anchored
         )
         return out
 
@@ -169,7 +169,7 @@ def _as_params(params: Any) -> EbmCateRequest:
     return EbmCateRequest.model_validate(params)
 
 
-def _noise_sd(request: EbmCateRequest, domain: PublicDomain) -> float:
+def noise_sd(request: EbmCateRequest, domain: PublicDomain) -> float:
     """Public per-prediction privacy-noise sd of a request (``prediction_noise_sd``)."""
     quoted = ebm_cate.quote(domain, to_mechanism_params(request, domain))
     return ebm_cate.prediction_noise_sd(domain, quoted)
