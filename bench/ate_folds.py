@@ -24,7 +24,6 @@ difference is the folds' (and the DP noise's), not the samples'.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench.common import write_result
+from bench.common import interval_summary, write_result
 from bench.realistic import ate_release
 from bench.studies import STUDIES
 from service.mechanisms import ate_strict
@@ -45,21 +44,6 @@ def fold_sets(n: int) -> dict[str, tuple[float, ...]]:
     if heavy is not None:
         sets["outcome_heavy"] = heavy
     return sets
-
-
-def _summary(errors: list[float], halves: list[float]) -> dict[str, Any]:
-    e = np.asarray(errors)
-    h = np.asarray(halves)
-    covered = float(np.mean(np.abs(e) <= h))
-    return {
-        "reps": int(e.size),
-        "bias": float(e.mean()),
-        "sd": float(e.std(ddof=1)) if e.size > 1 else None,
-        "rmse": float(np.sqrt(np.mean(e * e))),
-        "mean_half_width": float(h.mean()),
-        "coverage": covered,
-        "coverage_se": math.sqrt(covered * (1.0 - covered) / e.size),
-    }
 
 
 def run_cell(n: int, epsilon: float, het: str, reps: int, seed: int) -> dict[str, Any]:
@@ -87,7 +71,7 @@ def run_cell(n: int, epsilon: float, het: str, reps: int, seed: int) -> dict[str
         != ate_strict.DEFAULT_FOLDS_OBSERVATIONAL
         else "spec",
         "folds": {name: list(folds) for name, folds in sets.items()},
-        "rows": {name: _summary(errors[name], halves[name]) for name in sets},
+        "rows": {name: interval_summary(errors[name], halves[name]) for name in sets},
     }
     if "outcome_heavy" in sets:
         out["rmse_ratio"] = out["rows"]["outcome_heavy"]["rmse"] / out["rows"]["spec"]["rmse"]

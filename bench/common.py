@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -124,3 +125,21 @@ def fresh_postgres_database(base: str = PG_DEFAULT) -> tuple[str, Any]:
 
 def elapsed_since(start: float) -> float:
     return round(time.perf_counter() - start, 3)
+
+
+def interval_summary(errors: list[float], halves: list[float]) -> dict[str, Any]:
+    """Bias, sd and RMSE of estimate errors, the mean CI half-width and the share of intervals
+    that cover (``|error| <= half-width``) with its binomial standard error."""
+    import numpy as np
+
+    e, h = np.asarray(errors, dtype=float), np.asarray(halves, dtype=float)
+    covered = float(np.mean(np.abs(e) <= h))
+    return {
+        "reps": int(e.size),
+        "bias": float(e.mean()),
+        "sd": float(e.std(ddof=1)) if e.size > 1 else None,
+        "rmse": float(np.sqrt(np.mean(e * e))),
+        "mean_half_width": float(h.mean()),
+        "coverage": covered,
+        "coverage_se": math.sqrt(covered * (1.0 - covered) / e.size),
+    }

@@ -43,7 +43,7 @@ from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
 from bench import studies
-from bench.common import write_result
+from bench.common import interval_summary, write_result
 from bench.realistic import ate_release
 from bench.studies import STUDIES, Study
 from service.mechanisms import dp_ebm, partition
@@ -143,19 +143,6 @@ def variant(name: str, study: Study) -> Iterator[None]:
         yield
 
 
-def _summary(errors: list[float], halves: list[float]) -> dict[str, Any]:
-    e, h = np.asarray(errors), np.asarray(halves)
-    covered = float(np.mean(np.abs(e) <= h))
-    return {
-        "reps": int(e.size),
-        "bias": float(e.mean()),
-        "sd": float(e.std(ddof=1)) if e.size > 1 else None,
-        "rmse": float(np.sqrt(np.mean(e * e))),
-        "mean_half_width": float(h.mean()),
-        "coverage": covered,
-    }
-
-
 def run_cell(
     n: int, epsilon: float, het: str, reps: int, seed: int, variants: tuple[str, ...] = VARIANTS
 ) -> dict[str, Any]:
@@ -171,7 +158,7 @@ def run_cell(
                 estimate, half, _ = ate_release(arrays, domain, AteParams(epsilon=epsilon))
             errors[name].append(estimate - study.true_ate)
             halves[name].append(half)
-    rows = {name: _summary(errors[name], halves[name]) for name in variants}
+    rows = {name: interval_summary(errors[name], halves[name]) for name in variants}
     return {
         "n": n,
         "epsilon": epsilon,
