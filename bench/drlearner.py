@@ -53,6 +53,7 @@ from threadpoolctl import threadpool_limits
 from bench.common import write_result
 from bench.realistic import (
     CATE_KINDS,
+    EXTRA_CATE_KINDS,
     FULL_HET,
     FloatArray,
     _names,
@@ -259,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     hets = _names(args.het, FULL_HET) if args.het else default_hets
     reps = args.reps if args.reps is not None else 1
     default_kinds = ("uplift_table",) if quick else CATE_KINDS
-    kinds = _names(args.kinds, CATE_KINDS) if args.kinds is not None else default_kinds
+    allowed = CATE_KINDS + EXTRA_CATE_KINDS
+    kinds = _names(args.kinds, allowed) if args.kinds is not None else default_kinds
 
     import econml  # fail early (and outside the timings) when the bench extra is missing
     import sklearn

@@ -82,6 +82,9 @@ CATE_KINDS = (
     "uplift_table",
     "cate_function_given_anchor",
 )
+# Comparators run only when named: ebm_cate_unshrunk is the ebm_cate default's DR learner with
+# shrinkage "none" (what the anchor and the calibration rows cost where the model learns).
+EXTRA_CATE_KINDS = ("ebm_cate_unshrunk",)
 FloatArray = NDArray[np.float64]
 
 
@@ -200,8 +203,10 @@ def cate_release(
         request = CateVectorRequest(points=x_test.tolist(), epsilon=epsilon)
         out = CateVectorKind().run(arrays, domain, request, **options)
         return np.asarray(out["estimates"], np.float64)
-    if kind == "ebm_cate":
-        out = EbmCateKind().run(arrays, domain, EbmCateRequest(epsilon=epsilon), **options)
+    if kind in ("ebm_cate", "ebm_cate_unshrunk"):
+        shrinkage = "none" if kind == "ebm_cate_unshrunk" else None
+        ebm_request = EbmCateRequest(epsilon=epsilon, shrinkage=shrinkage)
+        out = EbmCateKind().run(arrays, domain, ebm_request, **options)
         return ebm_cate.predict(out, x_test)
     if kind == "uplift_table":
         # One cell (the default grid on these 36 covariates) is no adjustment set, so nothing
@@ -530,7 +535,9 @@ def main(argv: list[str] | None = None) -> None:
     hets = _names(args.het, FULL_HET) if args.het else (("none", "strong") if quick else FULL_HET)
     reps = args.reps if args.reps is not None else (6 if quick else 200)
     cate_reps = args.cate_reps if args.cate_reps is not None else (1 if quick else 5)
-    kinds = _names(args.kinds, CATE_KINDS) if args.kinds is not None else CATE_KINDS
+    kinds = (
+        _names(args.kinds, CATE_KINDS + EXTRA_CATE_KINDS) if args.kinds is not None else CATE_KINDS
+    )
     estimators = (
         _names(args.estimators, tuple(ATE_ESTIMATORS))
         if args.estimators is not None
