@@ -173,9 +173,9 @@ def quote_block(
 
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     noise_sd = float(noise_sd_at(epsilon))
-    retention = None if retention_at is None else keep(epsilon)
+    kept = keep(epsilon)
     worth_it = None
-    if noise_sd >= WORTH_IT_RATIO * h * (1.0 if retention is None else retention):
+    if noise_sd >= WORTH_IT_RATIO * h * kept:
         worth_it = epsilon_for_noise_sd(
             safe, WORTH_IT_RATIO * h, minimum=SEARCH_MIN_EPSILON, maximum=SEARCH_MAX_EPSILON
         )
@@ -185,7 +185,7 @@ def quote_block(
         epsilon,
         heterogeneity_sd=heterogeneity_sd,
         epsilon_worth_it=worth_it,
-        retention=retention,
+        retention=None if retention_at is None else kept,
     )
 
 

@@ -271,16 +271,10 @@ def _as_params(params: Any) -> CateFunctionParams:
     return CateFunctionParams.model_validate(params)
 
 
-def _noise_sd(request: CateFunctionParams, domain: PublicDomain) -> float:
-    """Public per-prediction privacy-noise sd of a request (the quote's pointwise_noise_sd)."""
-    return float(mech.quote(domain, to_mechanism_params(request, domain))["pointwise_noise_sd"])
-
-
-def _retention(request: CateFunctionParams, domain: PublicDomain) -> float:
-    """The share of a smooth heterogeneity the kernel learner keeps at the request's public
-    regularisation (the quote's learner_signal_retention)."""
-    quoted = mech.quote(domain, to_mechanism_params(request, domain))
-    return float(quoted["learner_signal_retention"])
+def _kernel_quote(request: CateFunctionParams, domain: PublicDomain, field: str) -> float:
+    """One public field of the kernel-basis quote of a request: ``pointwise_noise_sd`` (the
+    per-prediction privacy-noise sd) or ``learner_signal_retention``."""
+    return float(mech.quote(domain, to_mechanism_params(request, domain))[field])
 
 
 def _noise_sd_by_rule(request: CateFunctionParams, domain: PublicDomain) -> float:
@@ -288,7 +282,7 @@ def _noise_sd_by_rule(request: CateFunctionParams, domain: PublicDomain) -> floa
     epsilon search of ``versus_ate`` passes through the rule's switch to the ebm basis)."""
     if basis_for(request, domain) == "ebm":
         return ebm_kind.noise_sd(_ebm_request(request), domain)
-    return _noise_sd(request, domain)
+    return _kernel_quote(request, domain, "pointwise_noise_sd")
 
 
 def _retention_by_rule(request: CateFunctionParams, domain: PublicDomain) -> float:
@@ -296,4 +290,4 @@ def _retention_by_rule(request: CateFunctionParams, domain: PublicDomain) -> flo
     models the DP-EBM's own noise and assumes no shrinkage of the effect)."""
     if basis_for(request, domain) == "ebm":
         return 1.0
-    return _retention(request, domain)
+    return _kernel_quote(request, domain, "learner_signal_retention")
