@@ -70,6 +70,8 @@ __all__ = [
 # under a minute; no reduction of max_rounds is needed.
 DP_EBM_MAX_BINS = 32
 DP_EBM_MAX_ROUNDS = 300
+# the default learning rate; a caller may pass another public one per fit (ate_strict's
+# ``dp_ebm_learning_rates``): interpret scales each step's noise with it, mu is unchanged
 DP_EBM_LEARNING_RATE = 0.01
 DP_EBM_MAX_LEAVES = 3
 DP_EBM_BIN_BUDGET_FRAC = 0.1
@@ -210,6 +212,7 @@ def _common(
     accounting: DpEbmAccounting,
     max_bins: int = DP_EBM_MAX_BINS,
     max_rounds: int = DP_EBM_MAX_ROUNDS,
+    learning_rate: float = DP_EBM_LEARNING_RATE,
 ) -> dict[str, Any]:
     return {
         "epsilon": accounting.epsilon_p,
@@ -218,7 +221,7 @@ def _common(
         "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
         "max_bins": max_bins,
         "max_rounds": max_rounds,
-        "learning_rate": DP_EBM_LEARNING_RATE,
+        "learning_rate": learning_rate,
         "max_leaves": DP_EBM_MAX_LEAVES,
         "outer_bags": DP_EBM_OUTER_BAGS,
         "validation_size": 0,
@@ -238,15 +241,16 @@ def check_fitted_noise(
     target_range: float,
     *,
     max_rounds: int = DP_EBM_MAX_ROUNDS,
+    learning_rate: float = DP_EBM_LEARNING_RATE,
 ) -> None:
-    """Verify from the fitted noise scales that the (unweighted) fit is within the planned mu."""
+    """Verify from the fitted noise scales that the (unweighted) fit is within the planned mu.
+
+    interpret calibrates each boosting step's noise to the learning-rate-scaled sensitivity
+    (``learning_rate * target_range``), so the learning rate changes the noise, never mu."""
     mu_binning = math.sqrt(n_features) / float(model.noise_scale_binning_)
     queries = max_rounds * n_features * DP_EBM_OUTER_BAGS
     mu_boosting = (
-        math.sqrt(queries)
-        * DP_EBM_LEARNING_RATE
-        * target_range
-        / float(model.noise_scale_boosting_)
+        math.sqrt(queries) * learning_rate * target_range / float(model.noise_scale_boosting_)
     )
     if 2.0 * math.hypot(mu_binning, mu_boosting) > accounting.mu_replace_one * (1.0 + _MU_RTOL):
         raise PrivacyConfigurationError("DP-EBM noise scale below the planned calibration")
@@ -261,13 +265,15 @@ def fit_classifier(
     *,
     max_bins: int = DP_EBM_MAX_BINS,
     max_rounds: int = DP_EBM_MAX_ROUNDS,
+    learning_rate: float = DP_EBM_LEARNING_RATE,
 ) -> Any:
     """DP-EBM classifier for P(A = 1 | X) with public bounds (dp_ebm_learners.md §7.4).
 
     Two public anchor rows (A = 0 and A = 1 at the box centre) make both classes present in
     every fit, so interpret's data-derived ``classes_`` is constant (as in ``ate_strict``).
     ``max_bins`` and ``max_rounds`` are public hyperparameters: interpret spreads the same
-    mu over ``max_rounds`` boosting rounds (so mu, the privacy, does not depend on them).
+    mu over ``max_rounds`` boosting rounds (so mu, the privacy, does not depend on them), and
+    scales each step's noise with the public ``learning_rate``.
     """
     from interpret.privacy import DPExplainableBoostingClassifier
 
@@ -276,7 +282,7 @@ def fit_classifier(
     x_fit = np.vstack([np.clip(x, lower, upper), centre, centre])
     a_fit = np.concatenate([np.where(a >= 0.5, 1, 0), [0, 1]]).astype(np.int64)
     model = DPExplainableBoostingClassifier(
-        **_common(accounting, max_bins, max_rounds),
+        **_common(accounting, max_bins, max_rounds, learning_rate),
         feature_types=["continuous"] * q,
         privacy_bounds=_bounds(lower, upper),
     )
@@ -284,7 +290,9 @@ def fit_classifier(
         model.fit(x_fit, a_fit)
     if list(np.asarray(model.classes_).tolist()) != [0, 1]:
         raise ValueError("unexpected classes")
-    check_fitted_noise(model, accounting, q, 1.0, max_rounds=max_rounds)
+    check_fitted_noise(
+        model, accounting, q, 1.0, max_rounds=max_rounds, learning_rate=learning_rate
+    )
     return model
 
 
@@ -300,6 +308,7 @@ def fit_regressor(
     sample_weight: NDArray[np.float64] | None = None,
     max_bins: int = DP_EBM_MAX_BINS,
     max_rounds: int = DP_EBM_MAX_ROUNDS,
+    learning_rate: float = DP_EBM_LEARNING_RATE,
 ) -> tuple[Any, float]:
     """DP-EBM regressor with public feature and target bounds; the target is centred.
 
@@ -317,7 +326,7 @@ def fit_regressor(
     midpoint = (target_lower + target_upper) / 2.0
     half = (target_upper - target_lower) / 2.0
     model = DPExplainableBoostingRegressor(
-        **_common(accounting, max_bins, max_rounds),
+        **_common(accounting, max_bins, max_rounds, learning_rate),
         feature_types=["continuous"] * q,
         privacy_bounds=_bounds(lower, upper),
         privacy_target_min=-half,
@@ -330,7 +339,14 @@ def fit_regressor(
         else:
             model.fit(np.clip(x, lower, upper), centred, sample_weight=sample_weight)
     if sample_weight is None:
-        check_fitted_noise(model, accounting, q, 2.0 * half, max_rounds=max_rounds)
+        check_fitted_noise(
+            model,
+            accounting,
+            q,
+            2.0 * half,
+            max_rounds=max_rounds,
+            learning_rate=learning_rate,
+        )
     return model, midpoint
 
 
@@ -345,13 +361,21 @@ def propensity_scores(
     clip: float,
     max_bins: int = DP_EBM_MAX_BINS,
     max_rounds: int = DP_EBM_MAX_ROUNDS,
+    learning_rate: float = DP_EBM_LEARNING_RATE,
 ) -> NDArray[np.float64]:
     """``e_hat`` at ``x_predict`` from a DP classifier fitted on ``(x_fit, a_fit)`` only,
     clipped to the public ``[clip, 1 - clip]`` (a failed prediction, NaN, becomes 0.5; a fit
     that fails other than by a privacy check gives the public constant 0.5 everywhere)."""
     try:
         model = fit_classifier(
-            x_fit, a_fit, lower, upper, accounting, max_bins=max_bins, max_rounds=max_rounds
+            x_fit,
+            a_fit,
+            lower,
+            upper,
+            accounting,
+            max_bins=max_bins,
+            max_rounds=max_rounds,
+            learning_rate=learning_rate,
         )
         with interpret_guard():
             proba = np.asarray(model.predict_proba(x_predict), dtype=np.float64)[:, 1]
@@ -375,6 +399,7 @@ def outcome_predictions(
     *,
     max_bins: int = DP_EBM_MAX_BINS,
     max_rounds: int = DP_EBM_MAX_ROUNDS,
+    learning_rate: float = DP_EBM_LEARNING_RATE,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``(mu0_hat, mu1_hat)`` at ``x_predict`` from one DP regressor of Y on (A, X) fitted on
     its own fold, A a continuous feature on (0, 1) and Y centred on the public midpoint
@@ -393,6 +418,7 @@ def outcome_predictions(
             accounting,
             max_bins=max_bins,
             max_rounds=max_rounds,
+            learning_rate=learning_rate,
         )
         with interpret_guard():
             raw1 = np.asarray(model.predict(np.column_stack([ones, x_predict])), np.float64)
@@ -420,6 +446,7 @@ def dp_ebm_event(
     learner: str,
     max_bins: int = DP_EBM_MAX_BINS,
     max_rounds: int = DP_EBM_MAX_ROUNDS,
+    learning_rate: float = DP_EBM_LEARNING_RATE,
 ) -> NoiseEvent:
     """The ledger event of one DP-EBM module (public parameters only)."""
     return NoiseEvent(
@@ -438,7 +465,7 @@ def dp_ebm_event(
             "bin_budget_frac": DP_EBM_BIN_BUDGET_FRAC,
             "max_bins": max_bins,
             "max_rounds": max_rounds,
-            "learning_rate": DP_EBM_LEARNING_RATE,
+            "learning_rate": learning_rate,
             "max_leaves": DP_EBM_MAX_LEAVES,
             "outer_bags": DP_EBM_OUTER_BAGS,
             "n_features": n_features,
@@ -454,9 +481,11 @@ def nuisance_event(
     accounting: DpEbmAccounting,
     n_features: int,
     target_range: float,
+    *,
+    learning_rate: float = DP_EBM_LEARNING_RATE,
 ) -> NoiseEvent:
-    """The event of a first-stage nuisance at interpret's defaults: the classifier for the
-    ``"propensity"`` module, a regressor otherwise."""
+    """The event of a first-stage nuisance at interpret's defaults (but the public learning
+    rate): the classifier for the ``"propensity"`` module, a regressor otherwise."""
     learner = "Classifier" if module == "propensity" else "Regressor"
     return dp_ebm_event(
         module,
@@ -466,6 +495,7 @@ def nuisance_event(
         n_features=n_features,
         target_range=target_range,
         learner=learner,
+        learning_rate=learning_rate,
     )
 
 

@@ -755,3 +755,67 @@ def test_dp_ebm_default_folds_rule() -> None:
     assert ate_strict.default_fold_fractions(domain, "dp_ebm") == (0.25, 0.25, 0.5)
     linear = plan(domain, AteStrictParams(epsilon=2.0, delta=1e-6, nuisance="dp_linear"))
     assert linear.fold_sizes == {"propensity": 2500, "outcome": 2500, "estimation": 5000}
+
+
+def test_dp_ebm_learning_rate_rule_reaches_the_record_and_the_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """interpret's 0.01 below n eps = 10^5, (0.04, 0.02) from it: in the record's nuisance
+    events and in the fits the run makes (classifier, regressor)."""
+    rule = ate_strict.dp_ebm_learning_rates
+    threshold = ate_strict.DP_EBM_FAST_LEARNING_MIN_N_EPSILON
+    assert rule(10_000, 0.999 * threshold / 10_000) == (0.01, 0.01)
+    assert rule(10_000, threshold / 10_000) == ate_strict.DP_EBM_FAST_LEARNING_RATES == (0.04, 0.02)
+
+    def rates(state: Any) -> list[Any]:
+        return [event.params.get("learning_rate") for event in state.record.events]
+
+    slow = ate_strict.make_plan(make_domain(n=10_000), AteStrictParams(epsilon=9.9, delta=1e-6))
+    fast = ate_strict.make_plan(make_domain(n=10_000), AteStrictParams(epsilon=10.0, delta=1e-6))
+    assert (slow.learning_rates, fast.learning_rates) == ((0.01, 0.01), (0.04, 0.02))
+    assert rates(slow)[:2] == [0.01, 0.01]
+    assert rates(fast)[:2] == [0.04, 0.02]
+    # dp_linear has no learning rate in its record
+    linear = ate_strict.make_plan(
+        make_domain(n=10_000), AteStrictParams(epsilon=10.0, delta=1e-6, nuisance="dp_linear")
+    )
+    assert not any(rate is not None for rate in rates(linear))
+
+    from service.mechanisms.ate_strict import estimation
+
+    seen: dict[str, float] = {}
+    propensity, outcome = estimation.propensity_scores, estimation.outcome_predictions
+
+    def spy(name: str, function: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            seen[name] = kwargs["learning_rate"]
+            return function(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(estimation, "propensity_scores", spy("propensity", propensity))
+    monkeypatch.setattr(estimation, "outcome_predictions", spy("outcome", outcome))
+    n = 2000
+    domain = make_domain(n=n, y_lower=-4.0, y_upper=4.0)
+    arrays = synthetic(n, 2, np.random.default_rng(5))
+    _run(arrays, domain, AteStrictParams(epsilon=50.0, delta=1e-6), seed=6)
+    assert seen == {"propensity": 0.04, "outcome": 0.02}
+    _run(arrays, domain, AteStrictParams(epsilon=4.0, delta=1e-6), seed=6)
+    assert seen == {"propensity": 0.01, "outcome": 0.01}
+
+
+def test_fitted_noise_check_reads_the_learning_rate() -> None:
+    """A fit at learning rate 0.04 passes the check at 0.04 and fails it at 0.08 (noise below
+    the planned calibration for that rate): the check sees the rate the fit used."""
+    from service.mechanisms import dp_ebm
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, size=(400, 3))
+    a = (rng.uniform(size=400) < 0.5).astype(np.float64)
+    accounting = dp_ebm.dp_ebm_accounting(1.0, 1e-6)
+    lower, upper = -np.ones(3), np.ones(3)
+    model = dp_ebm.fit_classifier(x, a, lower, upper, accounting, max_rounds=20, learning_rate=0.04)
+    assert model.learning_rate == 0.04
+    dp_ebm.check_fitted_noise(model, accounting, 3, 1.0, max_rounds=20, learning_rate=0.04)
+    with pytest.raises(dp_ebm.PrivacyConfigurationError):
+        dp_ebm.check_fitted_noise(model, accounting, 3, 1.0, max_rounds=20, learning_rate=0.08)

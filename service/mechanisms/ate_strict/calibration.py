@@ -22,6 +22,7 @@ from service.mechanisms.ate_strict.rules import (
     VERSION,
     AteStrictParams,
     Nuisance,
+    dp_ebm_learning_rates,
     module_names,
     resolved_shares,
     split_share,
@@ -37,6 +38,7 @@ from service.mechanisms.calibration import (
 )
 from service.mechanisms.domain import PublicDomain, StudyDesign
 from service.mechanisms.dp_ebm import (
+    DP_EBM_LEARNING_RATE,
     DpEbmAccounting,
     nuisance_event,
     solve_dp_ebm_epsilon_p,
@@ -119,6 +121,8 @@ class Plan:
     second_moment: GaussianCalibration
     record: MechanismRecord
     quantile_epsilon: float | None = None  # adaptive clipping only
+    # DP-EBM nuisances' (classifier, regressor) learning rates (``dp_ebm_learning_rates``)
+    learning_rates: tuple[float, float] = (DP_EBM_LEARNING_RATE, DP_EBM_LEARNING_RATE)
 
     @property
     def n2(self) -> int:
@@ -233,10 +237,15 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
 
     events: list[NoiseEvent] = []
     q = domain.q
+    rate_pi, rate_mu = dp_ebm_learning_rates(domain.n, epsilon)
     if dp_ebm is not None:
         if "propensity" in modules:
-            events.append(nuisance_event("propensity", epsilon, delta, dp_ebm, q, 1.0))
-        events.append(nuisance_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r))
+            events.append(
+                nuisance_event("propensity", epsilon, delta, dp_ebm, q, 1.0, learning_rate=rate_pi)
+            )
+        events.append(
+            nuisance_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r, learning_rate=rate_mu)
+        )
     nuisance_module = "nuisance" if cross_fit else None
     if dp_logistic is not None:
         events.append(
@@ -315,6 +324,7 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
         second_moment=second_moment,
         record=record,
         quantile_epsilon=quantile_epsilon,
+        learning_rates=(rate_pi, rate_mu),
     )
 
 

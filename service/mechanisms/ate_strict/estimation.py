@@ -223,7 +223,14 @@ def _run(
         # anchors is a DP function of D_pi.
         pi_fold = folds["propensity"]
         pi_hat = propensity_scores(
-            x[pi_fold], a[pi_fold], x2, lower, upper, _dp_ebm(state), clip=params.propensity_clip
+            x[pi_fold],
+            a[pi_fold],
+            x2,
+            lower,
+            upper,
+            _dp_ebm(state),
+            clip=params.propensity_clip,
+            learning_rate=state.learning_rates[0],
         )
         progress(0.40, "propensity")
 
@@ -242,7 +249,16 @@ def _run(
         # midpoint (dp_ebm_learners.md §3.2, §7.4).
         mu_fold = folds["outcome"]
         mu0_hat, mu1_hat = outcome_predictions(
-            x[mu_fold], a[mu_fold], y[mu_fold], x2, lower, upper, low, high, _dp_ebm(state)
+            x[mu_fold],
+            a[mu_fold],
+            y[mu_fold],
+            x2,
+            lower,
+            upper,
+            low,
+            high,
+            _dp_ebm(state),
+            learning_rate=state.learning_rates[1],
         )
         progress(0.75, "outcome")
 
