@@ -31,10 +31,11 @@ import numpy as np
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
+from bench import nuisance_oracle
 from bench.common import write_result
 from bench.realistic import ate_release
 from bench.studies import STUDIES
-from service.mechanisms import dp_ebm, dp_linear
+from service.mechanisms import dp_linear
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.domain import PublicDomain
 from service.releases.kinds.ate import AteParams
@@ -115,12 +116,9 @@ def run(n: int, epsilons: tuple[float, ...], reps: int, seed: int) -> dict[str, 
             )
             add(f"dp_linear eps={epsilon:g}", estimate - truth, half)
             for rate in LEARNING_RATES:
-                previous = dp_ebm.DP_EBM_LEARNING_RATE
-                dp_ebm.DP_EBM_LEARNING_RATE = rate  # a public hyperparameter (module docstring)
-                try:
+                # a public hyperparameter of both DP-EBM nuisances (module docstring)
+                with nuisance_oracle.variant(f"lr:{rate}:{rate}", study):
                     estimate, half, _ = ate_release(arrays, domain, AteParams(epsilon=epsilon))
-                finally:
-                    dp_ebm.DP_EBM_LEARNING_RATE = previous
                 add(f"dp_ebm_lr{rate:g} eps={epsilon:g}", estimate - truth, half)
     return {name: _summary(values, widths.get(name, [])) for name, values in errors.items()}
 

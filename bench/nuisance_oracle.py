@@ -14,7 +14,11 @@ release (DP-EBM nuisances, the outcome-heavy folds from n·epsilon = 2·10^4) pe
   2.5× below the declared R_Y on these studies);
 * ``shared_fold``: the propensity and outcome DP-EBMs both fitted on the union of their two folds
   (half the rows), each at mu / sqrt 2 of the fold's mu-GDP budget, so the pair composes to the
-  same mu (Gaussian DP composition) and the release's (epsilon, delta) is unchanged.
+  same mu (Gaussian DP composition) and the release's (epsilon, delta) is unchanged;
+* ``lr:<c>:<r>``: the propensity classifier at learning rate c and the outcome regressor at r
+  (public hyperparameters: interpret scales each step's noise with the rate, the privacy is
+  unchanged). Since ate_strict version 5 the default itself uses (0.04, 0.02) from
+  n·epsilon = 10^5 (``dp_ebm_learning_rates``), interpret's 0.01 below.
 
 The oracle variants are diagnoses, not releases. Figures per variant: bias, sd and RMSE of the
 estimate against the true ATE, the mean CI half-width and the share of intervals covering the
@@ -23,6 +27,9 @@ true ATE. All variants run on the same samples.
     python -m bench.nuisance_oracle --reps 16 --workers 2
     python -m bench.nuisance_oracle --cells 100000:1,100000:4 --variants default,shared_fold \\
         --reps 12 --workers 2 --name nuisance_oracle-shared-large
+    python -m bench.nuisance_oracle --cells 100000:1,100000:2,100000:4,50000:4 \\
+        --variants default,lr:0.04:0.02,lr:0.02:0.02 --reps 12 --workers 2 --seed 20261201 \\
+        --name nuisance_lr-large
     python -m bench.nuisance_oracle --quick       # CI smoke: n 2000, eps 4, none, 1 rep
 """
 
@@ -135,6 +142,19 @@ def variant(name: str, study: Study) -> Iterator[None]:
             propensity_scores=half_propensity,
             outcome_predictions=half_outcome,
         )
+    elif name.startswith("lr:"):
+        classifier_rate, regressor_rate = (float(v) for v in name[3:].split(":"))
+
+        def at_rate(function: Callable[..., Any], rate: float) -> Callable[..., Any]:
+            def fitted(*args: Any, **kwargs: Any) -> Any:
+                return function(*args, **{**kwargs, "learning_rate": rate})
+
+            return fitted
+
+        patches.update(
+            propensity_scores=at_rate(propensity, classifier_rate),
+            outcome_predictions=at_rate(outcome, regressor_rate),
+        )
     elif name != "default":
         raise ValueError(f"unknown variant {name}")
     with ExitStack() as stack:
@@ -193,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         cells = ((2000, 4.0),)
     variants = tuple(args.variants.split(","))
-    if variants[0] != "default" or not set(variants) <= set(VARIANTS):
+    known = set(VARIANTS) | {name for name in variants if name.startswith("lr:")}
+    if variants[0] != "default" or not set(variants) <= known:
         parser.error(f"--variants: 'default' first, then any of {', '.join(VARIANTS[1:])}")
     hets = ("none",) if args.quick else tuple(args.het.split(","))
     reps = 1 if args.quick else args.reps
