@@ -266,6 +266,47 @@ def test_noise_path_dr_modules_share_the_planned_mu(shrinkage: str) -> None:
     )
 
 
+@pytest.mark.parametrize(("epsilon", "rates"), [(40.0, (0.01, 0.01)), (50.0, (0.04, 0.02))])
+def test_noise_path_ate_nuisances_draw_at_their_learning_rates(
+    epsilon: float, rates: tuple[float, float]
+) -> None:
+    """The ate default's DP-EBM nuisances on either side of the learning-rate rule (n eps 8e4
+    and 1e5 at n = 2000): every interpret draw is at the sd planned for its model's own rate
+    (sqrt(E d) lr R / mu_tr), so a rate given to interpret but not to the calibration (less
+    noise than planned) would show here."""
+    from service.mechanisms import ate_strict
+
+    n = 2000
+    domain = _np_domain(StudyDesign.OBSERVATIONAL, n)
+    params = ate_strict.AteStrictParams(epsilon=epsilon, delta=1e-6)
+    state = ate_strict.make_plan(domain, params)
+    assert state.learning_rates == rates
+    with _recording() as calls:
+        ate_strict.run(
+            _np_data(n),
+            domain,
+            params,
+            rng=np.random.default_rng(4),
+            noise=OpenDPSampler(),
+            progress=lambda f, s: None,
+        )
+    acc = state.dp_ebm
+    assert acc is not None
+    rounds = dp_ebm.DP_EBM_MAX_ROUNDS
+
+    def boost_sd(d: int, rate: float, target_range: float) -> float:
+        return math.sqrt(rounds * d) * rate * target_range / acc.mu_boosting
+
+    classifier = (math.sqrt(1) / acc.mu_binning, boost_sd(1, rates[0], 1.0))
+    regressor = (math.sqrt(2) / acc.mu_binning, boost_sd(2, rates[1], 10.0))
+    for model, sigmas, d in (("classifier", classifier, 1), ("regressor", regressor, 2)):
+        binning = [v for s, v in calls if s == pytest.approx(sigmas[0], rel=1e-9)]
+        boosting = [v for s, v in calls if s == pytest.approx(sigmas[1], rel=1e-9)]
+        assert (len(binning), len(boosting)) == (d, rounds * d), model
+        _check_draws(np.concatenate(boosting), sigmas[1], 4)
+    assert len(calls) == 3 + 3 * rounds, "a draw at an unplanned scale"
+
+
 def _stand_in(
     calls: list[tuple[float, NDArray[np.float64]]],
     sigma_bin: float,
