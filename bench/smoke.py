@@ -23,6 +23,7 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.nuisance_bias",
     "bench.ate_folds",
     "bench.nuisance_oracle",
+    "bench.ate_quote",
     "bench.drlearner",
     "bench.cate_basis",
     "bench.ebm_noise",

@@ -91,8 +91,8 @@ def test_strict_estimators_run_end_to_end(
     quote = _quote(client, analyst["api_key"], ds["id"], {**params, "target_half_width": 2.0})
     assert quote.status_code == 200, quote.text
     accuracy = quote.json()["accuracy"]
-    ipw = params.get("estimator") == "ipw"
-    assert accuracy["half_width_basis"] == ("assumed_scale" if ipw else "noise_only")
+    # strict aipw (declared or adaptive clip) and ipw add the sampling error at an assumed scale
+    assert accuracy["half_width_basis"] == "assumed_scale"
     assert accuracy["epsilon_for_target_half_width"] > 0
     # observational: the quote says before any charge that nuisance error is not covered
     assert accuracy["coverage"]["basis"] == "nuisance_models"

@@ -235,7 +235,7 @@ def test_cross_fit_record_composes_sequentially_to_epsilon(design: StudyDesign) 
     # the quote's inverse uses the same split
     preview = ate_strict.quote(domain, params, target_half_width=0.3)
     eps = preview["epsilon_for_target_half_width"]
-    assert preview["half_width_basis"] == "noise_only"
+    assert preview["half_width_basis"] == "assumed_scale"
     at = ate_strict.quote(domain, replace(params, epsilon=eps))
     assert (
         at["expected_half_width"]
@@ -427,9 +427,9 @@ def test_quote_under_the_share_rule_is_consistent_with_epsilon_for_target() -> N
     epsilon = quote["epsilon_for_target_half_width"]
     assert epsilon is not None
     at_target = ate_strict.quote(domain, replace(params, epsilon=epsilon))
-    assert at_target["min_half_width"] <= 0.01
+    assert at_target["expected_half_width"] <= 0.01
     below = ate_strict.quote(domain, replace(params, epsilon=epsilon * 0.999))
-    assert below["min_half_width"] > 0.01
+    assert below["expected_half_width"] > 0.01
 
 
 def test_dp_linear_default_folds_rule_and_quote_across_the_switch() -> None:
@@ -442,13 +442,14 @@ def test_dp_linear_default_folds_rule_and_quote_across_the_switch() -> None:
     tiny = plan(make_domain(450), AteStrictParams(epsilon=1.0, delta=1e-5, nuisance="dp_linear"))
     assert tiny.fold_sizes == {"propensity": 112, "outcome": 112, "estimation": 226}
     params = AteStrictParams(epsilon=1.0, delta=1e-5, nuisance="dp_linear")
-    # the noise-only half-width jumps up at the switch (eps = 1.25): check both sides
-    at_switch = ate_strict.quote(domain, replace(params, epsilon=1.25))["min_half_width"]
-    above = ate_strict.quote(domain, replace(params, epsilon=1.2600001))["min_half_width"]
+    # the expected half-width jumps up at the switch (eps = 1.25): check both sides
+    at_switch = ate_strict.quote(domain, replace(params, epsilon=1.25))["expected_half_width"]
+    above = ate_strict.quote(domain, replace(params, epsilon=1.2600001))["expected_half_width"]
     assert above > at_switch
     for target in (at_switch * 1.0001, (at_switch + above) / 2, above * 0.9):
         eps = ate_strict.epsilon_for_half_width(domain, params, target)
         assert eps is not None
-        assert ate_strict.quote(domain, replace(params, epsilon=eps))["min_half_width"] <= target
+        at = ate_strict.quote(domain, replace(params, epsilon=eps))
+        assert at["expected_half_width"] <= target
         below = ate_strict.quote(domain, replace(params, epsilon=eps * 0.999))
-        assert below["min_half_width"] > target
+        assert below["expected_half_width"] > target

@@ -42,7 +42,10 @@ def test_each_combination_records_and_quotes_both_ways(
     preview = kind.quote(params, domain)
     assert preview["estimator"] == params.estimator
     assert preview["guarantee"] == guarantee
-    basis = "assumed_scale" if params.estimator == "ipw" else "noise_only"
+    # strict aipw and ipw add the sampling error at the assumed scale; the RCT difference and
+    # paper mode quote the noise only
+    noise_only = params.mode == "paper" or params.estimator == "rct_difference"
+    basis = "noise_only" if noise_only else "assumed_scale"
     assert preview["half_width_basis"].startswith(basis)
     width = preview["expected_half_width"]
     target = AteParams.model_validate({"epsilon": 1.0, **extra, "target_half_width": width})

@@ -52,6 +52,32 @@ def assumed_pseudo_outcome_sd(domain: PublicDomain) -> float:
     return domain.outcome_range / ADAPTIVE_QUOTE_RANGE_RATIO
 
 
+# Gauss-Hermite nodes over the second moment's noise (quote only, as ate_ipw's quote).
+_QUOTE_NODES = 40
+
+
+def expected_declared_half_width(
+    domain: PublicDomain, state: Plan, z: float, *, sigmas: tuple[float, float] | None = None
+) -> float:
+    """The quote's expected half-width with a public clip (the declared B or a given K): the
+    pseudo-outcomes' sd assumed ``assumed_pseudo_outcome_sd`` (R / 6, as the adaptive quote),
+    the released variance estimate ``max(0, m2_DP - theta_DP^2 + s_theta^2)`` (plus
+    ``z_{1 - alpha_v} s_2`` with ``variance_inflation``) spread by the second moment's noise
+    ``s_2``, and the half-width ``z sqrt(V / n2 + s_theta^2)`` averaged over that noise by
+    Gauss-Hermite quadrature. Public inputs only; the noise-only ``z s_theta`` is
+    ``min_half_width``. ``sigmas`` = (s_theta, s_2) at another epsilon (the inverse's search);
+    by default the plan's."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(_QUOTE_NODES)
+    weights = weights / weights.sum()
+    sd = assumed_pseudo_outcome_sd(domain)
+    s_theta, s_2 = sigmas or (state.mean.sigma, state.second_moment.sigma)
+    variance = np.maximum(0.0, sd * sd + s_theta * s_theta + s_2 * nodes)
+    if state.params.variance_inflation:
+        variance = variance + float(ndtri(1.0 - state.params.alpha_v)) * s_2
+    widths = z * np.sqrt(variance / state.n2 + s_theta * s_theta)
+    return float(weights @ widths)
+
+
 # Points of the grid on which the quantile's law is integrated (quote only).
 _LAW_GRID = 2001
 # The grid spans this many noise scales above the best utility (exp(-40): negligible mass).
@@ -125,9 +151,12 @@ def quote(
 ) -> dict[str, Any]:
     """Public accuracy preview (ate_ci.md §3.6): no data, no charge.
 
-    The CI half-width is at least ``z_{1 - alpha/2} s_theta``. With ``target_half_width``, also
-    returns the smallest epsilon (other parameters fixed) whose minimum half-width is at most the
-    target, or None if no epsilon up to ``MAX_EPSILON`` reaches it.
+    The CI half-width is at least ``z_{1 - alpha/2} s_theta`` (``min_half_width``); the
+    ``expected_half_width`` adds the sampling error at the assumed pseudo-outcome scale R / 6
+    (``expected_declared_half_width``, or ``expected_adaptive_half_width`` with the adaptive
+    clip). With ``target_half_width``, also returns the smallest epsilon (other parameters
+    fixed) whose expected half-width is at most the target, or None if no epsilon up to
+    ``MAX_EPSILON`` reaches it.
 
     Raises:
         InvalidParameters: invalid parameters.
@@ -138,8 +167,9 @@ def quote(
         **public_parameters(state),
         "ci_level": 1.0 - state.params.alpha,
         "min_half_width": z * state.mean.sigma,
-        "expected_half_width": z * state.mean.sigma,
-        "half_width_basis": "noise_only",
+        "expected_half_width": expected_declared_half_width(domain, state, z),
+        "half_width_basis": "assumed_scale",
+        "assumed_pseudo_outcome_sd": assumed_pseudo_outcome_sd(domain),
         "s_theta": state.mean.sigma,
         "s_2": state.second_moment.sigma,
         "n2": state.n2,
@@ -149,7 +179,6 @@ def quote(
         smallest = adaptive_clip_bound(
             float(adaptive_clip_candidates(state.bound)[0]), state.bound, state.n2
         )
-        assumed_sd = assumed_pseudo_outcome_sd(domain)
         expected = expected_adaptive_half_width(domain, state, z)
         _, expected_second = adaptive_calibrations(state, expected["clip"])
         out.update(
@@ -157,8 +186,6 @@ def quote(
                 "min_half_width": z * adaptive_calibrations(state, smallest)[0].sigma,
                 "max_noise_half_width": z * state.mean.sigma,
                 "expected_half_width": expected["half_width"],
-                "half_width_basis": "assumed_scale",
-                "assumed_pseudo_outcome_sd": assumed_sd,
                 "expected_clip": expected["clip"],
                 "s_theta": expected["s_theta"],
                 "s_2": expected_second.sigma,
@@ -175,9 +202,11 @@ def quote(
 def epsilon_for_half_width(
     domain: PublicDomain, params: AteStrictParams, half_width: float
 ) -> float | None:
-    """Smallest epsilon (rounded up) with ``z_{1-alpha/2} s_theta(epsilon) <= half_width``.
+    """Smallest epsilon (rounded up) whose quoted ``expected_half_width`` is <= half_width.
 
-    Bisection on the public formula, all other parameters (delta, folds, shares) fixed.
+    Bisection on the public formula, all other parameters (delta, given folds) fixed; the plan
+    is re-made at each epsilon, so the public rules that depend on it (shares) are re-resolved
+    exactly as the release would.
 
     Returns:
         epsilon in [MIN_EPSILON, MAX_EPSILON], or None if unreachable at MAX_EPSILON.
@@ -214,7 +243,6 @@ def _epsilon_for_half_width_pinned(
 ) -> float | None:
     base = make_plan(domain, params)
     z = float(ndtri(1.0 - base.params.alpha / 2.0))
-    sensitivity = base.mean.sensitivity_l2
     delta = base.record.delta
     adaptive = base.quantile_epsilon is not None
 
@@ -224,16 +252,19 @@ def _epsilon_for_half_width_pinned(
             state = make_plan(domain, replace(params, epsilon=epsilon))
             return expected_adaptive_half_width(domain, state, z)["half_width"] <= target
         # the shares may depend on epsilon (public cross-fitting rule): re-resolve them and
-        # split epsilon and delta exactly as make_plan does.
+        # split epsilon and delta exactly as make_plan does (the nuisance fits do not change
+        # the half-width, so they are not re-planned).
         nuisance_share, share = resolved_shares(domain, epsilon, delta, base.bound, base.params)
         delta_stat = delta
         if nuisance_share is not None:
             _, epsilon = split_share(epsilon, nuisance_share)
             _, delta_stat = split_share(delta, nuisance_share)
-        epsilon_theta, _ = split_share(epsilon, share)
-        delta_theta, _ = split_share(delta_stat, share)
-        sigma = calibrate_gaussian(epsilon_theta, delta_theta, sensitivity).sigma
-        return z * sigma <= target
+        epsilon_theta, epsilon_v = split_share(epsilon, share)
+        delta_theta, delta_v = split_share(delta_stat, share)
+        s_theta = calibrate_gaussian(epsilon_theta, delta_theta, base.mean.sensitivity_l2).sigma
+        s_2 = calibrate_gaussian(epsilon_v, delta_v, base.second_moment.sensitivity_l2).sigma
+        width = expected_declared_half_width(domain, base, z, sigmas=(s_theta, s_2))
+        return width <= target
 
     if not reaches(MAX_EPSILON):
         return None
