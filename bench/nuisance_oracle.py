@@ -18,7 +18,9 @@ release (DP-EBM nuisances, the outcome-heavy folds from n·epsilon = 2·10^4) pe
 * ``lr:<c>:<r>``: the propensity classifier at learning rate c and the outcome regressor at r
   (public hyperparameters: interpret scales each step's noise with the rate, the privacy is
   unchanged). Since ate_strict version 5 the default itself uses (0.04, 0.02) from
-  n·epsilon = 10^5 (``dp_ebm_learning_rates``), interpret's 0.01 below.
+  n·epsilon = 10^5 (``dp_ebm_learning_rates``), interpret's 0.01 below;
+* ``folds:<p>:<o>:<e>``: the default with these fold fractions (propensity, outcome,
+  estimation) instead of the public fold rule's (the delta default follows the smallest fold).
 
 The oracle variants are diagnoses, not releases. Figures per variant: bias, sd and RMSE of the
 estimate against the true ATE, the mean CI half-width and the share of intervals covering the
@@ -155,12 +157,20 @@ def variant(name: str, study: Study) -> Iterator[None]:
             propensity_scores=at_rate(propensity, classifier_rate),
             outcome_predictions=at_rate(outcome, regressor_rate),
         )
-    elif name != "default":
+    elif name != "default" and not name.startswith("folds:"):
         raise ValueError(f"unknown variant {name}")
     with ExitStack() as stack:
         for attribute, replacement in patches.items():
             stack.enter_context(mock.patch.object(estimation, attribute, replacement))
         yield
+
+
+def variant_params(name: str, epsilon: float) -> AteParams:
+    """The request of a variant: the default's, or with given fold fractions (``folds:``)."""
+    if name.startswith("folds:"):
+        fractions = tuple(float(v) for v in name[6:].split(":"))
+        return AteParams(epsilon=epsilon, fold_fractions=fractions)
+    return AteParams(epsilon=epsilon)
 
 
 def run_cell(
@@ -175,7 +185,7 @@ def run_cell(
         arrays, _ = study.sample(n, rng)
         for name in variants:
             with variant(name, study):
-                estimate, half, _ = ate_release(arrays, domain, AteParams(epsilon=epsilon))
+                estimate, half, _ = ate_release(arrays, domain, variant_params(name, epsilon))
             errors[name].append(estimate - study.true_ate)
             halves[name].append(half)
     rows = {name: interval_summary(errors[name], halves[name]) for name in variants}
@@ -213,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         cells = ((2000, 4.0),)
     variants = tuple(args.variants.split(","))
-    known = set(VARIANTS) | {name for name in variants if name.startswith("lr:")}
+    known = set(VARIANTS) | {name for name in variants if name.startswith(("lr:", "folds:"))}
     if variants[0] != "default" or not set(variants) <= known:
         parser.error(f"--variants: 'default' first, then any of {', '.join(VARIANTS[1:])}")
     hets = ("none",) if args.quick else tuple(args.het.split(","))
