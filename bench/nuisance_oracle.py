@@ -32,6 +32,9 @@ true ATE. All variants run on the same samples.
     python -m bench.nuisance_oracle --cells 100000:1,100000:2,100000:4,50000:4 \\
         --variants default,lr:0.04:0.02,lr:0.02:0.02 --reps 12 --workers 2 --seed 20261201 \\
         --name nuisance_lr-large
+    python -m bench.nuisance_oracle --cells 100000:1,100000:2,100000:4,50000:4 \\
+        --variants default,folds:0.25:0.25:0.5,folds:0.2:0.3:0.5 --reps 12 --workers 2 \\
+        --seed 20261203 --name nuisance_lr-folds
     python -m bench.nuisance_oracle --quick       # CI smoke: n 2000, eps 4, none, 1 rep
 """
 
