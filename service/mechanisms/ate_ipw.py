@@ -59,6 +59,7 @@ from service.mechanisms.ate_strict import (
     d2_statistics,
     gaussian_event,
     split_share,
+    standard_normal_quadrature,
 )
 from service.mechanisms.calibration import (
     classic_gaussian_multiplier,
@@ -101,8 +102,6 @@ HAJEK_AUTO_MAX_WEIGHT_NOISE = 0.05
 HAJEK_SUMS_SENSITIVITY_XI = math.sqrt(5.0)
 HAJEK_SECOND_SENSITIVITY_XI2 = math.sqrt(6.0)
 _FLOAT_SLACK_BITS = 50
-# Quote only: Gauss-Hermite nodes over the DP second moments' noise (expected half-width).
-_QUOTE_NODES = 40
 
 
 @dataclass(frozen=True)
@@ -458,8 +457,7 @@ def expected_half_width(domain: PublicDomain, state: _Plan, z: float) -> float:
     ``z sqrt(V_hat / n2 + noise_sd^2)`` is averaged over that noise by Gauss-Hermite quadrature.
     The noise-only figure is ``min_half_width``.
     """
-    nodes, weights = np.polynomial.hermite_e.hermegauss(_QUOTE_NODES)
-    weights = weights / weights.sum()
+    nodes, weights = standard_normal_quadrature()
     scale = assumed_pseudo_outcome_sd(domain)
     shares = assumed_arm_shares(domain)
     noise_sd = _noise_sd(state)

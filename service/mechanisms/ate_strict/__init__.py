@@ -106,6 +106,7 @@ from service.mechanisms.ate_strict.quote import (
     assumed_pseudo_outcome_sd,
     epsilon_for_half_width,
     quote,
+    standard_normal_quadrature,
 )
 from service.mechanisms.ate_strict.rules import (
     CROSS_FIT_FOLDS,
@@ -191,6 +192,7 @@ __all__ = [
     "adaptive_gaussian_event",
     "assumed_clip",
     "assumed_pseudo_outcome_sd",
+    "standard_normal_quadrature",
     "confidence_interval",
     "cross_fit_mean_share",
     "d2_statistics",

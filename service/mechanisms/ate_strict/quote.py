@@ -52,8 +52,15 @@ def assumed_pseudo_outcome_sd(domain: PublicDomain) -> float:
     return domain.outcome_range / ADAPTIVE_QUOTE_RANGE_RATIO
 
 
-# Gauss-Hermite nodes over the second moment's noise (quote only, as ate_ipw's quote).
+# Gauss-Hermite nodes over a DP second moment's noise (the quotes of this module and ate_ipw).
 _QUOTE_NODES = 40
+
+
+def standard_normal_quadrature() -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Nodes and weights (summing to 1) of the quotes' Gauss-Hermite rule for E f(Z), Z ~ N(0, 1):
+    the mean released half-width over the noise of a DP second moment. Quote only."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(_QUOTE_NODES)
+    return nodes, weights / weights.sum()
 
 
 def expected_declared_half_width(
@@ -67,8 +74,7 @@ def expected_declared_half_width(
     Gauss-Hermite quadrature. Public inputs only; the noise-only ``z s_theta`` is
     ``min_half_width``. ``sigmas`` = (s_theta, s_2) at another epsilon (the inverse's search);
     by default the plan's."""
-    nodes, weights = np.polynomial.hermite_e.hermegauss(_QUOTE_NODES)
-    weights = weights / weights.sum()
+    nodes, weights = standard_normal_quadrature()
     sd = assumed_pseudo_outcome_sd(domain)
     s_theta, s_2 = sigmas or (state.mean.sigma, state.second_moment.sigma)
     variance = np.maximum(0.0, sd * sd + s_theta * s_theta + s_2 * nodes)
