@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench.common import interval_summary, write_result
+from bench.common import interval_line, interval_summary, write_result
 from bench.realistic import ate_release
 from bench.studies import STUDIES
 from service.mechanisms import ate_strict
@@ -110,11 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         cells = list(pool.map(_cell, jobs))
     for cell in cells:
-        line = " | ".join(
-            f"{name} rmse {r['rmse']:.3f} bias {r['bias']:+.3f} "
-            f"half {r['mean_half_width']:.3f} cov {r['coverage']:.2f}"
-            for name, r in cell["rows"].items()
-        )
+        line = " | ".join(f"{name} {interval_line(r)}" for name, r in cell["rows"].items())
         print(f"n {cell['n']} eps {cell['epsilon']:g} {cell['heterogeneity']}: {line}")
     write_result(
         args.name,

@@ -143,3 +143,11 @@ def interval_summary(errors: list[float], halves: list[float]) -> dict[str, Any]
         "coverage": covered,
         "coverage_se": math.sqrt(covered * (1.0 - covered) / e.size),
     }
+
+
+def interval_line(row: dict[str, Any]) -> str:
+    """One ``interval_summary`` row as printed by the benchmarks."""
+    return (
+        f"rmse {row['rmse']:.3f} bias {row['bias']:+.3f} "
+        f"half {row['mean_half_width']:.3f} cov {row['coverage']:.2f}"
+    )

@@ -55,7 +55,7 @@ from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
 from bench import studies
-from bench.common import interval_summary, write_result
+from bench.common import interval_line, interval_summary, write_result
 from bench.realistic import ate_release
 from bench.studies import STUDIES, Study
 from service.mechanisms import dp_ebm, partition
@@ -242,10 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     for cell in results:
         print(f"n {cell['n']} eps {cell['epsilon']:g} {cell['heterogeneity']}")
         for name, r in cell["rows"].items():
-            print(
-                f"  {name:18s} rmse {r['rmse']:.3f} bias {r['bias']:+.3f} "
-                f"half {r['mean_half_width']:.3f} cov {r['coverage']:.2f}"
-            )
+            print(f"  {name:18s} {interval_line(r)}")
     write_result(
         args.name,
         {"reps": reps, "cells": results, "seconds": time.perf_counter() - started},
