@@ -20,11 +20,21 @@ release (DP-EBM nuisances, the outcome-heavy folds from n·epsilon = 2·10^4) pe
   unchanged). Since ate_strict version 5 the default itself uses (0.04, 0.02) from
   n·epsilon = 10^5 (``dp_ebm_learning_rates``), interpret's 0.01 below;
 * ``folds:<p>:<o>:<e>``: the default with these fold fractions (propensity, outcome,
-  estimation) instead of the public fold rule's (the delta default follows the smallest fold).
+  estimation) instead of the public fold rule's (the delta default follows the smallest fold);
+* ``recalibrated``: the DP-EBM propensity recalibrated on the estimation fold itself: its
+  scores cut at their own ``CALIBRATION_BINS`` quantiles and each bin's score replaced by the
+  bin's treated share (clipped like the scores). Exact, so not a release: the best a charged DP
+  histogram recalibration (a Platt-like repair of the under-fitted logit) could do;
+* ``quantile_bins``: each continuous covariate replaced by its exact rank in the sample,
+  scaled to (0, 1) with public bounds [0, 1], so interpret's private binning (64 equal-width
+  cells merged to at most 32 bins) cuts at quantiles instead of at equal widths of the
+  declared range (where one cell holds a third of a skewed lab). Exact, so not a release: the
+  best a charged DP-quantile transform could do.
 
-The oracle variants are diagnoses, not releases. Figures per variant: bias, sd and RMSE of the
-estimate against the true ATE, the mean CI half-width and the share of intervals covering the
-true ATE. All variants run on the same samples.
+The oracle, ``recalibrated`` and ``quantile_bins`` variants are diagnoses, not releases. A cell
+at epsilon = 100 shows the nuisances' bias without their privacy noise. Figures per variant:
+bias, sd and RMSE of the estimate against the true ATE, the mean CI half-width and the share of
+intervals covering the true ATE. All variants run on the same samples.
 
     python -m bench.nuisance_oracle --reps 16 --workers 2
     python -m bench.nuisance_oracle --cells 100000:1,100000:4 --variants default,shared_fold \\
@@ -35,6 +45,9 @@ true ATE. All variants run on the same samples.
     python -m bench.nuisance_oracle --cells 100000:1,100000:2,100000:4,50000:4 \\
         --variants default,folds:0.25:0.25:0.5,folds:0.2:0.3:0.5 --reps 12 --workers 2 \\
         --seed 20261203 --name nuisance_lr-folds
+    python -m bench.nuisance_oracle --cells 100000:100,100000:4,20000:4 \\
+        --variants default,recalibrated,quantile_bins,lr:0.08:0.04 --reps 12 --workers 2 \\
+        --seed 20261305 --name nuisance_structure
     python -m bench.nuisance_oracle --quick       # CI smoke: n 2000, eps 4, none, 1 rep
 """
 
@@ -47,6 +60,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from typing import Any
 from unittest import mock
 
@@ -58,13 +72,25 @@ from bench import studies
 from bench.common import interval_line, interval_summary, write_result
 from bench.realistic import ate_release
 from bench.studies import STUDIES, Study
-from service.mechanisms import dp_ebm, partition
+from service.mechanisms import dp_ebm, partition, quantile_bins
 from service.mechanisms.ate_strict import estimation
+from service.mechanisms.ate_strict.rules import AteStrictParams
+from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.noise import OpenDPSampler
 from service.releases.kinds.ate import AteParams
 
 FloatArray = NDArray[np.float64]
-VARIANTS = ("default", "oracle_propensity", "oracle_outcome", "outcome_clip", "shared_fold")
+VARIANTS = (
+    "default",
+    "oracle_propensity",
+    "oracle_outcome",
+    "outcome_clip",
+    "shared_fold",
+    "recalibrated",
+    "quantile_bins",
+)
 CLIP_LEVEL = 0.01
+CALIBRATION_BINS = 20
 CELLS = ((20000, 1.0), (20000, 4.0), (5000, 4.0))
 
 
@@ -160,12 +186,82 @@ def variant(name: str, study: Study) -> Iterator[None]:
             propensity_scores=at_rate(propensity, classifier_rate),
             outcome_predictions=at_rate(outcome, regressor_rate),
         )
-    elif name != "default" and not name.startswith("folds:"):
+    elif name == "recalibrated":
+        pseudo_outcomes: Callable[..., Any] = estimation.pseudo_outcomes
+
+        def recalibrated(
+            a: FloatArray, y: FloatArray, pi_hat: FloatArray, *args: Any, **kwargs: Any
+        ) -> Any:
+            return pseudo_outcomes(a, y, recalibrated_propensity(a, pi_hat), *args, **kwargs)
+
+        patches["pseudo_outcomes"] = recalibrated
+    elif name.startswith("dpq:"):
+        share = float(name[4:])
+        budget: dict[str, float] = {}
+        columns = quantile_bins.continuous_columns(study.domain(2))
+
+        def reduced(state: Any) -> dp_ebm.DpEbmAccounting:
+            budget.update(epsilon=state.record.epsilon, delta=state.record.delta)
+            return dp_ebm.solve_dp_ebm_epsilon_p(
+                (1.0 - share) * budget["epsilon"], (1.0 - share) * budget["delta"]
+            )
+
+        def binned(function: Callable[..., Any], x_at: int, bounds_at: int) -> Callable[..., Any]:
+            def fitted(*args: Any, **kwargs: Any) -> Any:
+                plan = quantile_bins.QuantileBins.plan(
+                    columns, share * budget["epsilon"], share * budget["delta"]
+                )
+                values = list(args)
+                lower, upper = values[bounds_at], values[bounds_at + 1]
+                knots = plan.measure(values[0], lower, upper, OpenDPSampler())
+                values[0], new_lower, new_upper = quantile_bins.transform(
+                    values[0], lower, upper, columns, knots
+                )
+                values[x_at] = quantile_bins.transform(values[x_at], lower, upper, columns, knots)[
+                    0
+                ]
+                values[bounds_at], values[bounds_at + 1] = new_lower, new_upper
+                return function(*values, **kwargs)
+
+            return fitted
+
+        patches.update(
+            _dp_ebm=reduced,
+            propensity_scores=binned(propensity, 2, 3),
+            outcome_predictions=binned(outcome, 3, 4),
+        )
+    elif name != "default" and name != "quantile_bins" and not name.startswith("folds:"):
         raise ValueError(f"unknown variant {name}")
     with ExitStack() as stack:
         for attribute, replacement in patches.items():
             stack.enter_context(mock.patch.object(estimation, attribute, replacement))
         yield
+
+
+def recalibrated_propensity(a: FloatArray, pi_hat: FloatArray) -> FloatArray:
+    """``pi_hat`` replaced by the treated share of its own quantile bin (``recalibrated``)."""
+    clip = AteStrictParams.propensity_clip
+    edges = np.quantile(pi_hat, np.linspace(0.0, 1.0, CALIBRATION_BINS + 1)[1:-1])
+    bins = np.searchsorted(edges, pi_hat)
+    treated = np.bincount(bins, weights=a, minlength=CALIBRATION_BINS)
+    counts = np.bincount(bins, minlength=CALIBRATION_BINS)
+    share = np.divide(treated, counts, out=np.full(CALIBRATION_BINS, 0.5), where=counts > 0)
+    return np.asarray(np.clip(share[bins], clip, 1.0 - clip), np.float64)
+
+
+def variant_data(name: str, arrays: Arrays, domain: PublicDomain) -> tuple[Arrays, PublicDomain]:
+    """The data a variant releases on: the sample, or (``quantile_bins``) its continuous
+    covariates replaced by their ranks in (0, 1) with bounds [0, 1]."""
+    if name != "quantile_bins":
+        return arrays, domain
+    x = arrays.x.copy()
+    lower = np.array(domain.x_lower, np.float64)
+    upper = np.array(domain.x_upper, np.float64)
+    for j in range(studies.N_BINARY, x.shape[1]):
+        ranks = np.argsort(np.argsort(x[:, j], kind="stable"), kind="stable")
+        x[:, j] = (ranks + 0.5) / x.shape[0]
+        lower[j], upper[j] = 0.0, 1.0
+    return replace(arrays, x=x), replace(domain, x_lower=lower, x_upper=upper)
 
 
 def variant_params(name: str, epsilon: float) -> AteParams:
@@ -187,8 +283,9 @@ def run_cell(
     for _ in range(reps):
         arrays, _ = study.sample(n, rng)
         for name in variants:
+            data, public = variant_data(name, arrays, domain)
             with variant(name, study):
-                estimate, half, _ = ate_release(arrays, domain, variant_params(name, epsilon))
+                estimate, half, _ = ate_release(data, public, variant_params(name, epsilon))
             errors[name].append(estimate - study.true_ate)
             halves[name].append(half)
     rows = {name: interval_summary(errors[name], halves[name]) for name in variants}
@@ -226,7 +323,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         cells = ((2000, 4.0),)
     variants = tuple(args.variants.split(","))
-    known = set(VARIANTS) | {name for name in variants if name.startswith(("lr:", "folds:"))}
+    known = set(VARIANTS) | {
+        name for name in variants if name.startswith(("lr:", "folds:", "dpq:"))
+    }
     if variants[0] != "default" or not set(variants) <= known:
         parser.error(f"--variants: 'default' first, then any of {', '.join(VARIANTS[1:])}")
     hets = ("none",) if args.quick else tuple(args.het.split(","))
