@@ -402,6 +402,7 @@ ALLOWED_KEYS = {
     "nuisance_share",
     "clip",
     "bound_max",
+    "quantile_bins",
 }
 FORBIDDEN_FRAGMENTS = ("theta_hat", "m2_hat", "gamma", "fold_membership", "model", "assign")
 

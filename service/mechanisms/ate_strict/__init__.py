@@ -29,6 +29,10 @@ Claim:
     Proof: ``docs/proofs/ate_strict.md``. Steps are labelled ``# proof step N`` in the modules.
     * charged adaptive clipping (``adaptive_clip``; proof §13): a public share of the estimation
       epsilon buys a DP quantile of |Gamma| that sets the clip K <= B; the Gaussians follow K.
+    * DP quantile bins (``quantile_bins``; proof §14): in each DP-EBM module a public share of
+      its (epsilon, delta) buys Gaussian histograms of the fold's continuous covariates; the
+      fit and its predictions use the released CDF values (post-processing). Within the module
+      the two compose sequentially, so the module still costs (epsilon, delta).
 
 Nuisance presets:
     * ``"dp_ebm"`` (default): interpret DP-EBM classifier / regressor (proof §2);
@@ -141,6 +145,7 @@ from service.mechanisms.ate_strict.rules import (
     default_nuisance,
     default_nuisance_share,
     default_params,
+    default_quantile_bins,
     dp_ebm_learning_rates,
     dp_ebm_outcome_folds,
     module_names,
@@ -197,6 +202,7 @@ __all__ = [
     "cross_fit_mean_share",
     "d2_statistics",
     "default_adaptive_clip",
+    "default_quantile_bins",
     "default_cross_fit",
     "default_delta_for",
     "default_fold_fractions",

@@ -51,6 +51,7 @@ from service.mechanisms.noise import (
 from service.mechanisms.partition import (
     fold_sizes,
 )
+from service.mechanisms.quantile_bins import CELLS, SHARE, QuantileBins, continuous_columns
 from service.mechanisms.records import (
     Composition,
     Guarantee,
@@ -123,6 +124,8 @@ class Plan:
     quantile_epsilon: float | None = None  # adaptive clipping only
     # DP-EBM nuisances' (classifier, regressor) learning rates (``dp_ebm_learning_rates``)
     learning_rates: tuple[float, float] = (DP_EBM_LEARNING_RATE, DP_EBM_LEARNING_RATE)
+    # DP quantile bins of each DP-EBM module's continuous covariates (proof §14)
+    quantile_bins: QuantileBins | None = None
 
     @property
     def n2(self) -> int:
@@ -189,8 +192,22 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
     nuisance_share_value, mean_share_value = resolved_shares(domain, epsilon, delta, bound, params)
     mean_share = validate_alpha(mean_share_value, name="mean_share")  # in (0, 1)
 
-    # proof step 2: nuisance modules (DP-EBM) at (epsilon, delta) each under replace-one.
-    dp_ebm = solve_dp_ebm_epsilon_p(epsilon, delta) if nuisance == "dp_ebm" else None
+    # proof step 2: nuisance modules (DP-EBM) at (epsilon, delta) each under replace-one; with
+    # quantile bins (proof §14) each module first spends a public share on its histograms.
+    if not isinstance(params.quantile_bins, bool):
+        raise InvalidParameters("quantile_bins must be a boolean")
+    bins: QuantileBins | None = None
+    epsilon_ebm, delta_ebm = epsilon, delta
+    if params.quantile_bins:
+        columns = continuous_columns(domain)
+        if nuisance != "dp_ebm" or not columns:
+            raise InvalidParameters(
+                "quantile_bins needs nuisance='dp_ebm' and a continuous covariate in the schema"
+            )
+        epsilon_bins, epsilon_ebm = split_share(epsilon, SHARE)
+        delta_bins, delta_ebm = split_share(delta, SHARE)
+        bins = QuantileBins.plan(columns, epsilon_bins, delta_bins)
+    dp_ebm = solve_dp_ebm_epsilon_p(epsilon_ebm, delta_ebm) if nuisance == "dp_ebm" else None
     # proof step 8 (dp_linear, §10-§12): budgets of the linear nuisance fits.
     observational = domain.design == StudyDesign.OBSERVATIONAL
     epsilon_stat, delta_stat = epsilon, delta
@@ -240,11 +257,19 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
     rate_pi, rate_mu = dp_ebm_learning_rates(domain.n, epsilon)
     if dp_ebm is not None:
         if "propensity" in modules:
+            if bins is not None:
+                events.append(quantile_bins_event("propensity", bins))
             events.append(
-                nuisance_event("propensity", epsilon, delta, dp_ebm, q, 1.0, learning_rate=rate_pi)
+                nuisance_event(
+                    "propensity", epsilon_ebm, delta_ebm, dp_ebm, q, 1.0, learning_rate=rate_pi
+                )
             )
+        if bins is not None:
+            events.append(quantile_bins_event("outcome", bins))
         events.append(
-            nuisance_event("outcome", epsilon, delta, dp_ebm, q + 1, big_r, learning_rate=rate_mu)
+            nuisance_event(
+                "outcome", epsilon_ebm, delta_ebm, dp_ebm, q + 1, big_r, learning_rate=rate_mu
+            )
         )
     nuisance_module = "nuisance" if cross_fit else None
     if dp_logistic is not None:
@@ -325,6 +350,32 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
         record=record,
         quantile_epsilon=quantile_epsilon,
         learning_rates=(rate_pi, rate_mu),
+        quantile_bins=bins,
+    )
+
+
+def quantile_bins_event(module: str, bins: QuantileBins) -> NoiseEvent:
+    """The Gaussian histograms of a DP-EBM module's continuous covariates (proof §14)."""
+    calibration = bins.calibration
+    return NoiseEvent(
+        type="gaussian",
+        module=module,
+        epsilon=calibration.epsilon,
+        delta=calibration.delta,
+        params={
+            "statistic": "continuous_covariate_histograms",
+            "sampler": "opendp discrete gaussian on 2^k lattice",
+            "columns": len(bins.columns),
+            "cells": CELLS,
+            "share_of_module": SHARE,
+            "dim": calibration.dim,
+            "sensitivity_l2": calibration.sensitivity_l2,
+            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+            "lattice_exponent": calibration.lattice_exponent,
+            "noise_multiplier": calibration.noise_multiplier,
+            "sigma": calibration.sigma,
+            "mu": calibration.mu,
+        },
     )
 
 
@@ -457,6 +508,7 @@ def public_parameters(state: Plan) -> dict[str, Any]:
         "alpha_v": params.alpha_v,
         "clip": "adaptive" if state.quantile_epsilon is not None else "declared",
         "bound_max": state.bound,
+        "quantile_bins": state.quantile_bins is not None,
     }
 
 

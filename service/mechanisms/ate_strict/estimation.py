@@ -41,6 +41,7 @@ from service.mechanisms.partition import (
     prepare_arrays,
     random_folds,
 )
+from service.mechanisms.quantile_bins import transform
 
 
 def pseudo_outcomes(
@@ -222,12 +223,13 @@ def _run(
         # box centre), so interpret's data-derived ``classes_`` is constant; the fit on D_pi +
         # anchors is a DP function of D_pi.
         pi_fold = folds["propensity"]
+        x_fit, x_at, low_x, high_x = _binned(state, x[pi_fold], x2, lower, upper, noise)
         pi_hat = propensity_scores(
-            x[pi_fold],
+            x_fit,
             a[pi_fold],
-            x2,
-            lower,
-            upper,
+            x_at,
+            low_x,
+            high_x,
             _dp_ebm(state),
             clip=params.propensity_clip,
             learning_rate=state.learning_rates[0],
@@ -248,13 +250,14 @@ def _run(
         # proof step 2b: A is a continuous feature on (0, 1) and Y is centred on the public
         # midpoint (dp_ebm_learners.md §3.2, §7.4).
         mu_fold = folds["outcome"]
+        x_fit, x_at, low_x, high_x = _binned(state, x[mu_fold], x2, lower, upper, noise)
         mu0_hat, mu1_hat = outcome_predictions(
-            x[mu_fold],
+            x_fit,
             a[mu_fold],
             y[mu_fold],
-            x2,
-            lower,
-            upper,
+            x_at,
+            low_x,
+            high_x,
             low,
             high,
             _dp_ebm(state),
@@ -266,6 +269,26 @@ def _run(
     gamma = pseudo_outcomes(a2, y2, pi_hat, mu0_hat, mu1_hat, bound=state.bound)
     del x2, a2, y2, pi_hat, mu0_hat, mu1_hat
     return _estimate(gamma, state, noise, progress)
+
+
+def _binned(
+    state: Plan,
+    x_fit: NDArray[np.float64],
+    x_at: NDArray[np.float64],
+    lower: NDArray[np.float64],
+    upper: NDArray[np.float64],
+    noise: NoiseSampler,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """A DP-EBM module's covariates: as given, or (proof §14) the fit fold's continuous
+    covariates measured by noisy histograms and both the fit rows and the prediction rows
+    replaced by the released CDF values, with bounds [0, 1] (post-processing)."""
+    bins = state.quantile_bins
+    if bins is None:
+        return x_fit, x_at, lower, upper
+    knots = bins.measure(x_fit, lower, upper, noise)
+    binned_fit, new_lower, new_upper = transform(x_fit, lower, upper, bins.columns, knots)
+    binned_at = transform(x_at, lower, upper, bins.columns, knots)[0]
+    return binned_fit, binned_at, new_lower, new_upper
 
 
 def _linear_propensity(

@@ -28,14 +28,16 @@ from service.mechanisms.partition import (
     checked_fractions,
     fold_sizes,
 )
+from service.mechanisms.quantile_bins import continuous_columns
 
 MECHANISM = "ate_strict"
 
 
 # 2: public default rules (issue 3); 3: charged adaptive clipping (issue 12); 4: DP-EBM
 # observational default folds (0.1, 0.4, 0.5) from n epsilon = 2 * 10^4 (issue 12); 5: DP-EBM
-# nuisance learning rates by n epsilon (issue 12)
-VERSION = "5"
+# nuisance learning rates by n epsilon (issue 12); 6: DP quantile bins for the DP-EBM nuisances'
+# continuous covariates (issue 12)
+VERSION = "6"
 
 
 Nuisance = Literal["dp_ebm", "dp_linear", "none"]
@@ -167,6 +169,10 @@ class AteStrictParams:
         adaptive_clip: charged adaptive clipping (proof §13): spend ``ADAPTIVE_CLIP_SHARE`` of
             the estimation budget on a DP quantile of |Gamma| and clip at
             ``K = min(B, kappa(n2) Q)`` instead of B. Excludes ``pseudo_outcome_clip``.
+        quantile_bins: DP quantile bins (proof §14, ``service.mechanisms.quantile_bins``): each
+            DP-EBM nuisance spends ``quantile_bins.SHARE`` of its module's (epsilon, delta) on
+            noisy histograms of its fold's continuous covariates and is fitted on their
+            released CDF values (``dp_ebm`` only; needs a continuous covariate).
     """
 
     epsilon: float
@@ -183,6 +189,7 @@ class AteStrictParams:
     nuisance_share: float | None = None
     regularization: float | None = None
     adaptive_clip: bool = False
+    quantile_bins: bool = False
 
 
 def default_nuisance(domain: PublicDomain) -> Nuisance:
@@ -197,6 +204,12 @@ def default_adaptive_clip(domain: PublicDomain, pseudo_outcome_clip: float | Non
     """Public rule for an omitted clip choice: adaptive on randomised designs unless a public
     ``pseudo_outcome_clip`` was given (proof §13; bench/results/realistic-*.json)."""
     return pseudo_outcome_clip is None and domain.design == StudyDesign.RCT
+
+
+def default_quantile_bins(domain: PublicDomain, nuisance: Nuisance) -> bool:
+    """Public rule for omitted DP quantile bins (proof §14): on wherever a DP-EBM nuisance is
+    fitted and the schema declares a continuous covariate (bench/results/nuisance_dpq.json)."""
+    return nuisance == "dp_ebm" and bool(continuous_columns(domain))
 
 
 def default_nuisance_share(n: int, epsilon: float) -> float:
@@ -383,6 +396,7 @@ def default_params(
         nuisance=nuisance,
         cross_fit=cross_fit,
         adaptive_clip=default_adaptive_clip(domain, None),
+        quantile_bins=default_quantile_bins(domain, nuisance),
     )
 
 

@@ -49,6 +49,7 @@ _FIELDS: dict[tuple[str, str], frozenset[str]] = {
             "nuisance_share",
             "regularization",
             "clip",
+            "quantile_bins",
         }
     ),
     ("strict", "ipw"): frozenset(
@@ -101,6 +102,11 @@ class AteParams(KindParams):
     # pseudo_outcome_clip); "adaptive" spends a public share of the estimation budget on a DP
     # quantile that sets the clip. None: the public rule ate_strict.default_adaptive_clip.
     clip: Literal["declared", "adaptive"] | None = None
+    # strict aipw with DP-EBM nuisances: DP quantile bins for the continuous covariates (a public
+    # share of each nuisance module's budget buys noisy histograms; proof ate_strict.md §14).
+    # None: the public rule ate_strict.default_quantile_bins (on wherever DP-EBM nuisances are
+    # fitted and the schema declares a continuous covariate).
+    quantile_bins: StrictBool | None = None
     trim: StrictFloat = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
     # ipw only: Horvitz-Thompson, Hajek (DP arm weights) or "auto" (public rule on the noise).
     normalization: Literal["auto", "horvitz_thompson", "hajek"] = "auto"
@@ -212,8 +218,14 @@ def to_mechanism_params(
         if params.clip is None
         else params.clip == "adaptive"
     )
+    quantile_bins = (
+        ate_strict.default_quantile_bins(domain, nuisance_strict)
+        if params.quantile_bins is None
+        else params.quantile_bins
+    )
     return ate_strict.AteStrictParams(
         adaptive_clip=adaptive_clip,
+        quantile_bins=quantile_bins,
         epsilon=params.epsilon,
         delta=delta,
         alpha=params.alpha,
