@@ -29,7 +29,11 @@ release (DP-EBM nuisances, the outcome-heavy folds from n·epsilon = 2·10^4) pe
   scaled to (0, 1) with public bounds [0, 1], so interpret's private binning (64 equal-width
   cells merged to at most 32 bins) cuts at quantiles instead of at equal widths of the
   declared range (where one cell holds a third of a skewed lab). Exact, so not a release: the
-  best a charged DP-quantile transform could do.
+  best a charged DP-quantile transform could do (run without the DP quantile bins);
+* ``uniform_bins``: the default without its DP quantile bins (``quantile_bins: false``:
+  interpret's equal-width bins of the declared range at the full module budget), the default
+  before ate_strict version 6. (Commit 886dbb3 emulated the charged bins as ``dpq:<share>``;
+  ``results/nuisance_dpq.json``.)
 
 The oracle, ``recalibrated`` and ``quantile_bins`` variants are diagnoses, not releases. A cell
 at epsilon = 100 shows the nuisances' bias without their privacy noise. Figures per variant:
@@ -48,6 +52,9 @@ intervals covering the true ATE. All variants run on the same samples.
     python -m bench.nuisance_oracle --cells 100000:100,100000:4,20000:4 \\
         --variants default,recalibrated,quantile_bins,lr:0.08:0.04 --reps 12 --workers 2 \\
         --seed 20261305 --name nuisance_structure
+    python -m bench.nuisance_oracle --cells 100000:4,100000:1,20000:4,20000:1,5000:4 \\
+        --variants default,uniform_bins --reps 30 --workers 2 --seed 20261311 \\
+        --name nuisance_quantile_bins
     python -m bench.nuisance_oracle --quick       # CI smoke: n 2000, eps 4, none, 1 rep
 """
 
@@ -72,11 +79,10 @@ from bench import studies
 from bench.common import interval_line, interval_summary, write_result
 from bench.realistic import ate_release
 from bench.studies import STUDIES, Study
-from service.mechanisms import dp_ebm, partition, quantile_bins
+from service.mechanisms import dp_ebm, partition
 from service.mechanisms.ate_strict import estimation
 from service.mechanisms.ate_strict.rules import AteStrictParams
 from service.mechanisms.domain import Arrays, PublicDomain
-from service.mechanisms.noise import OpenDPSampler
 from service.releases.kinds.ate import AteParams
 
 FloatArray = NDArray[np.float64]
@@ -88,6 +94,7 @@ VARIANTS = (
     "shared_fold",
     "recalibrated",
     "quantile_bins",
+    "uniform_bins",
 )
 CLIP_LEVEL = 0.01
 CALIBRATION_BINS = 20
@@ -195,42 +202,7 @@ def variant(name: str, study: Study) -> Iterator[None]:
             return pseudo_outcomes(a, y, recalibrated_propensity(a, pi_hat), *args, **kwargs)
 
         patches["pseudo_outcomes"] = recalibrated
-    elif name.startswith("dpq:"):
-        share = float(name[4:])
-        budget: dict[str, float] = {}
-        columns = quantile_bins.continuous_columns(study.domain(2))
-
-        def reduced(state: Any) -> dp_ebm.DpEbmAccounting:
-            budget.update(epsilon=state.record.epsilon, delta=state.record.delta)
-            return dp_ebm.solve_dp_ebm_epsilon_p(
-                (1.0 - share) * budget["epsilon"], (1.0 - share) * budget["delta"]
-            )
-
-        def binned(function: Callable[..., Any], x_at: int, bounds_at: int) -> Callable[..., Any]:
-            def fitted(*args: Any, **kwargs: Any) -> Any:
-                plan = quantile_bins.QuantileBins.plan(
-                    columns, share * budget["epsilon"], share * budget["delta"]
-                )
-                values = list(args)
-                lower, upper = values[bounds_at], values[bounds_at + 1]
-                knots = plan.measure(values[0], lower, upper, OpenDPSampler())
-                values[0], new_lower, new_upper = quantile_bins.transform(
-                    values[0], lower, upper, columns, knots
-                )
-                values[x_at] = quantile_bins.transform(values[x_at], lower, upper, columns, knots)[
-                    0
-                ]
-                values[bounds_at], values[bounds_at + 1] = new_lower, new_upper
-                return function(*values, **kwargs)
-
-            return fitted
-
-        patches.update(
-            _dp_ebm=reduced,
-            propensity_scores=binned(propensity, 2, 3),
-            outcome_predictions=binned(outcome, 3, 4),
-        )
-    elif name != "default" and name != "quantile_bins" and not name.startswith("folds:"):
+    elif name not in ("default", "quantile_bins", "uniform_bins") and not name.startswith("folds:"):
         raise ValueError(f"unknown variant {name}")
     with ExitStack() as stack:
         for attribute, replacement in patches.items():
@@ -269,6 +241,8 @@ def variant_params(name: str, epsilon: float) -> AteParams:
     if name.startswith("folds:"):
         fractions = tuple(float(v) for v in name[6:].split(":"))
         return AteParams(epsilon=epsilon, fold_fractions=fractions)
+    if name in ("uniform_bins", "quantile_bins"):
+        return AteParams(epsilon=epsilon, quantile_bins=False)
     return AteParams(epsilon=epsilon)
 
 
@@ -323,9 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         cells = ((2000, 4.0),)
     variants = tuple(args.variants.split(","))
-    known = set(VARIANTS) | {
-        name for name in variants if name.startswith(("lr:", "folds:", "dpq:"))
-    }
+    known = set(VARIANTS) | {name for name in variants if name.startswith(("lr:", "folds:"))}
     if variants[0] != "default" or not set(variants) <= known:
         parser.error(f"--variants: 'default' first, then any of {', '.join(VARIANTS[1:])}")
     hets = ("none",) if args.quick else tuple(args.het.split(","))
