@@ -52,8 +52,8 @@ intervals covering the true ATE. All variants run on the same samples.
     python -m bench.nuisance_oracle --cells 100000:100,100000:4,20000:4 \\
         --variants default,recalibrated,quantile_bins,lr:0.08:0.04 --reps 12 --workers 2 \\
         --seed 20261305 --name nuisance_structure
-    python -m bench.nuisance_oracle --cells 100000:4,100000:1,20000:4,20000:1,5000:4 \\
-        --variants default,uniform_bins --reps 30 --workers 2 --seed 20261311 \\
+    python -m bench.nuisance_oracle --cells 100000:4,100000:1,100000:0.5,50000:4,20000:4 \\
+        --variants default,uniform_bins --reps 24 --workers 2 --seed 20261311 \\
         --name nuisance_quantile_bins
     python -m bench.nuisance_oracle --quick       # CI smoke: n 2000, eps 4, none, 1 rep
 """

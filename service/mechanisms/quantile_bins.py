@@ -9,10 +9,12 @@ keeps part of the confounding (bench/README.md, ``nuisance_structure``).
 What it releases (to the calling mechanism, never to a client):
     for each continuous covariate j, noisy counts of the fit rows in ``CELLS`` equal-width cells
     of its public bounds (one Gaussian mechanism on the concatenated histograms). Everything
-    after is post-processing: the counts are clipped at 0 and accumulated into a monotone
-    piecewise-linear CDF ``F_j`` with knots at the public cell edges, and the covariate is
-    replaced by ``F_j(x_j)`` in the public box [0, 1]. interpret's equal-width binning of
-    ``F_j(x_j)`` then cuts near the quantiles.
+    after is post-processing: the noisy counts are accumulated (unbiased), divided by the public
+    fold size, made monotone by isotonic regression and clipped to [0, 1], giving a
+    piecewise-linear CDF ``F_j`` with knots at the public cell edges; the covariate is replaced
+    by ``F_j(x_j)`` in the public box [0, 1]. A cell holding a third of the rows then spans a
+    third of [0, 1], where interpret's 64 equal-width cells split it (linearly in x_j), so the
+    bins follow the quantiles even with few cells.
 
 Neighbouring relation:
     replace-one inside the fold the histograms are measured on, with its size public. A
@@ -39,11 +41,14 @@ from service.mechanisms.noise import (
     release_gaussian,
 )
 
-# Equal-width cells per covariate (public). Twice interpret's 64: finer where the mass is,
-# while the accumulated noise of a CDF value (at most sqrt(CELLS) cells) stays small.
-CELLS = 128
+# Equal-width cells per covariate (public). Few cells suffice (the transform stretches a dense
+# cell, see above) and keep the accumulated noise of a CDF value (sqrt(k) sigma) small.
+CELLS = 32
 # Share of a DP-EBM module's (epsilon, delta) spent on its histograms (public).
 SHARE = 0.1
+# A module uses the bins only where the public noise of its CDF at the median cell,
+# sqrt(CELLS / 2) sigma / m for a fold of m rows, is at most this (``accurate_enough``).
+MAX_CDF_ERROR = 0.1
 
 FloatArray = NDArray[np.float64]
 
@@ -75,6 +80,14 @@ class QuantileBins:
         )
         return cls(columns, calibration)
 
+    def cdf_error(self, fold_size: int) -> float:
+        """Public sd of a released CDF value at the median cell: sqrt(CELLS / 2) sigma / m."""
+        return math.sqrt(CELLS / 2.0) * self.calibration.sigma / float(fold_size)
+
+    def accurate_enough(self, fold_size: int) -> bool:
+        """The public rule for a module of ``fold_size`` rows: ``cdf_error <= MAX_CDF_ERROR``."""
+        return self.cdf_error(fold_size) <= MAX_CDF_ERROR
+
     def measure(
         self, x: FloatArray, lower: FloatArray, upper: FloatArray, noise: NoiseSampler
     ) -> FloatArray:
@@ -85,7 +98,7 @@ class QuantileBins:
         """
         histograms = counts(x, lower, upper, self.columns)
         noisy = release_gaussian(histograms.reshape(-1), self.calibration, noise)
-        return cdf_knots(noisy.reshape(len(self.columns), CELLS))
+        return cdf_knots(noisy.reshape(len(self.columns), CELLS), x.shape[0])
 
 
 def counts(
@@ -102,19 +115,21 @@ def counts(
     return out
 
 
-def cdf_knots(noisy_counts: FloatArray) -> FloatArray:
-    """Post-processing: counts clipped at 0, accumulated and normalised to a CDF at the
-    ``CELLS + 1`` edges (0 at the lower bound, 1 at the upper). A histogram with no positive
-    count gives the identity (uniform) CDF."""
-    clipped = np.clip(noisy_counts, 0.0, None)
-    cumulative = np.concatenate(
-        [np.zeros((clipped.shape[0], 1)), np.cumsum(clipped, axis=1)], axis=1
-    )
-    totals = cumulative[:, -1:]
-    uniform = np.linspace(0.0, 1.0, clipped.shape[1] + 1)[None, :]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        knots = np.where(totals > 0.0, cumulative / totals, uniform)
-    return np.asarray(knots, dtype=np.float64)
+def cdf_knots(noisy_counts: FloatArray, fold_size: int) -> FloatArray:
+    """Post-processing: the CDF at the ``CELLS + 1`` public edges from noisy counts.
+
+    The running sums of the noisy counts (unbiased for the true running counts) are divided by
+    the public fold size, fitted by isotonic regression (monotone; no positive bias from
+    clipping single cells) and clipped to [0, 1], with 0 at the lower bound and 1 at the upper.
+    """
+    from sklearn.isotonic import isotonic_regression
+
+    running = np.cumsum(noisy_counts, axis=1)[:, :-1] / float(fold_size)
+    knots = np.empty((noisy_counts.shape[0], noisy_counts.shape[1] + 1), dtype=np.float64)
+    knots[:, 0], knots[:, -1] = 0.0, 1.0
+    for row in range(noisy_counts.shape[0]):
+        knots[row, 1:-1] = np.clip(isotonic_regression(running[row]), 0.0, 1.0)
+    return knots
 
 
 def transform(

@@ -120,6 +120,10 @@ def _proof_sensitivity(
         k = float(quote["pseudo_outcome_clip"])
         g = k / 4.0
         return g * math.sqrt(g * g + 5.0 * k * k)
+    if statistic == "continuous_covariate_histograms":
+        # ate_strict.md §14: a replaced row leaves one cell and joins one in each of the J
+        # histograms; every covariate of ``_domain`` is numeric (no codes), so J = 3
+        return math.sqrt(2.0 * 3)
     if statistic == "per_arm_ridge_sufficient_statistics":
         return math.sqrt(6.0)  # ate_strict.md "Sensitivity sqrt 6"
     if statistic == "dp_logistic_regression_weights":

@@ -777,7 +777,11 @@ def test_dp_ebm_learning_rate_rule_reaches_the_record_and_the_fits(
     assert rule(10_000, threshold / 10_000) == ate_strict.DP_EBM_FAST_LEARNING_RATES == (0.04, 0.02)
 
     def rates(state: Any) -> list[Any]:
-        return [event.params.get("learning_rate") for event in state.record.events]
+        return [
+            event.params.get("learning_rate")
+            for event in state.record.events
+            if event.type == "gdp_module" or "learning_rate" in event.params
+        ]
 
     slow = ate_strict.make_plan(make_domain(n=10_000), AteStrictParams(epsilon=9.9, delta=1e-6))
     fast = ate_strict.make_plan(make_domain(n=10_000), AteStrictParams(epsilon=10.0, delta=1e-6))

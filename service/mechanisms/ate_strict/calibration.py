@@ -51,7 +51,12 @@ from service.mechanisms.noise import (
 from service.mechanisms.partition import (
     fold_sizes,
 )
-from service.mechanisms.quantile_bins import CELLS, SHARE, QuantileBins, continuous_columns
+from service.mechanisms.quantile_bins import (
+    CELLS,
+    SHARE,
+    QuantileBins,
+    continuous_columns,
+)
 from service.mechanisms.records import (
     Composition,
     Guarantee,
@@ -194,19 +199,13 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
 
     # proof step 2: nuisance modules (DP-EBM) at (epsilon, delta) each under replace-one; with
     # quantile bins (proof §14) each module first spends a public share on its histograms.
-    if not isinstance(params.quantile_bins, bool):
-        raise InvalidParameters("quantile_bins must be a boolean")
-    bins: QuantileBins | None = None
+    bins = plan_quantile_bins(
+        domain, nuisance, params.quantile_bins, modules, sizes, epsilon, delta
+    )
     epsilon_ebm, delta_ebm = epsilon, delta
-    if params.quantile_bins:
-        columns = continuous_columns(domain)
-        if nuisance != "dp_ebm" or not columns:
-            raise InvalidParameters(
-                "quantile_bins needs nuisance='dp_ebm' and a continuous covariate in the schema"
-            )
-        epsilon_bins, epsilon_ebm = split_share(epsilon, SHARE)
-        delta_bins, delta_ebm = split_share(delta, SHARE)
-        bins = QuantileBins.plan(columns, epsilon_bins, delta_bins)
+    if bins is not None:
+        _, epsilon_ebm = split_share(epsilon, SHARE)
+        _, delta_ebm = split_share(delta, SHARE)
     dp_ebm = solve_dp_ebm_epsilon_p(epsilon_ebm, delta_ebm) if nuisance == "dp_ebm" else None
     # proof step 8 (dp_linear, §10-§12): budgets of the linear nuisance fits.
     observational = domain.design == StudyDesign.OBSERVATIONAL
@@ -352,6 +351,42 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
         learning_rates=(rate_pi, rate_mu),
         quantile_bins=bins,
     )
+
+
+def plan_quantile_bins(
+    domain: PublicDomain,
+    nuisance: Nuisance,
+    requested: bool | None,
+    modules: tuple[str, ...],
+    sizes: tuple[int, ...],
+    epsilon: float,
+    delta: float,
+) -> QuantileBins | None:
+    """The DP quantile bins of the DP-EBM modules (proof §14), or None.
+
+    ``requested`` True asks for them (``dp_ebm`` and a numeric covariate needed), False
+    refuses them, None applies the public rule: on where they are possible and the released
+    CDF's public noise on the smallest DP-EBM fold is at most ``MAX_CDF_ERROR``
+    (``QuantileBins.accurate_enough``). Public inputs only.
+    """
+    if requested is not None and not isinstance(requested, bool):
+        raise InvalidParameters("quantile_bins must be a boolean or null")
+    if requested is False:
+        return None
+    columns = continuous_columns(domain)
+    if nuisance != "dp_ebm" or not columns:
+        if requested:
+            raise InvalidParameters(
+                "quantile_bins needs nuisance='dp_ebm' and a numeric covariate in the schema"
+            )
+        return None
+    epsilon_bins, _ = split_share(epsilon, SHARE)
+    delta_bins, _ = split_share(delta, SHARE)
+    bins = QuantileBins.plan(columns, epsilon_bins, delta_bins)
+    smallest = min(
+        size for module, size in zip(modules, sizes, strict=True) if module != "estimation"
+    )
+    return bins if requested or bins.accurate_enough(smallest) else None
 
 
 def quantile_bins_event(module: str, bins: QuantileBins) -> NoiseEvent:

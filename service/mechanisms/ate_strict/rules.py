@@ -28,7 +28,6 @@ from service.mechanisms.partition import (
     checked_fractions,
     fold_sizes,
 )
-from service.mechanisms.quantile_bins import continuous_columns
 
 MECHANISM = "ate_strict"
 
@@ -172,7 +171,10 @@ class AteStrictParams:
         quantile_bins: DP quantile bins (proof §14, ``service.mechanisms.quantile_bins``): each
             DP-EBM nuisance spends ``quantile_bins.SHARE`` of its module's (epsilon, delta) on
             noisy histograms of its fold's continuous covariates and is fitted on their
-            released CDF values (``dp_ebm`` only; needs a continuous covariate).
+            released CDF values (``dp_ebm`` only; needs a continuous covariate). None means the
+            public rule (``calibration.plan_quantile_bins``): on where DP-EBM nuisances are
+            fitted, the schema declares a continuous covariate and the released CDF is accurate
+            enough on the smallest DP-EBM fold.
     """
 
     epsilon: float
@@ -189,7 +191,7 @@ class AteStrictParams:
     nuisance_share: float | None = None
     regularization: float | None = None
     adaptive_clip: bool = False
-    quantile_bins: bool = False
+    quantile_bins: bool | None = None
 
 
 def default_nuisance(domain: PublicDomain) -> Nuisance:
@@ -204,12 +206,6 @@ def default_adaptive_clip(domain: PublicDomain, pseudo_outcome_clip: float | Non
     """Public rule for an omitted clip choice: adaptive on randomised designs unless a public
     ``pseudo_outcome_clip`` was given (proof §13; bench/results/realistic-*.json)."""
     return pseudo_outcome_clip is None and domain.design == StudyDesign.RCT
-
-
-def default_quantile_bins(domain: PublicDomain, nuisance: Nuisance) -> bool:
-    """Public rule for omitted DP quantile bins (proof §14): on wherever a DP-EBM nuisance is
-    fitted and the schema declares a continuous covariate (bench/results/nuisance_dpq.json)."""
-    return nuisance == "dp_ebm" and bool(continuous_columns(domain))
 
 
 def default_nuisance_share(n: int, epsilon: float) -> float:
@@ -396,7 +392,6 @@ def default_params(
         nuisance=nuisance,
         cross_fit=cross_fit,
         adaptive_clip=default_adaptive_clip(domain, None),
-        quantile_bins=default_quantile_bins(domain, nuisance),
     )
 
 

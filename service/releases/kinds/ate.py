@@ -104,8 +104,8 @@ class AteParams(KindParams):
     clip: Literal["declared", "adaptive"] | None = None
     # strict aipw with DP-EBM nuisances: DP quantile bins for the continuous covariates (a public
     # share of each nuisance module's budget buys noisy histograms; proof ate_strict.md §14).
-    # None: the public rule ate_strict.default_quantile_bins (on wherever DP-EBM nuisances are
-    # fitted and the schema declares a continuous covariate).
+    # None: the public rule (on where DP-EBM nuisances are fitted, the schema declares a numeric
+    # covariate and the smallest DP-EBM fold is large enough for an accurate CDF).
     quantile_bins: StrictBool | None = None
     trim: StrictFloat = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
     # ipw only: Horvitz-Thompson, Hajek (DP arm weights) or "auto" (public rule on the noise).
@@ -218,14 +218,9 @@ def to_mechanism_params(
         if params.clip is None
         else params.clip == "adaptive"
     )
-    quantile_bins = (
-        ate_strict.default_quantile_bins(domain, nuisance_strict)
-        if params.quantile_bins is None
-        else params.quantile_bins
-    )
     return ate_strict.AteStrictParams(
         adaptive_clip=adaptive_clip,
-        quantile_bins=quantile_bins,
+        quantile_bins=params.quantile_bins,
         epsilon=params.epsilon,
         delta=delta,
         alpha=params.alpha,
