@@ -15,9 +15,10 @@ fitted under privacy noise:
   bench/README.md ("Coverage of observational intervals", "Which DP nuisance carries the
   observational bias") measures how often: on the realistic studies (36 covariates) the strict
   default covered 0.56-0.97 at n 5000-20000 and n * epsilon >= 2 * 10^4 (12-30 releases per
-  cell; bench/results/ate_folds.json, nuisance_oracle.json) and 0.42-0.92 at n 5 * 10^4 - 10^5,
-  eps 1-4, with the faster DP-EBM learning rates from n * epsilon = 10^5 (12 releases per
-  cell; nuisance_lr-large.json; 0.08-0.83 before them), where the interval is narrow.
+  cell; bench/results/ate_folds.json, nuisance_oracle.json) and 0.71-0.88 at n 5 * 10^4 - 10^5,
+  eps 0.5-4, with the faster DP-EBM learning rates from n * epsilon = 10^5 and the DP quantile
+  bins (24 releases per cell; nuisance_quantile_bins.json; 0.42-0.92 without the bins, 0.08-0.83
+  before the rates), where the interval is narrow.
 
 Pure: reads the public design and request fields only.
 """
@@ -41,7 +42,7 @@ _NUISANCE_MESSAGE = (
     "confounding. Fitted under privacy noise on part of the rows, they often leave some, and "
     "then the interval is too narrow and off-centre; on simulated clinical studies with 36 "
     "covariates the default 95 % interval covered the true effect in 56-97 % of releases "
-    "at n = 5,000-20,000 with n * epsilon >= 20,000, and in 42-92 % at n = 50,000-100,000, "
+    "at n = 5,000-20,000 with n * epsilon >= 20,000, and in 71-88 % at n = 50,000-100,000, "
     "where it is narrowest. Read it as a lower bound on the uncertainty "
     "(docs/guide-analyst.md, 'What the interval covers')."
 )
