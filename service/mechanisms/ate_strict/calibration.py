@@ -389,6 +389,19 @@ def plan_quantile_bins(
     return bins if requested or bins.accurate_enough(smallest) else None
 
 
+def lattice_params(calibration: GaussianCalibration) -> dict[str, float | int | str]:
+    """The public fields of a lattice Gaussian event: sampler, sensitivities and scales."""
+    return {
+        "sampler": "opendp discrete gaussian on 2^k lattice",
+        "sensitivity_l2": calibration.sensitivity_l2,
+        "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
+        "lattice_exponent": calibration.lattice_exponent,
+        "noise_multiplier": calibration.noise_multiplier,
+        "sigma": calibration.sigma,
+        "mu": calibration.mu,
+    }
+
+
 def quantile_bins_event(module: str, bins: QuantileBins) -> NoiseEvent:
     """The Gaussian histograms of a DP-EBM module's continuous covariates (proof §14)."""
     calibration = bins.calibration
@@ -399,17 +412,11 @@ def quantile_bins_event(module: str, bins: QuantileBins) -> NoiseEvent:
         delta=calibration.delta,
         params={
             "statistic": "continuous_covariate_histograms",
-            "sampler": "opendp discrete gaussian on 2^k lattice",
             "columns": len(bins.columns),
             "cells": CELLS,
             "share_of_module": SHARE,
             "dim": calibration.dim,
-            "sensitivity_l2": calibration.sensitivity_l2,
-            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
-            "lattice_exponent": calibration.lattice_exponent,
-            "noise_multiplier": calibration.noise_multiplier,
-            "sigma": calibration.sigma,
-            "mu": calibration.mu,
+            **lattice_params(calibration),
         },
     )
 
@@ -429,18 +436,12 @@ def dp_linear_event(
         delta=calibration.delta,
         params={
             "statistic": statistic,
-            "sampler": "opendp discrete gaussian on 2^k lattice",
             "parallel_folds": 2 if cross_fit else 1,
             "fit_size": model.m,
             "regularization": model.regularization,
             "intercept": dp_linear.INTERCEPT,
             "dim": calibration.dim,
-            "sensitivity_l2": calibration.sensitivity_l2,
-            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
-            "lattice_exponent": calibration.lattice_exponent,
-            "noise_multiplier": calibration.noise_multiplier,
-            "sigma": calibration.sigma,
-            "mu": calibration.mu,
+            **lattice_params(calibration),
         },
     )
 
@@ -455,15 +456,9 @@ def gaussian_event(
         delta=calibration.delta,
         params={
             "statistic": statistic,
-            "sampler": "opendp discrete gaussian on 2^k lattice",
             "bound": bound,
             "sensitivity_l2_nominal": nominal_sensitivity,
-            "sensitivity_l2": calibration.sensitivity_l2,
-            "sensitivity_l2_effective": calibration.sensitivity_l2_effective,
-            "lattice_exponent": calibration.lattice_exponent,
-            "noise_multiplier": calibration.noise_multiplier,
-            "sigma": calibration.sigma,
-            "mu": calibration.mu,
+            **lattice_params(calibration),
         },
     )
 
