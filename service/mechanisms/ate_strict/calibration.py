@@ -402,21 +402,30 @@ def lattice_params(calibration: GaussianCalibration) -> dict[str, float | int | 
     }
 
 
-def quantile_bins_event(module: str, bins: QuantileBins) -> NoiseEvent:
-    """The Gaussian histograms of a DP-EBM module's continuous covariates (proof §14)."""
-    calibration = bins.calibration
+def lattice_event(
+    module: str, calibration: GaussianCalibration, params: dict[str, float | int | str]
+) -> NoiseEvent:
+    """A lattice Gaussian event: its (epsilon, delta), ``params`` and ``lattice_params``."""
     return NoiseEvent(
         type="gaussian",
         module=module,
         epsilon=calibration.epsilon,
         delta=calibration.delta,
-        params={
+        params={**params, **lattice_params(calibration)},
+    )
+
+
+def quantile_bins_event(module: str, bins: QuantileBins) -> NoiseEvent:
+    """The Gaussian histograms of a DP-EBM module's continuous covariates (proof §14)."""
+    return lattice_event(
+        module,
+        bins.calibration,
+        {
             "statistic": "continuous_covariate_histograms",
             "columns": len(bins.columns),
             "cells": CELLS,
             "share_of_module": SHARE,
-            "dim": calibration.dim,
-            **lattice_params(calibration),
+            "dim": bins.calibration.dim,
         },
     )
 
@@ -428,20 +437,16 @@ def dp_linear_event(
     cross_fit: bool,
 ) -> NoiseEvent:
     """The Gaussian event of a DP logistic (weights) or ridge (sufficient statistics) fit."""
-    calibration = model.calibration
-    return NoiseEvent(
-        type="gaussian",
-        module=module,
-        epsilon=calibration.epsilon,
-        delta=calibration.delta,
-        params={
+    return lattice_event(
+        module,
+        model.calibration,
+        {
             "statistic": statistic,
             "parallel_folds": 2 if cross_fit else 1,
             "fit_size": model.m,
             "regularization": model.regularization,
             "intercept": dp_linear.INTERCEPT,
-            "dim": calibration.dim,
-            **lattice_params(calibration),
+            "dim": model.calibration.dim,
         },
     )
 
@@ -449,17 +454,10 @@ def dp_linear_event(
 def gaussian_event(
     statistic: str, nominal_sensitivity: float, calibration: GaussianCalibration, bound: float
 ) -> NoiseEvent:
-    return NoiseEvent(
-        type="gaussian",
-        module="estimation",
-        epsilon=calibration.epsilon,
-        delta=calibration.delta,
-        params={
-            "statistic": statistic,
-            "bound": bound,
-            "sensitivity_l2_nominal": nominal_sensitivity,
-            **lattice_params(calibration),
-        },
+    return lattice_event(
+        "estimation",
+        calibration,
+        {"statistic": statistic, "bound": bound, "sensitivity_l2_nominal": nominal_sensitivity},
     )
 
 
