@@ -125,6 +125,38 @@ def test_ebm_cate_release_and_free_predictions(client: TestClient, api: Api) -> 
     assert [e["pointer"] for e in body["errors"]] == ["#/points/0/1"]
 
 
+def test_ebm_cate_effect_columns_over_http(client: TestClient, api: Api) -> None:
+    """Pre-specified effect modifiers: a position outside the schema is a 422 before any
+    charge; a valid list gives shape functions for those covariates only, and predictions
+    that ignore the others, for free."""
+    owner, analyst, ds = _setup(api, schema=SCHEMA)
+    key = analyst["api_key"]
+    bad = post_release(
+        client, key, ds["id"], {"epsilon": 2.0, "effect_columns": [3]}, kind="ebm_cate"
+    )
+    assert "effect_columns" in problem(bad, 422, "validation-failed")["detail"]
+    empty = post_release(
+        client, key, ds["id"], {"epsilon": 2.0, "effect_columns": []}, kind="ebm_cate"
+    )
+    problem(empty, 422, "validation-failed")
+    assert _spent(client, owner, ds) == 0.0
+    r = post_release(
+        client, key, ds["id"], {"epsilon": 2.0, "effect_columns": [1]}, kind="ebm_cate"
+    )
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["result"]["effect_columns"] == [1]
+    assert len(done["result"]["shape_functions"]) == 1
+    spent = _spent(client, owner, ds)
+    assert spent == pytest.approx(2.0)
+    points = [[30.0, 0.5, 0.0], [60.0, 0.5, 1.0]]  # differ outside column 1 only
+    p = _predict(client, key, done["id"], points)
+    assert p.status_code == 200, p.text
+    first, second = p.json()["predictions"]
+    assert first == second
+    assert _spent(client, owner, ds) == spent
+
+
 def test_uplift_tables_and_lookup(client: TestClient, api: Api) -> None:
     owner, analyst, ds = _setup(api, schema=RCT_SCHEMA, n=1000)
     key = analyst["api_key"]

@@ -266,6 +266,52 @@ def test_noise_path_dr_modules_share_the_planned_mu(shrinkage: str) -> None:
     )
 
 
+def test_noise_path_effect_columns_compose_over_the_effect_model_only() -> None:
+    """proof step 7: with ``effect_columns`` the effect model is a DP-EBM on those covariates
+    only. On three covariates with effect_columns (1,), every interpret draw is at a planned sd:
+    the first stage on all three (propensity 3 features, outcome 4), the effect model at
+    ``sqrt(1) / mu_bin`` and ``sqrt(E * 1) lr 2K / mu_tr`` with one binning and E boosting
+    calls, as the recorded event's ``n_features`` = 1 says."""
+    n = 800
+    domain = dataclasses.replace(
+        _np_domain(StudyDesign.OBSERVATIONAL, n), x_lower=np.zeros(3), x_upper=np.ones(3)
+    )
+    params = ec.EbmCateParams(
+        epsilon=NP_EPSILON,
+        delta=NP_DELTA,
+        shrinkage="none",
+        effect_columns=(1,),
+        pseudo_outcome_clip=7.0,  # 2K = 14: the effect scale differs from the outcome model's
+    )
+    state = ec.make_plan(domain, params)
+    events = {e.module: e.params for e in state.record.events if e.type == "gdp_module"}
+    assert (events["propensity"]["n_features"], events["outcome"]["n_features"]) == (3, 4)
+    assert events["effect"]["n_features"] == 1
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, (n, 3))
+    a = (rng.uniform(size=n) < 0.5).astype(np.float64)
+    data = Arrays(x, a, 10.0 * rng.uniform(size=n) * (0.5 + 0.5 * x[:, 1]))
+    with _recording() as calls:
+        result = ec.run_plan(
+            data,
+            domain,
+            state,
+            rng=np.random.default_rng(8),
+            progress=lambda f, s: None,
+            names=None,
+            noise=OpenDPSampler(),
+        )
+    assert result["model"]["columns"] == [1]
+    effect = _planned_sigmas(state, 1, 2.0 * state.clip_k)
+    planned = {*_planned_sigmas(state, 3, 1.0), *_planned_sigmas(state, 4, 10.0), *effect}
+    assert all(any(s == pytest.approx(p, rel=1e-9) for p in planned) for s, _ in calls)
+    assert len(calls) == (3 + 4 + 1) + dp_ebm.DP_EBM_MAX_ROUNDS * (3 + 4 + 1)
+    assert sum(s == pytest.approx(effect[0], rel=1e-9) for s, _ in calls) == 1
+    assert sum(s == pytest.approx(effect[1], rel=1e-9) for s, _ in calls) == (
+        dp_ebm.DP_EBM_MAX_ROUNDS
+    )
+
+
 @pytest.mark.parametrize(("epsilon", "rates"), [(40.0, (0.01, 0.01)), (50.0, (0.04, 0.02))])
 def test_noise_path_ate_nuisances_draw_at_their_learning_rates(
     epsilon: float, rates: tuple[float, float]

@@ -572,7 +572,7 @@ def test_rct_anchor_is_as_accurate_as_the_constant_dp_ate() -> None:
             ec.EbmCateParams(
                 epsilon=1.0,
                 delta=1e-5,
-                **ec.dr_defaults(dom),  # the service's DR defaults
+                **ec.dr_defaults(dom, 1.0),  # the service's DR defaults
             ),
             rng=np.random.default_rng(100 + seed),
             progress=lambda f, s: None,

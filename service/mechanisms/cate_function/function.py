@@ -162,6 +162,9 @@ class FittedFunction:
         lower = np.asarray(self.model["x_lower"], dtype=np.float64)
         upper = np.asarray(self.model["x_upper"], dtype=np.float64)
         x = lower + np.asarray(points, dtype=np.float64) * (upper - lower)
+        columns = self.model.get("columns")  # the release's effect_columns, if a subset
+        if columns is not None:
+            x = x[:, [int(j) for j in columns]]
         values = SafeEbm.from_dict(self.model["effect"]).predict(x)
         bound = float(self.model["deviation_bound"])
         return np.asarray(
@@ -258,6 +261,7 @@ class FittedFunction:
             shrink=float(shrink["factor"]),
             model={
                 "effect": model["effect"],
+                **({} if model.get("columns") is None else {"columns": list(model["columns"])}),
                 "centre": float(shrink["centre"]),
                 "deviation_bound": float(shrink["deviation_bound"]),
                 "x_lower": [float(v) for v in x_lower],

@@ -31,6 +31,10 @@ Claim (strict learners S and DR):
     and the whole DR pipeline runs at the rest: sequential composition, (epsilon, delta) in
     total. The factor and ``anchor + lambda * deviation`` are post-processing.
 
+    Pre-specified effect modifiers (``effect_columns``, proof step 7): the effect model is a
+    DP-EBM on those public columns only (the nuisances keep every covariate); interpret
+    composes its noise over the features it sees, so the claim and the charge are unchanged.
+
     Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
 
 References:
@@ -80,6 +84,8 @@ from service.mechanisms.ebm_cate.rules import (
     DR_DEFAULT_K_OF_RANGE,
     DR_DEFAULT_MAX_BINS,
     DR_DEFAULT_MAX_ROUNDS,
+    DR_RICH_MAX_ROUNDS,
+    DR_RICH_N_EPSILON_PER_COVARIATE,
     EBM_USEFUL_N_EPSILON_PER_COVARIATE,
     MAX_EPSILON,
     MAX_MAX_BINS,
@@ -101,6 +107,7 @@ from service.mechanisms.ebm_cate.rules import (
     default_delta_for,
     default_fractions,
     dr_default_folds,
+    dr_default_rounds,
     dr_defaults,
     ebm_anchor_share,
     modules,
@@ -120,6 +127,8 @@ __all__ = [
     "DR_DEFAULT_K_OF_RANGE",
     "DR_DEFAULT_MAX_BINS",
     "DR_DEFAULT_MAX_ROUNDS",
+    "DR_RICH_MAX_ROUNDS",
+    "DR_RICH_N_EPSILON_PER_COVARIATE",
     "EBM_USEFUL_N_EPSILON_PER_COVARIATE",
     "EbmCateParams",
     "Learner",
@@ -148,6 +157,7 @@ __all__ = [
     "default_fractions",
     "deviation_bound",
     "dr_default_folds",
+    "dr_default_rounds",
     "dr_defaults",
     "ebm_anchor_share",
     "make_plan",

@@ -45,6 +45,7 @@ from service.mechanisms.ebm_cate.rules import (
     VERSION,
     EbmCateParams,
     ebm_anchor_share,
+    effect_width,
     modules,
     rct_anchor_share,
     resolved_fractions,
@@ -125,6 +126,10 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         raise InvalidParameters(
             f"max_rounds must be an integer in [{MIN_MAX_ROUNDS}, {MAX_MAX_ROUNDS}]"
         )
+    columns = checked_effect_columns(domain, params)
+    if columns != params.effect_columns:
+        params = replace(params, effect_columns=columns)
+    width_effect = effect_width(domain.q, params)
     fractions = resolved_fractions(domain, learner, params.fold_fractions)
     names = modules(domain, learner)
     sizes = fold_sizes(domain.n, fractions)
@@ -172,7 +177,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if shrinkage == "ate" and domain.design == StudyDesign.RCT:
         # proof step 6.1 (RCT): the strict ATE release on all n at the anchor's share, then the
         # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
-        chosen = rct_anchor_share(domain, epsilon, delta)
+        chosen = rct_anchor_share(domain, epsilon, delta, width_effect)
         if chosen is None:
             raise no_room_for_anchor()
         share = chosen
@@ -189,7 +194,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             dim=CALIBRATION_STATISTICS,
         )
     elif shrinkage == "ate":
-        share = ebm_anchor_share(domain.n, epsilon, domain.q)
+        share = ebm_anchor_share(domain.n, epsilon, width_effect)
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
         anchor, planned = plan_anchor(
@@ -250,7 +255,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                     effect_epsilon,
                     effect_delta,
                     effect_accounting,
-                    n_features=q,
+                    n_features=width_effect,
                     target_range=2.0 * clip_k,
                     learner="Regressor",
                     max_bins=max_bins,
@@ -313,6 +318,33 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         calibration_size=calibration_size,
         rct_anchor=rct_anchor,
     )
+
+
+def checked_effect_columns(domain: PublicDomain, params: EbmCateParams) -> tuple[int, ...] | None:
+    """proof step 7: the request's effect modifiers as increasing covariate positions, or
+    None for every covariate (a list of all q is None: the same release). 422 for the
+    S-learner (its CATE is constant in x), an empty list, a repeated or out-of-range
+    position. Public request and schema only."""
+    given = params.effect_columns
+    if given is None:
+        return None
+    if params.learner == "s":
+        raise InvalidParameters(
+            "effect_columns is for the DR and R learners (the S-learner's CATE is constant)"
+        )
+    columns = tuple(given)
+    if not columns:
+        raise InvalidParameters("effect_columns must name at least one covariate")
+    if any(isinstance(j, bool) or not isinstance(j, int) for j in columns):
+        raise InvalidParameters("effect_columns must be covariate positions (integers)")
+    if any(not 0 <= j < domain.q for j in columns):
+        raise InvalidParameters(
+            f"effect_columns must be positions of covariates, in [0, {domain.q - 1}]"
+        )
+    if len(set(columns)) != len(columns):
+        raise InvalidParameters("effect_columns must not repeat a covariate")
+    ordered = tuple(sorted(columns))
+    return None if len(ordered) == domain.q else ordered
 
 
 def anchor_bound(domain: PublicDomain, clip: float, clip_k: float) -> float:
@@ -399,4 +431,7 @@ def public_parameters(state: Plan, domain: PublicDomain) -> dict[str, Any]:
         "design": str(domain.design),
         "shrinkage": "ate" if state.anchored else "none",
         "anchor_share": state.anchor_share,
+        "effect_columns": (
+            None if state.params.effect_columns is None else list(state.params.effect_columns)
+        ),
     }

@@ -204,11 +204,13 @@ def run_plan(
         residual_a = a2 - e_hat  # |.| >= c since a in {0, 1} and e_hat in [c, 1 - c]
         psi = np.clip((y2 - eta) / residual_a, -k, k)
         weight = residual_a**2  # data-dependent: the R-learner is paper-label only
+    # proof step 7: the effect model sees the effect columns only (all q by default).
+    cols = effect_columns(state, q)
     effect_model, offset = fit_regressor(
-        x2,
+        x2[:, cols],
         psi,
-        lower,
-        upper,
+        lower[cols],
+        upper[cols],
         -k,
         k,
         state.accounting,
@@ -216,7 +218,7 @@ def run_plan(
         max_bins=params.max_bins,
         max_rounds=params.max_rounds,
     )
-    safe = SafeEbm.from_model(effect_model, offset=offset, names=feature_names)
+    safe = SafeEbm.from_model(effect_model, offset=offset, names=[feature_names[j] for j in cols])
     del effect_model, psi, x2, a2, y2
     progress(1.0, "done")
     return {
@@ -224,7 +226,7 @@ def run_plan(
         # The effect model's terms are centred (noisy bin weights of the effect fold), so the
         # intercept plus offset is the model's average effect (dp_ebm_learners.md §5).
         "ate": safe.offset + safe.intercept,
-        "model": {"kind": "effect", "effect": safe.to_dict()},
+        "model": {"kind": "effect", "effect": safe.to_dict(), **_columns_field(state)},
         "shape_functions": safe.shape_functions(),
     }
 
@@ -270,24 +272,26 @@ def _run_anchored(
     fit, held = slice(0, state.effect_fit_size), slice(state.effect_fit_size, None)
     lower = np.asarray(domain.x_lower, dtype=np.float64)
     upper = np.asarray(domain.x_upper, dtype=np.float64)
+    # proof step 7: the effect model sees the effect columns only (all q by default).
+    cols = effect_columns(state, domain.q)
     effect_model, offset = fit_regressor(
-        x2[fit],
+        x2[fit][:, cols],
         targets[fit],
-        lower,
-        upper,
+        lower[cols],
+        upper[cols],
         -k,
         k,
         accounting,
         max_bins=params.max_bins,
         max_rounds=params.max_rounds,
     )
-    safe = SafeEbm.from_model(effect_model, offset=offset, names=feature_names)
+    safe = SafeEbm.from_model(effect_model, offset=offset, names=[feature_names[j] for j in cols])
     del effect_model
     centre = safe.offset + safe.intercept
     # step 6.3: calibration sums on the held-out rows: g = the released deviation (a DP
     # output of the fitting rows) at each row, in [-G, G], r = its centred target, in [-K, K].
     bound = deviation_bound(k)
-    g = np.clip(np.nan_to_num(safe.predict(x2[held]) - centre), -bound, bound)
+    g = np.clip(np.nan_to_num(safe.predict(x2[held][:, cols]) - centre), -bound, bound)
     r = targets[held]
     sums = np.array(
         [
@@ -313,6 +317,7 @@ def _run_anchored(
         "model": {
             "kind": "effect",
             "effect": safe.to_dict(),
+            **_columns_field(state),
             "shrinkage": {
                 "anchor": anchor,
                 "factor": factor,
@@ -323,6 +328,30 @@ def _run_anchored(
         },
         "shape_functions": shapes,
     }
+
+
+def effect_columns(state: Plan, q: int) -> list[int]:
+    """The covariate positions the effect model is fitted on (proof step 7): the request's
+    ``effect_columns``, else all q."""
+    columns = state.params.effect_columns
+    return list(range(q)) if columns is None else list(columns)
+
+
+def _columns_field(state: Plan) -> dict[str, Any]:
+    """The stored model's ``columns`` (the effect columns), only where they are a subset, so
+    a default release's model reads as before."""
+    columns = state.params.effect_columns
+    return {} if columns is None else {"columns": list(columns)}
+
+
+def effect_values(model: dict[str, Any], points: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The effect model of a stored ``model`` at public points of all q covariates (it reads
+    its ``columns`` where it has them)."""
+    x = np.atleast_2d(np.asarray(points, dtype=np.float64))
+    columns = model.get("columns")
+    if columns is not None:
+        x = x[:, [int(j) for j in columns]]
+    return SafeEbm.from_dict(model["effect"]).predict(x)
 
 
 def calibration_factor(sums: NDArray[np.float64], sigma: float, rows: int) -> float:
@@ -362,7 +391,7 @@ def predict(result: dict[str, Any], points: NDArray[np.float64]) -> NDArray[np.f
         safe = SafeEbm.from_dict(model["outcome"])
         ones = np.ones((x.shape[0], 1))
         return safe.predict(np.hstack([ones, x])) - safe.predict(np.hstack([0.0 * ones, x]))
-    values = SafeEbm.from_dict(model["effect"]).predict(x)
+    values = effect_values(model, x)
     shrink = model.get("shrinkage")
     if shrink is None:
         return values

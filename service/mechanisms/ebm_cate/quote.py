@@ -17,6 +17,7 @@ from service.mechanisms.ebm_cate.rules import (
     SMALL_N_EPSILON_WARNING,
     WARNING_EPSILON_CAP,
     EbmCateParams,
+    effect_width,
 )
 
 
@@ -31,7 +32,7 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
     # the final model's own accounting (with the anchor: the effect fold's remaining budget)
     mu_boost = (state.effect_accounting or state.accounting).mu_boosting
     q = domain.q
-    width = q + 1 if params.learner == "s" else q
+    width = q + 1 if params.learner == "s" else effect_width(q, state.params)
     target_range = domain.outcome_range if params.learner == "s" else 2.0 * state.clip_k
     rounds = params.max_rounds
     sigma_boost = math.sqrt(rounds * width) * DP_EBM_LEARNING_RATE * target_range
@@ -72,9 +73,9 @@ PREDICTION_NOISE_CALIBRATION = 0.5
 
 def prediction_noise_sd(domain: PublicDomain, quoted: dict[str, Any]) -> float:
     """A public scale of one prediction's privacy noise: the approximate per-bin noise sd of a
-    shape function times sqrt(number of covariates) (a prediction sums one bin of each shape
-    function, with independent noise), times ``PREDICTION_NOISE_CALIBRATION``. Rough, like
-    ``approx_shape_noise_sd`` itself."""
-    return (
-        float(quoted["approx_shape_noise_sd"]) * math.sqrt(domain.q) * PREDICTION_NOISE_CALIBRATION
-    )
+    shape function times sqrt(number of the effect model's covariates) (a prediction sums one
+    bin of each shape function, with independent noise), times
+    ``PREDICTION_NOISE_CALIBRATION``. Rough, like ``approx_shape_noise_sd`` itself."""
+    columns = quoted.get("effect_columns")
+    width = domain.q if columns is None else len(columns)
+    return float(quoted["approx_shape_noise_sd"]) * math.sqrt(width) * PREDICTION_NOISE_CALIBRATION

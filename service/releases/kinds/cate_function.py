@@ -22,6 +22,7 @@ from service.mechanisms import ebm_cate, gp
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler, lattice_exponent
 from service.mechanisms.records import MechanismRecord
+from service.problems import ValidationFailed
 from service.releases.kinds import ebm_cate as ebm_kind
 from service.releases.kinds.base import KindParams, Progress, versus_ate_block
 
@@ -47,6 +48,9 @@ class CateFunctionParams(KindParams):
     # function, where n epsilon per covariate reaches ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
     # and every field of the kernel learner below is at its default; else "exact").
     basis: Basis | None = None
+    # The ebm basis's pre-specified effect modifiers (ebm_cate's effect_columns: 0-based
+    # positions in the schema's covariate list); given, the basis is "ebm".
+    effect_columns: list[StrictInt] | None = Field(default=None, min_length=1)
     n_centres: StrictInt = Field(default=256, ge=1, le=mech.MAX_CENTRES)
     n_features: StrictInt = Field(default=256, ge=1, le=mech.MAX_FEATURES)
     t_max: StrictInt = Field(default=10000, ge=1, le=mech.MAX_T)
@@ -94,9 +98,20 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
         ValidationFailed: ``"ebm"`` asked for together with a kernel field.
     """
     changed = ebm_kind.changed_fields(params, KERNEL_DEFAULTS)
-    if params.basis == "ebm":
+    if params.effect_columns is not None and params.basis not in (None, "ebm"):
+        raise ebm_kind.refuse_columns_without_ebm("basis", params.basis)
+    if params.basis == "ebm" or params.effect_columns is not None:
         if changed:
             raise ebm_kind.refuse_with_ebm("basis", changed, "kernel bases")
+        # the function is an anchored DR model: refuse before any charge where the ebm_cate
+        # default cannot anchor (public n only); invalid ebm fields raise their own 422
+        checked = ebm_kind.to_mechanism_params(_ebm_request(params), domain)
+        if not ebm_cate.make_plan(domain, checked).anchored:
+            raise ValidationFailed(
+                "the ebm basis is an anchored ebm_cate release, and this dataset's effect fold "
+                "is too small for its calibration rows; use a kernel basis",
+                errors=[{"pointer": "#/params/basis", "detail": "no anchored ebm release"}],
+            )
         return "ebm"
     if params.basis is not None:
         return params.basis
@@ -108,7 +123,12 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
 
 
 def _ebm_request(params: CateFunctionParams) -> ebm_kind.EbmCateRequest:
-    return ebm_kind.default_request(params.epsilon, params.delta, params.expected_heterogeneity_sd)
+    return ebm_kind.default_request(
+        params.epsilon,
+        params.delta,
+        params.expected_heterogeneity_sd,
+        effect_columns=params.effect_columns,
+    )
 
 
 def _ebm_anchored(params: CateFunctionParams, domain: PublicDomain) -> bool:

@@ -53,6 +53,9 @@ class CateVectorRequest(KindParams):
     # ("ebm" where n epsilon per covariate reaches ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
     # and every ridge field above is at its default; else "ridge").
     estimator: Estimator | None = None
+    # The ebm estimator's pre-specified effect modifiers (ebm_cate's effect_columns: 0-based
+    # positions in the schema's covariate list); given, the estimator is "ebm".
+    effect_columns: list[StrictInt] | None = Field(default=None, min_length=1)
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -94,7 +97,9 @@ def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
         ValidationFailed: ``"ebm"`` asked for together with a ridge field.
     """
     changed = ebm_kind.changed_fields(params, RIDGE_DEFAULTS)
-    if params.estimator == "ebm":
+    if params.effect_columns is not None and params.estimator == "ridge":
+        raise ebm_kind.refuse_columns_without_ebm("estimator", "ridge")
+    if params.estimator == "ebm" or params.effect_columns is not None:
         if changed:
             raise ebm_kind.refuse_with_ebm("estimator", changed, "ridge estimator")
         return "ebm"
@@ -104,7 +109,9 @@ def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
 
 
 def _ebm_request(params: CateVectorRequest) -> ebm_kind.EbmCateRequest:
-    return ebm_kind.default_request(params.epsilon, params.delta)
+    return ebm_kind.default_request(
+        params.epsilon, params.delta, effect_columns=params.effect_columns
+    )
 
 
 def to_mechanism_params(

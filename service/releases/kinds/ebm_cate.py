@@ -30,7 +30,7 @@ class EbmCateRequest(KindParams):
     fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=1, max_length=3)
     # Omitted K, folds, max_bins, max_rounds: ebm_cate.service_defaults (DR: K = 0.3 R_Y, folds
     # 0.1/0.4/0.5 with at least 100 propensity records, or 0.3/0.7 in an RCT, 16 bins, 200
-    # effect rounds; S and R: Niu et al.'s).
+    # effect rounds, 400 from n epsilon per effect-model covariate 10^4; S and R: Niu et al.'s).
     max_bins: StrictInt | None = Field(
         default=None, ge=ebm_cate.MIN_MAX_BINS, le=ebm_cate.MAX_MAX_BINS
     )
@@ -44,13 +44,23 @@ class EbmCateRequest(KindParams):
     # fold, so undetectable heterogeneity falls back to the ATE. "none": the unshrunk model
     # (the S- and R-learners' only value).
     shrinkage: Literal["ate", "none"] | None = None
+    # The pre-specified effect modifiers: 0-based positions in the schema's covariate list. The
+    # effect model varies with these only (the nuisance models still adjust for every
+    # covariate); fewer covariates, less noise per shape function. None: every covariate.
+    effect_columns: list[StrictInt] | None = Field(
+        default=None,
+        min_length=1,
+        description="effect modifiers: 0-based positions in the schema's covariate list "
+        "(DR and R learners); omitted: every covariate",
+    )
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cate.EbmCateParams:
-    defaults = ebm_cate.service_defaults(domain, params.learner)
+    width = None if params.effect_columns is None else len(set(params.effect_columns))
+    defaults = ebm_cate.service_defaults(domain, params.learner, params.epsilon, width)
     given = params.model_dump(exclude_none=True)
     resolved = {key: given.get(key, value) for key, value in defaults.items()}
     delta = params.delta
@@ -62,6 +72,7 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
         learner=params.learner,
         propensity_clip=params.propensity_clip,
         shrinkage=params.shrinkage,
+        effect_columns=None if params.effect_columns is None else tuple(params.effect_columns),
         **resolved,
     )
 
@@ -127,22 +138,41 @@ PUBLIC_FIELDS = (
     "anchor_share",
     "ate_anchor",
     "shrinkage_factor",
+    "effect_columns",
 )
 
 
 def default_request(
-    epsilon: float, delta: float | None, expected_heterogeneity_sd: float | None = None
+    epsilon: float,
+    delta: float | None,
+    expected_heterogeneity_sd: float | None = None,
+    effect_columns: list[int] | None = None,
 ) -> EbmCateRequest:
-    """The strict ebm_cate default release at (epsilon, delta)."""
+    """The strict ebm_cate default release at (epsilon, delta), with the request's effect
+    modifiers (None: every covariate)."""
     return EbmCateRequest(
-        epsilon=epsilon, delta=delta, expected_heterogeneity_sd=expected_heterogeneity_sd
+        epsilon=epsilon,
+        delta=delta,
+        expected_heterogeneity_sd=expected_heterogeneity_sd,
+        effect_columns=effect_columns,
     )
 
 
-def learns(domain: PublicDomain, epsilon: float) -> bool:
-    """The public threshold where the DP-EBM effect model learns (n epsilon per covariate at
-    least ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``, as ebm_cate's own anchor rules)."""
-    return domain.n * epsilon / domain.q >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+def learns(domain: PublicDomain, epsilon: float, effect_columns: list[int] | None = None) -> bool:
+    """The public threshold where the DP-EBM effect model learns (n epsilon per effect-model
+    covariate at least ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``, as ebm_cate's own
+    anchor rules; the covariates are ``effect_columns``, else all q)."""
+    width = domain.q if effect_columns is None else max(len(set(effect_columns)), 1)
+    return domain.n * epsilon / width >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+
+
+def refuse_columns_without_ebm(selector: str, chosen: str) -> ValidationFailed:
+    """422: ``effect_columns`` (the ebm release's field) with another estimator named."""
+    return ValidationFailed(
+        f'effect_columns shapes the ebm_cate release only; it needs "{selector}": "ebm" '
+        f'(or none), not "{chosen}"',
+        errors=[{"pointer": "#/params/effect_columns", "detail": f"not with {selector} {chosen}"}],
+    )
 
 
 def public_facts(result: dict[str, Any]) -> dict[str, Any]:
