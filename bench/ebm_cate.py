@@ -196,7 +196,7 @@ def one(
         allow_paper_mode=True,
     )
     if learner == "s" or config == "service":
-        chosen: dict[str, Any] = ec.service_defaults(domain, learner)  # type: ignore[arg-type]
+        chosen: dict[str, Any] = ec.service_defaults(domain, learner, epsilon)  # type: ignore[arg-type]
     else:
         given = CONFIGS[config]
         chosen = {

@@ -49,6 +49,7 @@ import numpy as np
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
+from bench import studies
 from bench.common import write_result
 from bench.studies import STUDIES, Study
 from service.functions.payload import SECRET_KEY, FunctionSecret
@@ -84,7 +85,25 @@ CATE_KINDS = (
 )
 # Comparators run only when named: ebm_cate_unshrunk is the ebm_cate default's DR learner with
 # shrinkage "none" (what the anchor and the calibration rows cost where the model learns).
-EXTRA_CATE_KINDS = ("ebm_cate_unshrunk",)
+# ebm_cate_modifiers: the default with effect_columns = the study's true effect modifiers (an
+# analyst's correct pre-specification); _over adds three covariates that modify nothing, _under
+# leaves out creatinine (a modifier, and half of the tanh(age) x creatinine interaction).
+# ebm_cate_rounds200: the default with the effect model's former 200 rounds (the rounds rule's
+# comparator where n eps per covariate reaches 10^4).
+EXTRA_CATE_KINDS = (
+    "ebm_cate_unshrunk",
+    "ebm_cate_rounds200",
+    "ebm_cate_modifiers",
+    "ebm_cate_modifiers_over",
+    "ebm_cate_modifiers_under",
+)
+MODIFIER_SETS = {
+    "ebm_cate_modifiers": studies.EFFECT_MODIFIERS,
+    "ebm_cate_modifiers_over": tuple(sorted((*studies.EFFECT_MODIFIERS, *studies.NOT_MODIFIERS))),
+    "ebm_cate_modifiers_under": tuple(
+        j for j in studies.EFFECT_MODIFIERS if j != studies.CREATININE
+    ),
+}
 FloatArray = NDArray[np.float64]
 
 
@@ -203,9 +222,15 @@ def cate_release(
         request = CateVectorRequest(points=x_test.tolist(), epsilon=epsilon)
         out = CateVectorKind().run(arrays, domain, request, **options)
         return np.asarray(out["estimates"], np.float64)
-    if kind in ("ebm_cate", "ebm_cate_unshrunk"):
+    if kind in ("ebm_cate", "ebm_cate_unshrunk", "ebm_cate_rounds200", *MODIFIER_SETS):
         shrinkage = "none" if kind == "ebm_cate_unshrunk" else None
-        ebm_request = EbmCateRequest(epsilon=epsilon, shrinkage=shrinkage)
+        modifiers = MODIFIER_SETS.get(kind)
+        ebm_request = EbmCateRequest(
+            epsilon=epsilon,
+            shrinkage=shrinkage,
+            effect_columns=None if modifiers is None else list(modifiers),
+            max_rounds=ebm_cate.DR_DEFAULT_MAX_ROUNDS if kind == "ebm_cate_rounds200" else None,
+        )
         out = EbmCateKind().run(arrays, domain, ebm_request, **options)
         return ebm_cate.predict(out, x_test)
     if kind == "uplift_table":

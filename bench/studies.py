@@ -52,6 +52,12 @@ _CONTINUOUS = (
     ("hba1c", 3.0, 18.0),
     ("sbp", 60.0, 250.0),
 )
+# Covariate positions (binaries first, then _CONTINUOUS in order) of the effect modifiers:
+# the non-zero het_b / het_c below (binaries 0-3; age, creatinine, hba1c). NOT_MODIFIERS are
+# three covariates that modify nothing (two binaries and bmi), for a misspecified list.
+CREATININE = N_BINARY + 2
+EFFECT_MODIFIERS = (0, 1, 2, 3, N_BINARY, CREATININE, N_BINARY + 4)
+NOT_MODIFIERS = (4, 5, N_BINARY + 1)
 # Heterogeneity scale (multiplies a unit-sd score): tuned so sd(tau)/sd(Y) is about the label's.
 _HET_SCALE = {"none": 0.0, "moderate": 1.0, "strong": 2.6}
 TAU0 = 2.0
