@@ -198,7 +198,8 @@ def test_cate_function_and_vector_answer_the_effect_columns_model() -> None:
     )
     assert out["basis"] == "ebm"
     fitted = out[SECRET_KEY].fitted
-    assert fitted.model is not None and fitted.model["columns"] == [0]
+    assert fitted.model is not None
+    assert fitted.model["columns"] == [0]
     grid = np.column_stack([np.linspace(0, 1, 11), np.full(11, 0.1), np.full(11, 0.9)])
     moved = np.column_stack([grid[:, 0], np.full(11, 0.8), np.full(11, 0.2)])
     answers = fitted.released(fitted.mean(grid))
