@@ -51,6 +51,10 @@ class Covariate(Strict):
     upper: StrictFloat | None = None
     codes: list[StrictInt] | None = Field(default=None, min_length=2, max_length=1000)
     impute: StrictFloat | None = None
+    # A pre-specified effect modifier (e.g. from the trial's analysis plan): the CATE kinds'
+    # DP-EBM effect model varies with the declared modifiers only unless a request names its
+    # own effect_columns (docs/proofs/ebm_cate.md step 7). Public, declared, never derived.
+    effect_modifier: StrictBool = False
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

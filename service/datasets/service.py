@@ -191,6 +191,8 @@ def domain_of(dataset: Dataset) -> PublicDomain:
             tuple(sorted(c.codes)) if c.type == "categorical" and c.codes else None
             for c in schema.covariates
         ),
+        effect_modifiers=tuple(j for j, c in enumerate(schema.covariates) if c.effect_modifier)
+        or None,
     )
 
 

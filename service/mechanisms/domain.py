@@ -36,6 +36,9 @@ class PublicDomain:
     # Per covariate: the declared integer codes of a categorical covariate, None for a numeric
     # one (its box is [min code, max code]); None: all numeric. Public schema only.
     x_codes: tuple[tuple[int, ...] | None, ...] | None = None
+    # The owner's declared effect modifiers (covariate positions, increasing); None: none
+    # declared. The default effect_columns of the CATE kinds' DP-EBM effect model.
+    effect_modifiers: tuple[int, ...] | None = None
 
     @property
     def q(self) -> int:

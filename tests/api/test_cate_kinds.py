@@ -157,6 +157,38 @@ def test_ebm_cate_effect_columns_over_http(client: TestClient, api: Api) -> None
     assert _spent(client, owner, ds) == spent
 
 
+def test_declared_effect_modifiers_are_the_default_effect_columns(
+    client: TestClient, api: Api
+) -> None:
+    """A schema that declares severity an effect modifier: the default ebm_cate release (and
+    cate_vector's ebm estimator) varies with it only; a request listing every covariate gets
+    the full model; a non-boolean flag is a 422 at upload."""
+    schema = json.loads(json.dumps(SCHEMA))
+    schema["covariates"][1]["effect_modifier"] = True
+    owner, analyst, ds = _setup(api, schema=schema)
+    key = analyst["api_key"]
+    assert ds["schema"]["covariates"][1]["effect_modifier"] is True
+    r = post_release(client, key, ds["id"], {"epsilon": 2.0}, kind="ebm_cate")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["result"]["effect_columns"] == [1]
+    assert len(done["result"]["shape_functions"]) == 1
+    every = {"epsilon": 2.0, "effect_columns": [0, 1, 2]}
+    r = post_release(client, key, ds["id"], every, kind="ebm_cate")
+    done = wait(client, key, r.json()["id"])
+    assert done["result"]["effect_columns"] is None
+    assert len(done["result"]["shape_functions"]) == 3
+    vector = {"epsilon": 2.0, "points": POINTS, "estimator": "ebm"}
+    r = post_release(client, key, ds["id"], vector, kind="cate_vector")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["result"]["effect_columns"] == [1]
+    bad = json.loads(json.dumps(SCHEMA))
+    bad["covariates"][0]["effect_modifier"] = "yes"
+    upload = api.upload(owner["api_key"], synthetic_csv(200, seed=4), bad)
+    problem(upload, 422, "invalid-schema")
+
+
 def test_uplift_tables_and_lookup(client: TestClient, api: Api) -> None:
     owner, analyst, ds = _setup(api, schema=RCT_SCHEMA, n=1000)
     key = analyst["api_key"]

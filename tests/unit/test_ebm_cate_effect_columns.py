@@ -216,3 +216,33 @@ def test_cate_function_and_vector_answer_the_effect_columns_model() -> None:
     assert vector["effect_columns"] == [0]
     estimates = np.asarray(vector["estimates"])
     np.testing.assert_array_equal(estimates[:11], estimates[11:])
+
+
+def test_declared_effect_modifiers_are_the_kinds_default() -> None:
+    """The owner's declared modifiers (``PublicDomain.effect_modifiers``) are the default
+    effect columns of ebm_cate and of the ebm estimator / basis rules; a request's own list
+    wins (every covariate: the full model); the S-learner has no effect model and ignores
+    them."""
+    from service.releases.kinds.cate_function import CateFunctionParams, basis_for
+    from service.releases.kinds.cate_vector import CateVectorRequest, estimator_for
+    from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
+
+    declared = dataclasses.replace(domain(4000), effect_modifiers=(1,))
+    kind = EbmCateKind()
+
+    def width(request: EbmCateRequest, dom: PublicDomain) -> int:
+        events = {e.module: e.params for e in kind.record(request, dom).events}
+        return int(events["effect"]["n_features"])
+
+    assert width(EbmCateRequest(epsilon=1.0), declared) == 1
+    assert width(EbmCateRequest(epsilon=1.0), domain(4000)) == 3
+    assert width(EbmCateRequest(epsilon=1.0, effect_columns=[0, 1, 2]), declared) == 3
+    assert width(EbmCateRequest(epsilon=1.0, effect_columns=[2, 0]), declared) == 2
+    s_record = kind.record(EbmCateRequest(epsilon=1.0, learner="s"), declared)
+    assert [e.params["n_features"] for e in s_record.events] == [4]
+    assert kind.quote(EbmCateRequest(epsilon=1.0), declared)["effect_columns"] == [1]
+    # n eps / q = 4000 * 0.5 / 3 < 1500 <= 4000 * 0.5 / 1: the rules switch to the ebm release
+    assert basis_for(CateFunctionParams(epsilon=0.5), domain(4000)) == "exact"
+    assert basis_for(CateFunctionParams(epsilon=0.5), declared) == "ebm"
+    points = [[0.5, 0.5, 0.5]]
+    assert estimator_for(CateVectorRequest(points=points, epsilon=0.5), declared) == "ebm"

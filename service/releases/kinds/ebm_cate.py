@@ -58,8 +58,19 @@ class EbmCateRequest(KindParams):
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
+def effect_columns_of(
+    effect_columns: list[int] | None, domain: PublicDomain, learner: str = "dr"
+) -> list[int] | None:
+    """The effect model's columns: the request's, else the owner's declared effect modifiers
+    (the S-learner has no effect model: the request's only), else None (every covariate)."""
+    if effect_columns is not None or learner == "s" or domain.effect_modifiers is None:
+        return effect_columns
+    return list(domain.effect_modifiers)
+
+
 def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cate.EbmCateParams:
-    width = None if params.effect_columns is None else len(set(params.effect_columns))
+    columns = effect_columns_of(params.effect_columns, domain, params.learner)
+    width = None if columns is None else len(set(columns))
     defaults = ebm_cate.service_defaults(domain, params.learner, params.epsilon, width)
     given = params.model_dump(exclude_none=True)
     resolved = {key: given.get(key, value) for key, value in defaults.items()}
@@ -72,7 +83,7 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
         learner=params.learner,
         propensity_clip=params.propensity_clip,
         shrinkage=params.shrinkage,
-        effect_columns=None if params.effect_columns is None else tuple(params.effect_columns),
+        effect_columns=None if columns is None else tuple(columns),
         **resolved,
     )
 
@@ -161,8 +172,10 @@ def default_request(
 def learns(domain: PublicDomain, epsilon: float, effect_columns: list[int] | None = None) -> bool:
     """The public threshold where the DP-EBM effect model learns (n epsilon per effect-model
     covariate at least ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``, as ebm_cate's own
-    anchor rules; the covariates are ``effect_columns``, else all q)."""
-    width = domain.q if effect_columns is None else max(len(set(effect_columns)), 1)
+    anchor rules; the covariates are ``effect_columns``, else the owner's declared effect
+    modifiers, else all q)."""
+    columns = effect_columns_of(effect_columns, domain)
+    width = domain.q if columns is None else max(len(set(columns)), 1)
     return domain.n * epsilon / width >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
 
 
