@@ -22,7 +22,7 @@ from service.mechanisms.cate_function.calibration import (
     FloatArray,
     Plan,
 )
-from service.mechanisms.dp_ebm import SafeEbm
+from service.mechanisms.ebm_cate.estimation import effect_values
 
 # ---- second stage (pure, closed form) -------------------------------------------------------
 
@@ -162,10 +162,7 @@ class FittedFunction:
         lower = np.asarray(self.model["x_lower"], dtype=np.float64)
         upper = np.asarray(self.model["x_upper"], dtype=np.float64)
         x = lower + np.asarray(points, dtype=np.float64) * (upper - lower)
-        columns = self.model.get("columns")  # the release's effect_columns, if a subset
-        if columns is not None:
-            x = x[:, [int(j) for j in columns]]
-        values = SafeEbm.from_dict(self.model["effect"]).predict(x)
+        values = effect_values(self.model, x)  # reads the release's effect columns, if any
         bound = float(self.model["deviation_bound"])
         return np.asarray(
             np.clip(np.nan_to_num(values - float(self.model["centre"])), -bound, bound),

@@ -105,8 +105,7 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
             raise ebm_kind.refuse_with_ebm("basis", changed, "kernel bases")
         # the function is an anchored DR model: refuse before any charge where the ebm_cate
         # default cannot anchor (public n only); invalid ebm fields raise their own 422
-        checked = ebm_kind.to_mechanism_params(_ebm_request(params), domain)
-        if not ebm_cate.make_plan(domain, checked).anchored:
+        if not _ebm_plan_anchored(params, domain):
             raise ValidationFailed(
                 "the ebm basis is an anchored ebm_cate release, and this dataset's effect fold "
                 "is too small for its calibration rows; use a kernel basis",
@@ -131,10 +130,15 @@ def _ebm_request(params: CateFunctionParams) -> ebm_kind.EbmCateRequest:
     )
 
 
+def _ebm_plan_anchored(params: CateFunctionParams, domain: PublicDomain) -> bool:
+    """Whether the request's ebm_cate release is anchored (its plan's errors propagate)."""
+    checked = ebm_kind.to_mechanism_params(_ebm_request(params), domain)
+    return bool(ebm_cate.make_plan(domain, checked).anchored)
+
+
 def _ebm_anchored(params: CateFunctionParams, domain: PublicDomain) -> bool:
     try:
-        checked = ebm_kind.to_mechanism_params(_ebm_request(params), domain)
-        return bool(ebm_cate.make_plan(domain, checked).anchored)
+        return _ebm_plan_anchored(params, domain)
     except Exception:  # the ebm default cannot run here: the kernel basis answers
         return False
 
