@@ -161,8 +161,8 @@ def test_declared_effect_modifiers_are_the_default_effect_columns(
     client: TestClient, api: Api
 ) -> None:
     """A schema that declares severity an effect modifier: the default ebm_cate release (and
-    cate_vector's ebm estimator) varies with it only; a request listing every covariate gets
-    the full model; a non-boolean flag is a 422 at upload."""
+    cate_vector's ebm estimator, and the default uplift_table) varies with it only; a request
+    listing every covariate gets the full model; a non-boolean flag is a 422 at upload."""
     schema = json.loads(json.dumps(SCHEMA))
     schema["covariates"][1]["effect_modifier"] = True
     owner, analyst, ds = _setup(api, schema=schema)
@@ -183,6 +183,25 @@ def test_declared_effect_modifiers_are_the_default_effect_columns(
     done = wait(client, key, r.json()["id"])
     assert done["status"] == "done", done
     assert done["result"]["effect_columns"] == [1]
+    # uplift_table's default: the ebm_cate release tabulated on its own bins of severity
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "uplift_table", "params": {"epsilon": 2.0}},
+        headers=Api.auth(key),
+    ).json()
+    assert quote["accuracy"]["estimator"] == "ebm"
+    r = post_release(client, key, ds["id"], {"epsilon": 2.0}, kind="uplift_table")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    table = done["result"]
+    assert table["estimator"] == "ebm"
+    assert table["effect_columns"] == [1]
+    assert table["grid"]["bins"][0] == table["grid"]["bins"][2] == 1
+    assert table["cells"] == table["grid"]["bins"][1] == len(table["uplift"])
+    p = _predict(client, key, done["id"], [[20.0, 0.5, 0.0], [85.0, 0.5, 1.0]])
+    assert p.status_code == 200, p.text
+    first, second = p.json()["predictions"]
+    assert first == second  # the table varies with severity only
     bad = json.loads(json.dumps(SCHEMA))
     bad["covariates"][0]["effect_modifier"] = "yes"
     upload = api.upload(owner["api_key"], synthetic_csv(200, seed=4), bad)

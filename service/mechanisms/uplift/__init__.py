@@ -28,6 +28,11 @@ Claim:
     release), (epsilon, delta)-DP at the request's epsilon and that ATE's public default delta;
     the record is that ATE's. Proof: docs/proofs/uplift_table.md.
 
+The ebm estimator (proof step 7): where the DP-EBM effect model learns and effect modifiers are
+named (the request's ``effect_columns`` or the owner's declared ones), the default release is the
+strict ``ebm_cate`` release read at the public centres of a grid over those columns
+(post-processing); its record is that release's.
+
 Causal reading: uplift = CATE only under an RCT, or when the cells form a valid adjustment set
 (declared by the analyst with ``adjustment_partition=True``; adum.md §1). The one-cell
 observational default (step 6) is the ATE under unconfoundedness given all covariates (the
@@ -60,6 +65,7 @@ from service.mechanisms.uplift.estimation import (
     aggregates_by_cell,
     cluster_statistics,
     dp_kmeans,
+    ebm_table,
     nearest,
     predict,
     run,
@@ -73,6 +79,7 @@ from service.mechanisms.uplift.quote import (
 )
 from service.mechanisms.uplift.rules import (
     COUNT_SHARE,
+    EBM_GRID_MAX_BINS,
     MAX_BINS_PER_FEATURE,
     MAX_CELLS,
     MAX_CLUSTERS,
@@ -85,14 +92,21 @@ from service.mechanisms.uplift.rules import (
     Progress,
     UpliftParams,
     adjusted_one_cell,
+    cell_centres,
     cell_index,
     default_bins,
+    ebm_edges,
+    ebm_grid,
+    edge_index,
     grid_cells,
+    regular_edges,
     suggested_bins,
+    uncut_columns,
 )
 
 __all__ = [
     "COUNT_SHARE",
+    "EBM_GRID_MAX_BINS",
     "MAX_BINS_PER_FEATURE",
     "MAX_CELLS",
     "MAX_CLUSTERS",
@@ -108,15 +122,21 @@ __all__ = [
     "adjusted_one_cell",
     "aggregates",
     "aggregates_by_cell",
+    "cell_centres",
     "cell_index",
     "cluster_statistics",
     "default_bins",
     "dp_kmeans",
+    "ebm_edges",
+    "ebm_grid",
+    "edge_index",
+    "ebm_table",
     "grid_cells",
     "make_plan",
     "nearest",
     "plan",
     "predict",
+    "regular_edges",
     "quote",
     "run",
     "second_moment_sensitivity",
@@ -126,5 +146,6 @@ __all__ = [
     "suggested_bins",
     "sum_sensitivity",
     "table",
+    "uncut_columns",
     "unit_scale",
 ]

@@ -6,6 +6,7 @@ and predictions at public points (lookups, post-processing).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,9 @@ from service.mechanisms.uplift.calibration import (
 from service.mechanisms.uplift.rules import (
     Progress,
     UpliftParams,
+    cell_centres,
     cell_index,
+    edge_index,
 )
 
 
@@ -424,6 +427,32 @@ def _run_adjusted(
     }
 
 
+def ebm_table(
+    cate: Callable[[NDArray[np.float64]], NDArray[np.float64]],
+    domain: PublicDomain,
+    edges: list[list[float]],
+) -> dict[str, Any]:
+    """proof step 7 (post-processing of a released CATE model): the table of ``cate`` at the
+    public centres of the grid's cells (``cell_centres``), clipped to [-R_Y, R_Y]; lookups read
+    it by the cell edges (``predict``)."""
+    width = domain.outcome_range
+    values = np.clip(np.asarray(cate(cell_centres(domain, edges)), dtype=np.float64), -width, width)
+    return {
+        "grid": {
+            "type": "grid",
+            "bins": [len(e) - 1 for e in edges],
+            "edges": [list(e) for e in edges],
+            "lower": [float(v) for v in domain.x_lower],
+            "upper": [float(v) for v in domain.x_upper],
+            "order": "row-major over covariates",
+            "cell_value": "the CATE model at the cell's centre (a categorical covariate: its "
+            "declared code in the cell)",
+        },
+        "cells": int(values.size),
+        "uplift": values.tolist(),
+    }
+
+
 def predict(result: dict[str, Any], points: NDArray[np.float64]) -> NDArray[np.float64]:
     """Lookup ``u[cell(x)]`` in a stored table (post-processing)."""
     if "partition" in result:  # DP k-means cells: the nearest DP centroid
@@ -434,6 +463,9 @@ def predict(result: dict[str, Any], points: NDArray[np.float64]) -> NDArray[np.f
         cell = nearest(u, np.asarray(part["centroids_unit"], dtype=np.float64))
         return np.asarray(result["uplift"], dtype=np.float64)[cell]
     grid = result["grid"]
+    if "edges" in grid:  # proof step 7: the ebm estimator's table
+        index = edge_index(points, grid["edges"])
+        return np.asarray(result["uplift"], dtype=np.float64)[index]
     index = cell_index(
         points,
         np.asarray(grid["lower"], dtype=np.float64),

@@ -18,8 +18,9 @@ from service.mechanisms.errors import InvalidParameters
 
 MECHANISM = "uplift_table"
 # 2: shrinkage "ate" (the default, proof step 5); 3: its one-cell observational release is the
-# adjusted DP ATE (proof step 6)
-VERSION = "3"
+# adjusted DP ATE (proof step 6); 4: the ebm estimator (the ebm_cate release read at the cell
+# centres of a grid over the effect columns, proof step 7)
+VERSION = "4"
 Progress = Callable[[float, str], None]
 
 MIN_EPSILON = 0.01
@@ -32,6 +33,9 @@ COUNT_SHARE = 0.5  # epsilon / 2 for counts, epsilon / 2 for sums (Betlei et al.
 # proof step 5 (shrinkage "ate", at least 2 cells): the share of the table's epsilon spent on the
 # two arms' centred second moments, which bound the cells' sampling variance for the factor.
 SECOND_MOMENT_SHARE = 0.1
+# proof step 7: the ebm estimator's default grid cuts each numeric effect column into at most
+# this many regular cells (fewer where the whole grid would exceed MAX_CELLS).
+EBM_GRID_MAX_BINS = 32
 
 
 @dataclass(frozen=True)
@@ -206,3 +210,134 @@ def default_bins(domain: PublicDomain, epsilon: float) -> tuple[int, ...]:
     validate_epsilon(epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
     share = domain.treatment_probability or 0.5
     return tuple(suggested_bins(domain, epsilon, treated_share=share)["suggested_bins"])
+
+
+def regular_edges(domain: PublicDomain, bins: tuple[int, ...]) -> list[list[float]]:
+    """The cell edges of the regular grid ``bins`` on the declared box, per covariate."""
+    lower = np.asarray(domain.x_lower, dtype=np.float64)
+    upper = np.asarray(domain.x_upper, dtype=np.float64)
+    return [
+        [float(v) for v in lower[j] + (upper[j] - lower[j]) * np.arange(b + 1) / b]
+        for j, b in enumerate(bins)
+    ]
+
+
+def ebm_edges(
+    domain: PublicDomain, columns: list[int], cuts: list[list[float]]
+) -> list[list[float]]:
+    """The ebm estimator's default grid (proof step 7; post-processing of the released model):
+    per effect column ``columns[k]`` the model's own DP cut points ``cuts[k]`` (a categorical
+    column: the fewest regular cells that separate its declared codes), every other covariate
+    uncut, so the table is the model itself. Where the product exceeds ``MAX_CELLS`` each
+    numeric column keeps at most m cells (evenly spaced among its cuts), m the largest that
+    fits.
+
+    Raises:
+        InvalidParameters: the categorical effect columns alone exceed ``MAX_CELLS``.
+    """
+    caps = _categorical_caps(domain)
+    edges = [[float(lo), float(hi)] for lo, hi in zip(domain.x_lower, domain.x_upper, strict=True)]
+    fixed, numeric = 1, {}
+    for j, cut in zip(columns, cuts, strict=True):
+        lo, hi = edges[j]
+        cap = caps[j]
+        if cap is not None:
+            edges[j] = regular_edges(domain, (1,) * j + (max(cap, 1),))[j]
+            fixed *= max(cap, 1)
+        else:
+            inner = sorted({float(c) for c in cut if lo < float(c) < hi})
+            numeric[j] = inner
+    if fixed > MAX_CELLS:
+        raise InvalidParameters(
+            f"a table cutting every effect column exceeds {MAX_CELLS} cells; name fewer "
+            "effect_columns or give bins"
+        )
+    most = max((len(c) + 1 for c in numeric.values()), default=1)
+    while most > 1 and fixed * math.prod(min(len(c) + 1, most) for c in numeric.values()) > (
+        MAX_CELLS
+    ):
+        most -= 1
+    for j, inner in numeric.items():
+        if len(inner) + 1 > most:
+            keep = np.unique(np.round(np.linspace(0, len(inner) - 1, most - 1)).astype(int))
+            inner = [inner[i] for i in keep] if most > 1 else []
+        edges[j] = [edges[j][0], *inner, edges[j][1]]
+    return edges
+
+
+def ebm_grid(domain: PublicDomain, columns: list[int]) -> tuple[int, ...]:
+    """The most cells the ebm estimator's default table can have (public, before the fit):
+    every effect column cut, a categorical one into the fewest regular cells that separate its
+    declared codes, a numeric one into at most ``EBM_GRID_MAX_BINS`` (the model's own bins,
+    ``ebm_edges``, no more than its DP binning's), within ``MAX_CELLS``.
+
+    Raises:
+        InvalidParameters: no such grid fits in ``MAX_CELLS`` (name fewer effect columns or
+            give ``bins``).
+    """
+    caps = _categorical_caps(domain)
+    bins = [1] * domain.q
+    fixed, numeric = 1, []
+    for j in sorted(set(columns)):
+        cap = caps[j]
+        if cap is None:
+            numeric.append(j)
+        else:
+            bins[j] = max(cap, 1)
+            fixed *= bins[j]
+    if fixed > MAX_CELLS:
+        raise InvalidParameters(
+            f"a table cutting every effect column exceeds {MAX_CELLS} cells; name fewer "
+            "effect_columns or give bins"
+        )
+    per_numeric = EBM_GRID_MAX_BINS
+    while numeric and per_numeric > 1 and fixed * per_numeric ** len(numeric) > MAX_CELLS:
+        per_numeric -= 1
+    for j in numeric:
+        bins[j] = per_numeric
+    return tuple(bins)
+
+
+def uncut_columns(bins: tuple[int, ...], columns: list[int]) -> list[int]:
+    """The effect columns a grid leaves uncut (one cell): the ebm estimator refuses them, since
+    its table reads the model at the cell centres (proof step 7)."""
+    return [j for j in sorted(set(columns)) if bins[j] < 2]
+
+
+def edge_index(x: NDArray[np.float64], edges: list[list[float]]) -> NDArray[np.int64]:
+    """Row-major cell index of each point on a grid given by its cell edges per covariate
+    (points outside the box fall in the outermost cells)."""
+    points = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    index = np.zeros(points.shape[0], dtype=np.int64)
+    for j, edge in enumerate(edges):
+        inner = np.asarray(edge[1:-1], dtype=np.float64)
+        per_axis = np.searchsorted(inner, points[:, j], side="right")
+        index = index * (len(edge) - 1) + per_axis
+    return index
+
+
+def cell_centres(domain: PublicDomain, edges: list[list[float]]) -> NDArray[np.float64]:
+    """The public point of every cell of a grid given by its edges, row-major like
+    ``edge_index`` (proof step 7): per covariate the centre of its cell, or, for a categorical
+    covariate, the declared code in that cell where there is exactly one."""
+    axes = []
+    for j, edge in enumerate(edges):
+        bounds = np.asarray(edge, dtype=np.float64)
+        centres = (bounds[:-1] + bounds[1:]) / 2.0
+        codes = None if domain.x_codes is None else domain.x_codes[j]
+        if codes is not None:
+            values = np.asarray(sorted(codes), dtype=np.float64)
+            cells = np.searchsorted(bounds[1:-1], values, side="right")
+            for k in range(centres.size):
+                inside = values[cells == k]
+                if inside.size == 1:
+                    centres[k] = inside[0]
+        axes.append(centres)
+    sizes = [a.size for a in axes]
+    cells_total = math.prod(sizes)
+    out = np.empty((cells_total, len(axes)), dtype=np.float64)
+    rest = np.arange(cells_total, dtype=np.int64)
+    for j in range(len(axes) - 1, -1, -1):  # row-major: the last covariate varies fastest
+        out[:, j] = axes[j][rest % sizes[j]]
+        rest //= sizes[j]
+    return out

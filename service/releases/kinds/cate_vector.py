@@ -110,7 +110,10 @@ def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
 
 def _ebm_request(params: CateVectorRequest) -> ebm_kind.EbmCateRequest:
     return ebm_kind.default_request(
-        params.epsilon, params.delta, effect_columns=params.effect_columns
+        params.epsilon,
+        params.delta,
+        params.expected_heterogeneity_sd,
+        effect_columns=params.effect_columns,
     )
 
 
@@ -160,10 +163,8 @@ class CateVectorKind:
         request = _as_params(params)
         if estimator_for(request, domain) == "ebm":
             check_points(request.points, domain, "#/params/points/")
-            ebm_request = ebm_kind.default_request(
-                request.epsilon, request.delta, request.expected_heterogeneity_sd
-            )
-            return {"estimator": "ebm", **ebm_kind.EbmCateKind().quote(ebm_request, domain)}
+            quoted = ebm_kind.EbmCateKind().quote(_ebm_request(request), domain)
+            return {"estimator": "ebm", **quoted}
         checked = to_mechanism_params(request, domain)
         out = {"estimator": "ridge", **cate_vector.quote(domain, checked)}
         out["versus_ate"] = versus_ate_block(

@@ -4,6 +4,11 @@ Exception: the default (shrinkage "ate") on a one-cell grid of an observational 
 strict DP AIPW ATE at its public defaults, (epsilon, delta)-DP with the ``ate`` kind's default
 delta (docs/proofs/uplift_table.md step 6): one cell adjusts for no covariate.
 
+Where the public estimator rule picks ``"ebm"`` (effect modifiers named by the request or
+declared by the owner, the DP-EBM effect model learns at this (n, epsilon), every table field at
+its default), the release is the strict ``ebm_cate`` release read at the public centres of a
+grid over the effect columns (post-processing; proof step 7), with that release's record.
+
 Predictions at public points are free lookups via ``POST /v1/releases/{id}/predict``.
 """
 
@@ -14,11 +19,16 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictBool, StrictFloat, StrictInt
 
-from service.mechanisms import uplift
+from service.mechanisms import ebm_cate, uplift
 from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
+from service.problems import ValidationFailed
+from service.releases.kinds import ebm_cate as ebm_kind
 from service.releases.kinds.base import KindParams, Progress, versus_ate_block
+
+Estimator = Literal["table", "ebm"]
 
 
 class UpliftTableRequest(KindParams):
@@ -48,9 +58,101 @@ class UpliftTableRequest(KindParams):
     # DP AIPW ATE at its defaults (the whole epsilon, the ate kind's default delta; no
     # adjustment_partition needed), since one cell adjusts for nothing. "none": the raw table.
     shrinkage: Literal["ate", "none"] | None = None
+    # "table": the epsilon-ADUM table above. "ebm": the strict ebm_cate default release (DP-EBM
+    # DR learner, anchored) read at the centres of the grid's cells (default grid: every effect
+    # column cut, uplift.ebm_grid). None: the public rule ``estimator_for`` ("ebm" where effect
+    # modifiers are named or declared, the DP-EBM effect model learns at this n epsilon and every
+    # table field above except bins is at its default; else "table").
+    estimator: Estimator | None = None
+    # The ebm estimator's effect modifiers (ebm_cate's effect_columns: 0-based positions in the
+    # schema's covariate list); given, the estimator is "ebm". None: the owner's declared ones.
+    effect_columns: list[StrictInt] | None = Field(default=None, min_length=1)
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+# The table estimator's own fields and their defaults: a request changing any keeps the table.
+TABLE_DEFAULTS: dict[str, Any] = {
+    "min_count": 1.0,
+    "low_count_threshold": 10.0,
+    "adjustment_partition": False,
+    "partition": "grid",
+    "clusters": None,
+    "kmeans_share": 0.5,
+    "kmeans_iterations": 5,
+    "shrinkage": None,
+}
+
+
+def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator:
+    """The public estimator rule (values only, so a stored request resolves alike): the one
+    asked for; else ``"ebm"`` where effect modifiers are named (``effect_columns``) or declared
+    by the owner, the DP-EBM effect model learns on them (``ebm_kind.learns``), the request
+    leaves every table field at its default and its ``bins`` (if any) cut every effect column;
+    else ``"table"``.
+
+    Raises:
+        ValidationFailed: ``"ebm"`` asked for together with a table field, or
+            ``effect_columns`` with ``"table"``.
+    """
+    changed = ebm_kind.changed_fields(params, TABLE_DEFAULTS)
+    if params.effect_columns is not None and params.estimator == "table":
+        raise ebm_kind.refuse_columns_without_ebm("estimator", "table")
+    if params.estimator == "ebm" or params.effect_columns is not None:
+        if changed:
+            raise ebm_kind.refuse_with_ebm("estimator", changed, "epsilon-ADUM table")
+        return "ebm"
+    if params.estimator == "table" or changed:
+        return "table"
+    columns = ebm_kind.effect_columns_of(None, domain)
+    if columns is None or not ebm_kind.learns(domain, params.epsilon):
+        return "table"
+    if params.bins is not None:
+        cut = len(params.bins) == domain.q and not uplift.uncut_columns(tuple(params.bins), columns)
+        return "ebm" if cut else "table"
+    try:
+        uplift.ebm_grid(domain, columns)
+    except InvalidParameters:
+        return "table"
+    return "ebm"
+
+
+def ebm_bins(params: UpliftTableRequest, domain: PublicDomain) -> tuple[int, ...]:
+    """The ebm estimator's grid: the request's ``bins``, which must cut every effect column
+    (proof step 7: the table reads the model at the cell centres), else ``uplift.ebm_grid``.
+
+    Raises:
+        ValidationFailed: bins that leave an effect column uncut.
+        InvalidParameters: an invalid grid, or no default grid within the cell cap.
+    """
+    checked = ebm_kind.to_mechanism_params(_ebm_request(params), domain)
+    named = ebm_cate.checked_effect_columns(domain, checked)
+    columns = list(range(domain.q)) if named is None else list(named)
+    if params.bins is None:
+        return uplift.ebm_grid(domain, columns)
+    bins = tuple(params.bins)
+    uplift.grid_cells(domain, bins)
+    uncut = uplift.uncut_columns(bins, columns)
+    if uncut:
+        raise ValidationFailed(
+            "with the ebm estimator the grid must cut every effect column (bins >= 2): the "
+            "table reads the CATE model at the cells' centres",
+            errors=[
+                {"pointer": f"#/params/bins/{j}", "detail": "an effect column: at least 2"}
+                for j in uncut
+            ],
+        )
+    return bins
+
+
+def _ebm_request(params: UpliftTableRequest) -> ebm_kind.EbmCateRequest:
+    return ebm_kind.default_request(
+        params.epsilon,
+        None,
+        params.expected_heterogeneity_sd,
+        effect_columns=params.effect_columns,
+    )
 
 
 def to_mechanism_params(params: UpliftTableRequest, domain: PublicDomain) -> uplift.UpliftParams:
@@ -78,13 +180,39 @@ class UpliftTableKind:
     Params: ClassVar[type[KindParams]] = UpliftTableRequest
 
     def record(self, params: Any, domain: PublicDomain) -> MechanismRecord:
-        """The mechanism record and cost (epsilon, 0), from public inputs only."""
-        return uplift.plan(domain, to_mechanism_params(_as_params(params), domain))
+        """The mechanism record and cost (epsilon, 0), from public inputs only (the ebm
+        estimator: the ebm_cate release's)."""
+        request = _as_params(params)
+        if estimator_for(request, domain) == "ebm":
+            ebm_bins(request, domain)
+            return ebm_kind.EbmCateKind().record(_ebm_request(request), domain)
+        return uplift.plan(domain, to_mechanism_params(request, domain))
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
-        """Noise scales, expected per-cell uplift sd, and the partition-size heuristic."""
+        """Noise scales, expected per-cell uplift sd, and the partition-size heuristic (the
+        ebm estimator: ebm_cate's quote and the grid)."""
         request = _as_params(params)
-        out = uplift.quote(domain, to_mechanism_params(request, domain))
+        if estimator_for(request, domain) == "ebm":
+            bins = ebm_bins(request, domain)
+            inner = ebm_kind.EbmCateKind().quote(_ebm_request(request), domain)
+            grid: dict[str, Any] = (
+                {"bins": list(bins), "cells": uplift.grid_cells(domain, bins)}
+                if request.bins is not None
+                else {
+                    "bins": None,
+                    "cells_at_most": uplift.grid_cells(domain, bins),
+                    "grid_rule": "the released model's own DP bins over the effect columns "
+                    "(uplift.ebm_edges), every other covariate uncut",
+                }
+            )
+            return {
+                "estimator": "ebm",
+                **inner,
+                "partition": "grid",
+                **grid,
+                "cell_value": "the ebm_cate model at the cell's centre",
+            }
+        out = {"estimator": "table", **uplift.quote(domain, to_mechanism_params(request, domain))}
         out["versus_ate"] = versus_ate_block(
             request,
             domain,
@@ -105,14 +233,42 @@ class UpliftTableKind:
         progress: Progress,
     ) -> dict[str, Any]:
         """Release the table after the charge; ``ReleaseFailed`` on any data-time failure."""
-        return uplift.run(
+        request = _as_params(params)
+        if estimator_for(request, domain) == "ebm":
+            bins = ebm_bins(request, domain)
+            fitted = ebm_kind.EbmCateKind().run(
+                arrays, domain, _ebm_request(request), rng=rng, noise=noise, progress=progress
+            )
+            table = uplift.ebm_table(
+                lambda x: ebm_cate.predict(fitted, x),
+                domain,
+                _table_edges(request, domain, fitted, bins),
+            )
+            return {"estimator": "ebm", **ebm_kind.public_facts(fitted), **table}
+        out = uplift.run(
             arrays,
             domain,
-            to_mechanism_params(_as_params(params), domain),
+            to_mechanism_params(request, domain),
             noise=noise,
             progress=progress,
             rng=rng,
         )
+        return {"estimator": "table", **out}
+
+
+def _table_edges(
+    request: UpliftTableRequest,
+    domain: PublicDomain,
+    fitted: dict[str, Any],
+    bins: tuple[int, ...],
+) -> list[list[float]]:
+    """The ebm table's cells: the request's regular grid, else the released model's own bins
+    over its effect columns (``uplift.ebm_edges``, post-processing)."""
+    if request.bins is not None:
+        return uplift.regular_edges(domain, bins)
+    model = fitted["model"]
+    columns = [int(j) for j in model.get("columns", range(domain.q))]
+    return uplift.ebm_edges(domain, columns, model["effect"]["cuts"])
 
 
 def _as_params(params: Any) -> UpliftTableRequest:

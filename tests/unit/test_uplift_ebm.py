@@ -1,0 +1,183 @@
+"""uplift_table's ebm estimator (proof step 7): the public estimator rule, the grid over the
+effect columns (the released model's own bins) and the table that reproduces the model."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from service.mechanisms import ebm_cate, uplift
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.errors import InvalidParameters
+from service.mechanisms.noise import SeededSampler
+from service.problems import ValidationFailed
+from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
+from service.releases.kinds.uplift_table import (
+    UpliftTableKind,
+    UpliftTableRequest,
+    estimator_for,
+)
+
+
+def domain(n: int = 20_000, modifiers: tuple[int, ...] | None = (0, 2)) -> PublicDomain:
+    """Two numeric covariates and a binary one (codes 0, 1); covariates 0 and 2 declared
+    effect modifiers."""
+    return PublicDomain(
+        x_lower=np.array([0.0, 0.0, 0.0]),
+        x_upper=np.array([10.0, 1.0, 1.0]),
+        y_lower=-5.0,
+        y_upper=10.0,
+        n=n,
+        design=StudyDesign.OBSERVATIONAL,
+        x_codes=(None, None, (0, 1)),
+        effect_modifiers=modifiers,
+    )
+
+
+def request(**fields: object) -> UpliftTableRequest:
+    return UpliftTableRequest.model_validate({"epsilon": 2.0, **fields})
+
+
+def test_the_rule_picks_ebm_where_modifiers_are_declared_and_the_model_learns() -> None:
+    assert estimator_for(request(), domain()) == "ebm"
+    assert estimator_for(request(), domain(modifiers=None)) == "table"
+    assert estimator_for(request(epsilon=0.01), domain()) == "table"  # n eps / q' too small
+    assert estimator_for(request(min_count=2.0), domain()) == "table"  # a table field
+    assert estimator_for(request(bins=[4, 1, 2]), domain()) == "ebm"
+    assert estimator_for(request(bins=[4, 3, 1]), domain()) == "table"  # leaves 2 uncut
+    assert estimator_for(request(bins=[4, 2]), domain()) == "table"  # wrong length
+    assert estimator_for(request(effect_columns=[1]), domain(modifiers=None)) == "ebm"
+    assert estimator_for(request(estimator="table"), domain()) == "table"
+
+
+@pytest.mark.parametrize(
+    ("fields", "pointer"),
+    [
+        ({"estimator": "ebm", "shrinkage": "none"}, "#/params/shrinkage"),
+        ({"effect_columns": [0], "partition": "kmeans", "clusters": 3}, "#/params/partition"),
+        ({"effect_columns": [0], "estimator": "table"}, "#/params/effect_columns"),
+        ({"estimator": "ebm", "bins": [4, 3, 1]}, "#/params/bins/2"),
+    ],
+)
+def test_contradictory_requests_are_refused_before_a_charge(
+    fields: dict[str, object], pointer: str
+) -> None:
+    with pytest.raises(ValidationFailed) as raised:
+        UpliftTableKind().record(request(**fields), domain())
+    assert pointer in [e["pointer"] for e in raised.value.extensions["errors"]]
+
+
+def test_the_record_is_the_ebm_cate_release_it_runs() -> None:
+    """Post-processing costs nothing: the charge is ebm_cate's default with the same columns."""
+    record = UpliftTableKind().record(request(), domain())
+    same = EbmCateKind().record(EbmCateRequest(epsilon=2.0), domain())
+    assert record == same
+    named = UpliftTableKind().record(request(effect_columns=[1]), domain(modifiers=None))
+    assert named == EbmCateKind().record(
+        EbmCateRequest(epsilon=2.0, effect_columns=[1]), domain(modifiers=None)
+    )
+    with pytest.raises(InvalidParameters):
+        UpliftTableKind().record(request(effect_columns=[3]), domain())
+
+
+def test_edges_index_like_the_regular_grid() -> None:
+    """``edge_index`` on the regular edges is ``cell_index``, and ``cell_centres`` lie in
+    their own cells (categorical axes at their declared codes)."""
+    dom = domain()
+    bins = (5, 3, 2)
+    edges = uplift.regular_edges(dom, bins)
+    rng = np.random.default_rng(0)
+    points = rng.uniform([0, 0, 0], [10, 1, 1], size=(500, 3))
+    lower, upper = np.asarray(dom.x_lower), np.asarray(dom.x_upper)
+    assert np.array_equal(
+        uplift.edge_index(points, edges), uplift.cell_index(points, lower, upper, bins)
+    )
+    centres = uplift.cell_centres(dom, edges)
+    assert centres.shape == (30, 3)
+    assert np.array_equal(uplift.edge_index(centres, edges), np.arange(30))
+    assert set(centres[:, 2]) == {0.0, 1.0}
+
+
+def test_the_default_table_is_the_model_at_every_point() -> None:
+    """On the model's own cuts the table reproduces an additive piecewise-constant model
+    exactly; a model with more cuts than MAX_CELLS allows is thinned to fit."""
+    dom = domain()
+    cuts = [[1.0, 2.5, 7.0, 9.9], [0.25, 0.5, 0.75]]  # columns 0 and 2 (binary: its codes)
+
+    def model(x: np.ndarray) -> np.ndarray:
+        return np.asarray(
+            np.searchsorted(cuts[0], x[:, 0], side="right") * 0.7
+            - 1.3 * (x[:, 2] > 0.5)
+            + 0.1 * np.searchsorted(cuts[0], x[:, 0], side="right") * (x[:, 2] > 0.5),
+            dtype=np.float64,
+        )
+
+    edges = uplift.ebm_edges(dom, [0, 2], cuts)
+    assert [len(e) - 1 for e in edges] == [5, 1, 2]
+    table = uplift.ebm_table(model, dom, edges)
+    rng = np.random.default_rng(1)
+    points = np.column_stack(
+        [rng.uniform(0, 10, 400), rng.uniform(0, 1, 400), rng.integers(0, 2, 400)]
+    ).astype(np.float64)
+    assert np.allclose(uplift.predict(table, points), model(points))
+    many = [list(np.linspace(0.1, 9.9, 200)), list(np.linspace(0.02, 0.98, 150))]
+    wide = dataclasses.replace(dom, x_codes=None)
+    thinned = uplift.ebm_edges(wide, [0, 2], many)
+    cells = math.prod(len(e) - 1 for e in thinned)
+    assert 0.5 * uplift.MAX_CELLS < cells <= uplift.MAX_CELLS
+    assert all(set(e[1:-1]) <= set(m) for e, m in zip([thinned[0], thinned[2]], many, strict=True))
+
+
+def test_a_release_tabulates_the_ebm_cate_fit() -> None:
+    """End to end on a small study: the ebm estimator's table, its lookups, and nothing of the
+    model or the rows in the result."""
+    dom = domain(n=4000)
+    rng = np.random.default_rng(2)
+    x = np.column_stack(
+        [rng.uniform(0, 10, 4000), rng.uniform(0, 1, 4000), rng.integers(0, 2, 4000)]
+    ).astype(np.float64)
+    a = (rng.uniform(size=4000) < 0.5).astype(np.float64)
+    y = x[:, 0] * 0.3 + a * (1.0 + 2.0 * x[:, 2]) + rng.normal(0, 1, 4000)
+    out = UpliftTableKind().run(
+        Arrays(x=x, a=a, y=np.clip(y, -5, 10)),
+        dom,
+        request(epsilon=8.0),
+        rng=np.random.default_rng(3),
+        noise=SeededSampler(np.random.default_rng(4)),
+        progress=lambda _f, _s: None,
+    )
+    assert out["estimator"] == "ebm"
+    assert out["guarantee"] == "strict"
+    assert out["grid"]["bins"][1] == 1
+    assert out["grid"]["bins"][2] == 2
+    assert out["cells"] == len(out["uplift"]) == math.prod(out["grid"]["bins"])
+    assert "model" not in out
+    assert "shape_functions" not in out
+    looked_up = uplift.predict(out, np.array([[5.0, 0.5, 0.0], [5.0, 0.5, 1.0]]))
+    assert np.all(np.isfinite(looked_up))
+    assert np.all(np.abs(looked_up) <= dom.outcome_range)
+    assert ebm_cate.VERSION
+    assert uplift.VERSION == "4"
+
+
+def test_cate_vector_quotes_the_effect_columns_it_releases() -> None:
+    """cate_vector's ebm quote is the quote of the release it runs: with effect_columns, the
+    effect model's noise is that of the named columns (it ignored them before)."""
+    from service.releases.kinds.cate_vector import CateVectorKind, CateVectorRequest
+
+    dom = domain(modifiers=None)
+    point = [[1.0, 0.5, 0.0]]
+    every = CateVectorKind().quote(
+        CateVectorRequest(points=point, epsilon=2.0, estimator="ebm"), dom
+    )
+    named = CateVectorKind().quote(
+        CateVectorRequest(points=point, epsilon=2.0, effect_columns=[0]), dom
+    )
+    direct = EbmCateKind().quote(EbmCateRequest(epsilon=2.0, effect_columns=[0]), dom)
+    assert named["effect_columns"] == [0]
+    assert every["effect_columns"] is None
+    assert named["approx_shape_noise_sd"] == direct["approx_shape_noise_sd"]
+    assert named["approx_shape_noise_sd"] < every["approx_shape_noise_sd"]
