@@ -40,6 +40,7 @@ Per cell (n, epsilon, heterogeneity):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import time
 import traceback
@@ -90,7 +91,11 @@ CATE_KINDS = (
 # leaves out creatinine (a modifier, and half of the tanh(age) x creatinine interaction).
 # ebm_cate_rounds200: the default with the effect model's former 200 rounds (the rounds rule's
 # comparator where n eps per covariate reaches 10^4).
+# uplift_table_declared: the uplift_table default where the owner's schema declares the study's
+# true effect modifiers (effect_modifier: true): the rule's ebm estimator where the DP-EBM learns
+# on them, else the table's default (uplift_table.md steps 6-7).
 EXTRA_CATE_KINDS = (
+    "uplift_table_declared",
     "ebm_cate_unshrunk",
     "ebm_cate_rounds200",
     "ebm_cate_modifiers",
@@ -233,6 +238,12 @@ def cate_release(
         )
         out = EbmCateKind().run(arrays, domain, ebm_request, **options)
         return ebm_cate.predict(out, x_test)
+    if kind == "uplift_table_declared":
+        declared = dataclasses.replace(domain, effect_modifiers=studies.EFFECT_MODIFIERS)
+        out = UpliftTableKind().run(
+            arrays, declared, UpliftTableRequest(epsilon=epsilon), **options
+        )
+        return uplift.predict(out, x_test)
     if kind == "uplift_table":
         # One cell (the default grid on these 36 covariates) is no adjustment set, so nothing
         # is asserted there: on an observational design the default then releases the adjusted

@@ -281,7 +281,11 @@ def _one_cell(quoted: dict[str, Any]) -> tuple[str, str] | None:
     """(why, what instead) for a one-cell table, which is one number for every patient."""
     if quoted["cells"] != 1:
         return None
-    instead = "request ebm_cate or cate_function, which adjust for every covariate"
+    instead = (
+        "name the effect modifiers (effect_columns, or the owner declares them in the schema): "
+        "the table is then the ebm_cate model over them, adjusted for every covariate; or "
+        "request ebm_cate or cate_function"
+    )
     if quoted.get("anchor") == "adjusted_ate":
         return (
             "a one-cell table on an observational dataset is the strict DP ATE itself "
