@@ -181,3 +181,50 @@ def test_cate_vector_quotes_the_effect_columns_it_releases() -> None:
     assert every["effect_columns"] is None
     assert named["approx_shape_noise_sd"] == direct["approx_shape_noise_sd"]
     assert named["approx_shape_noise_sd"] < every["approx_shape_noise_sd"]
+
+
+def wide_domain(n: int = 20_000, q: int = 36) -> PublicDomain:
+    return PublicDomain(
+        x_lower=np.zeros(q),
+        x_upper=np.ones(q),
+        y_lower=0.0,
+        y_upper=65.0,
+        n=n,
+        design=StudyDesign.OBSERVATIONAL,
+    )
+
+
+def test_quotes_say_how_many_effect_modifiers_would_make_the_cate_worth_it() -> None:
+    """Where every covariate enters the effect model and the verdict is not "possible", each
+    CATE kind's quote gives the largest count of named modifiers whose quote is "possible"
+    (checked by quoting it, and one more); none once modifiers are declared or named."""
+    from service.releases.kinds.cate_function import CateFunctionKind, CateFunctionParams
+    from service.releases.kinds.cate_vector import CateVectorKind, CateVectorRequest
+
+    dom = wide_domain()
+    block = EbmCateKind().quote(EbmCateRequest(epsilon=1.0), dom)["versus_ate"]
+    assert block["verdict"] != "possible"
+    count = block["effect_modifiers_worth_it"]
+    assert 1 <= count < dom.q
+    assert f"at most {count} effect modifiers" in block["message"]
+
+    def verdict(k: int) -> str:
+        named = EbmCateRequest(epsilon=1.0, effect_columns=list(range(k)))
+        return str(EbmCateKind().quote(named, dom)["versus_ate"]["verdict"])
+
+    assert verdict(count) == "possible"
+    assert verdict(count + 1) != "possible"
+    point = [[0.5] * dom.q]
+    others = [
+        CateVectorKind().quote(CateVectorRequest(points=point, epsilon=1.0), dom),
+        CateFunctionKind().quote(CateFunctionParams(epsilon=1.0), dom),
+        UpliftTableKind().quote(request(epsilon=1.0), dom),
+    ]
+    assert [o["versus_ate"]["effect_modifiers_worth_it"] for o in others] == [count] * 3
+    declared = dataclasses.replace(dom, effect_modifiers=tuple(range(count)))
+    quoted = EbmCateKind().quote(EbmCateRequest(epsilon=1.0), declared)["versus_ate"]
+    assert quoted["verdict"] == "possible"
+    assert "effect_modifiers_worth_it" not in quoted
+    too_many = dataclasses.replace(dom, effect_modifiers=tuple(range(count + 2)))
+    quoted = EbmCateKind().quote(EbmCateRequest(epsilon=1.0), too_many)["versus_ate"]
+    assert quoted["effect_modifiers_worth_it"] is None  # declared: the hint does not apply

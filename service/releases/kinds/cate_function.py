@@ -201,6 +201,11 @@ class CateFunctionKind:
             anchored=out["shrinkage"] == "ate",
             retention=lambda r: _retention_by_rule(r, domain),
         )
+        if request.basis is None and not ebm_kind.changed_fields(request, KERNEL_DEFAULTS):
+            # naming effect_columns would make this request's basis the ebm model
+            out["versus_ate"] = ebm_kind.with_modifiers_hint(
+                out["versus_ate"], _ebm_request(request), domain
+            )
         return out
 
     def run(

@@ -170,6 +170,11 @@ class CateVectorKind:
         out["versus_ate"] = versus_ate_block(
             request, domain, lambda r: _noise_sd_by_rule(r, domain), anchored=checked.anchor
         )
+        if request.estimator is None and not ebm_kind.changed_fields(request, RIDGE_DEFAULTS):
+            # naming effect_columns would make this request's estimator the ebm release
+            out["versus_ate"] = ebm_kind.with_modifiers_hint(
+                out["versus_ate"], _ebm_request(request), domain
+            )
         return out
 
     def run(

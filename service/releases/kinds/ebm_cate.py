@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, StrictFloat, StrictInt
 
-from service.mechanisms import ebm_cate
+from service.mechanisms import ebm_cate, versus_ate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
@@ -103,10 +103,7 @@ class EbmCateKind:
         request = _as_params(params)
         checked = to_mechanism_params(request, domain)
         out = ebm_cate.quote(domain, checked)
-        anchored = out["shrinkage"] == "ate"
-        out["versus_ate"] = versus_ate_block(
-            request, domain, lambda r: noise_sd(r, domain), anchored=anchored
-        )
+        out["versus_ate"] = with_modifiers_hint(_versus_ate(request, domain), request, domain)
         return out
 
     def run(
@@ -177,6 +174,60 @@ def learns(domain: PublicDomain, epsilon: float, effect_columns: list[int] | Non
     columns = effect_columns_of(effect_columns, domain)
     width = domain.q if columns is None else max(len(set(columns)), 1)
     return domain.n * epsilon / width >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+
+
+def _versus_ate(request: EbmCateRequest, domain: PublicDomain) -> dict[str, Any]:
+    anchored = ebm_cate.quote(domain, to_mechanism_params(request, domain))["shrinkage"] == "ate"
+    return versus_ate_block(request, domain, lambda r: noise_sd(r, domain), anchored=anchored)
+
+
+def modifiers_worth_it(request: EbmCateRequest, domain: PublicDomain) -> int | None:
+    """The most effect modifiers an analyst could name (``effect_columns``, or the owner
+    declares them) for the default DR release at this (n, epsilon) to be quoted worth its
+    budget (``versus_ate`` verdict ``possible``), where the request's effect model sees every
+    covariate; None where it names columns already, the learner is S, or no count will do.
+    Public: the quote's noise of the first k covariates (about any k, the noise depends on the
+    count), the largest such k by bisection (the noise grows with k)."""
+    if request.learner == "s" or domain.q < 2:
+        return None
+    if effect_columns_of(request.effect_columns, domain, request.learner) is not None:
+        return None
+
+    h = request.expected_heterogeneity_sd or versus_ate.default_heterogeneity_sd(domain)
+
+    def possible(k: int) -> bool:  # versus_ate's "possible": noise < WORTH_IT_RATIO * h
+        trial = request.model_copy(update={"effect_columns": list(range(k))})
+        return noise_sd(trial, domain) < versus_ate.WORTH_IT_RATIO * h
+
+    if not possible(1):
+        return None
+    low, high = 1, domain.q - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if possible(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def with_modifiers_hint(
+    block: dict[str, Any], request: EbmCateRequest, domain: PublicDomain
+) -> dict[str, Any]:
+    """A ``versus_ate`` block with ``effect_modifiers_worth_it`` (``modifiers_worth_it``) where
+    its verdict is not ``possible``, and a sentence saying so."""
+    if block.get("verdict") == "possible":
+        return block
+    count = modifiers_worth_it(request, domain)
+    block["effect_modifiers_worth_it"] = count
+    if count is not None:
+        block["message"] += (
+            f" Or name at most {count} effect modifiers from your protocol (effect_columns, or "
+            "the owner declares them in the schema): the DP-EBM effect model's noise falls "
+            f"about in proportion to the covariates it sees, and with {count} or fewer this "
+            "CATE is expected to be worth its budget."
+        )
+    return block
 
 
 def refuse_columns_without_ebm(selector: str, chosen: str) -> ValidationFailed:

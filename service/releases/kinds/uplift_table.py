@@ -220,6 +220,11 @@ class UpliftTableKind:
             anchored=out["shrinkage"] == "ate",
             constant=_one_cell(out),
         )
+        if request.estimator is None and not ebm_kind.changed_fields(request, TABLE_DEFAULTS):
+            # naming effect_columns would make this request's estimator the ebm table
+            out["versus_ate"] = ebm_kind.with_modifiers_hint(
+                out["versus_ate"], _ebm_request(request), domain
+            )
         return out
 
     def run(
@@ -282,9 +287,8 @@ def _one_cell(quoted: dict[str, Any]) -> tuple[str, str] | None:
     if quoted["cells"] != 1:
         return None
     instead = (
-        "name the effect modifiers (effect_columns, or the owner declares them in the schema): "
-        "the table is then the ebm_cate model over them, adjusted for every covariate; or "
-        "request ebm_cate or cate_function"
+        "name the effect modifiers (effect_columns): the table is then the ebm_cate model over "
+        "them, adjusted for every covariate; or request ebm_cate or cate_function"
     )
     if quoted.get("anchor") == "adjusted_ate":
         return (
