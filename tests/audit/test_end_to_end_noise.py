@@ -136,6 +136,9 @@ CASES = [
     ("uplift_table", {"epsilon": 1.0, "bins": [2, 2, 1]}, StudyDesign.RCT),
     # one cell, observational: the strict ATE default's draws (uplift_table.md step 6)
     ("uplift_table", {"epsilon": 1.0, "bins": [1, 1, 1]}, StudyDesign.OBSERVATIONAL),
+    # the ebm estimator: the ebm_cate default's draws, then the table (uplift_table.md step 7)
+    ("uplift_table", {"epsilon": 4.0, "effect_columns": [0, 2]}, StudyDesign.OBSERVATIONAL),
+    ("uplift_table", {"epsilon": 4.0, "effect_columns": [1]}, StudyDesign.RCT),
     # the DR default's anchor (quantile, mean) and calibration sums (proof step 6); in an RCT
     # the anchor is the strict ATE release (ridge, quantile, mean, second moment; step 6.1),
     # split (n eps <= 10^4) and cross-fitted
