@@ -79,7 +79,6 @@ from service.mechanisms.uplift.quote import (
 )
 from service.mechanisms.uplift.rules import (
     COUNT_SHARE,
-    EBM_GRID_MAX_BINS,
     MAX_BINS_PER_FEATURE,
     MAX_CELLS,
     MAX_CLUSTERS,
@@ -106,7 +105,6 @@ from service.mechanisms.uplift.rules import (
 
 __all__ = [
     "COUNT_SHARE",
-    "EBM_GRID_MAX_BINS",
     "MAX_BINS_PER_FEATURE",
     "MAX_CELLS",
     "MAX_CLUSTERS",

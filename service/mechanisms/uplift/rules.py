@@ -33,9 +33,6 @@ COUNT_SHARE = 0.5  # epsilon / 2 for counts, epsilon / 2 for sums (Betlei et al.
 # proof step 5 (shrinkage "ate", at least 2 cells): the share of the table's epsilon spent on the
 # two arms' centred second moments, which bound the cells' sampling variance for the factor.
 SECOND_MOMENT_SHARE = 0.1
-# proof step 7: the ebm estimator's default grid cuts each numeric effect column into at most
-# this many regular cells (fewer where the whole grid would exceed MAX_CELLS).
-EBM_GRID_MAX_BINS = 32
 
 
 @dataclass(frozen=True)
@@ -265,11 +262,11 @@ def ebm_edges(
     return edges
 
 
-def ebm_grid(domain: PublicDomain, columns: list[int]) -> tuple[int, ...]:
+def ebm_grid(domain: PublicDomain, columns: list[int], max_bins: int) -> tuple[int, ...]:
     """The most cells the ebm estimator's default table can have (public, before the fit):
     every effect column cut, a categorical one into the fewest regular cells that separate its
-    declared codes, a numeric one into at most ``EBM_GRID_MAX_BINS`` (the model's own bins,
-    ``ebm_edges``, no more than its DP binning's), within ``MAX_CELLS``.
+    declared codes, a numeric one into at most ``max_bins`` (the effect model's DP binning's
+    limit: ``ebm_edges`` uses its own bins), within ``MAX_CELLS``.
 
     Raises:
         InvalidParameters: no such grid fits in ``MAX_CELLS`` (name fewer effect columns or
@@ -290,7 +287,7 @@ def ebm_grid(domain: PublicDomain, columns: list[int]) -> tuple[int, ...]:
             f"a table cutting every effect column exceeds {MAX_CELLS} cells; name fewer "
             "effect_columns or give bins"
         )
-    per_numeric = EBM_GRID_MAX_BINS
+    per_numeric = max_bins
     while numeric and per_numeric > 1 and fixed * per_numeric ** len(numeric) > MAX_CELLS:
         per_numeric -= 1
     for j in numeric:

@@ -112,7 +112,7 @@ def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator
         cut = len(params.bins) == domain.q and not uplift.uncut_columns(tuple(params.bins), columns)
         return "ebm" if cut else "table"
     try:
-        uplift.ebm_grid(domain, columns)
+        uplift.ebm_grid(domain, columns, ebm_cate.DR_DEFAULT_MAX_BINS)
     except InvalidParameters:
         return "table"
     return "ebm"
@@ -130,7 +130,7 @@ def ebm_bins(params: UpliftTableRequest, domain: PublicDomain) -> tuple[int, ...
     named = ebm_cate.checked_effect_columns(domain, checked)
     columns = list(range(domain.q)) if named is None else list(named)
     if params.bins is None:
-        return uplift.ebm_grid(domain, columns)
+        return uplift.ebm_grid(domain, columns, checked.max_bins)
     bins = tuple(params.bins)
     uplift.grid_cells(domain, bins)
     uncut = uplift.uncut_columns(bins, columns)
