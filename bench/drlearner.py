@@ -285,8 +285,10 @@ def main(argv: list[str] | None = None) -> None:
         },
         "seconds_meaning": "drlearner: fit only (effect at the test rows apart); DP kinds: "
         "release plus evaluation at the test rows; constant_dp_ate: the ate release",
-        "uplift_table": "adjustment_partition=true on observational studies (the default is "
-        "refused there)",
+        "uplift_table": "adjustment_partition=true on an observational design only where the "
+        "default grid has >= 2 cells (one cell: the adjusted DP ATE, uplift_table.md step 6); "
+        "uplift_table_declared: the default with the study's effect modifiers declared (the "
+        "ebm_cate model as a table where it learns, step 7)",
     }
     load: list[dict[str, Any]] = []
 

@@ -25,6 +25,16 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.nuisance_oracle",
     "bench.ate_quote",
     "bench.drlearner",
+    # uplift_table's ebm estimator (declared modifiers; n eps / 7 >= 1500 at n 2000, eps 8)
+    (
+        "bench.drlearner",
+        "--kinds",
+        "uplift_table_declared",
+        "--eps",
+        "8",
+        "--name",
+        "uplift-declared",
+    ),
     "bench.cate_basis",
     "bench.ebm_noise",
 )
