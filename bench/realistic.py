@@ -93,9 +93,12 @@ CATE_KINDS = (
 # comparator where n eps per covariate reaches 10^4).
 # uplift_table_declared: the uplift_table default where the owner's schema declares the study's
 # true effect modifiers (effect_modifier: true): the rule's ebm estimator where the DP-EBM learns
-# on them, else the table's default (uplift_table.md steps 6-7).
+# on them, else the table's default (uplift_table.md steps 6-7); cate_vector_declared and
+# cate_function_declared: those kinds' defaults on the same schema.
 EXTRA_CATE_KINDS = (
     "uplift_table_declared",
+    "cate_vector_declared",
+    "cate_function_declared",
     "ebm_cate_unshrunk",
     "ebm_cate_rounds200",
     "ebm_cate_modifiers",
@@ -238,6 +241,10 @@ def cate_release(
         )
         out = EbmCateKind().run(arrays, domain, ebm_request, **options)
         return ebm_cate.predict(out, x_test)
+    if kind in ("cate_vector_declared", "cate_function_declared"):
+        declared = dataclasses.replace(domain, effect_modifiers=studies.EFFECT_MODIFIERS)
+        base = kind.removesuffix("_declared")
+        return cate_release(base, arrays, declared, epsilon, x_test, dp_ate)
     if kind == "uplift_table_declared":
         declared = dataclasses.replace(domain, effect_modifiers=studies.EFFECT_MODIFIERS)
         out = UpliftTableKind().run(
