@@ -239,8 +239,9 @@ def ebm_edges(
         lo, hi = edges[j]
         cap = caps[j]
         if cap is not None:
-            edges[j] = regular_edges(domain, (1,) * j + (max(cap, 1),))[j]
-            fixed *= max(cap, 1)
+            cells = max(cap, 1)
+            edges[j] = [float(v) for v in lo + (hi - lo) * np.arange(cells + 1) / cells]
+            fixed *= cells
         else:
             inner = sorted({float(c) for c in cut if lo < float(c) < hi})
             numeric[j] = inner
@@ -272,27 +273,12 @@ def ebm_grid(domain: PublicDomain, columns: list[int], max_bins: int) -> tuple[i
         InvalidParameters: no such grid fits in ``MAX_CELLS`` (name fewer effect columns or
             give ``bins``).
     """
-    caps = _categorical_caps(domain)
-    bins = [1] * domain.q
-    fixed, numeric = 1, []
-    for j in sorted(set(columns)):
-        cap = caps[j]
-        if cap is None:
-            numeric.append(j)
-        else:
-            bins[j] = max(cap, 1)
-            fixed *= bins[j]
-    if fixed > MAX_CELLS:
-        raise InvalidParameters(
-            f"a table cutting every effect column exceeds {MAX_CELLS} cells; name fewer "
-            "effect_columns or give bins"
-        )
-    per_numeric = max_bins
-    while numeric and per_numeric > 1 and fixed * per_numeric ** len(numeric) > MAX_CELLS:
-        per_numeric -= 1
-    for j in numeric:
-        bins[j] = per_numeric
-    return tuple(bins)
+    lower, upper = np.asarray(domain.x_lower), np.asarray(domain.x_upper)
+    widest = [
+        [float(v) for v in lower[j] + (upper[j] - lower[j]) * np.arange(1, max_bins) / max_bins]
+        for j in columns
+    ]
+    return tuple(len(edge) - 1 for edge in ebm_edges(domain, columns, widest))
 
 
 def uncut_columns(bins: tuple[int, ...], columns: list[int]) -> list[int]:

@@ -98,11 +98,10 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
         ValidationFailed: ``"ebm"`` asked for together with a kernel field.
     """
     changed = ebm_kind.changed_fields(params, KERNEL_DEFAULTS)
-    if params.effect_columns is not None and params.basis not in (None, "ebm"):
-        raise ebm_kind.refuse_columns_without_ebm("basis", params.basis)
-    if params.basis == "ebm" or params.effect_columns is not None:
-        if changed:
-            raise ebm_kind.refuse_with_ebm("basis", changed, "kernel bases")
+    asked = ebm_kind.asks_for_ebm(
+        "basis", params.basis, params.effect_columns, changed, "kernel bases"
+    )
+    if asked:
         # the function is an anchored DR model: refuse before any charge where the ebm_cate
         # default cannot anchor (public n only); invalid ebm fields raise their own 422
         if not _ebm_plan_anchored(params, domain):

@@ -97,14 +97,11 @@ def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
         ValidationFailed: ``"ebm"`` asked for together with a ridge field.
     """
     changed = ebm_kind.changed_fields(params, RIDGE_DEFAULTS)
-    if params.effect_columns is not None and params.estimator == "ridge":
-        raise ebm_kind.refuse_columns_without_ebm("estimator", "ridge")
-    if params.estimator == "ebm" or params.effect_columns is not None:
-        if changed:
-            raise ebm_kind.refuse_with_ebm("estimator", changed, "ridge estimator")
-        return "ebm"
-    if params.estimator == "ridge" or changed:
-        return "ridge"
+    asked = ebm_kind.asks_for_ebm(
+        "estimator", params.estimator, params.effect_columns, changed, "ridge estimator"
+    )
+    if asked is not None:
+        return "ebm" if asked else "ridge"
     return "ebm" if ebm_kind.learns(domain, params.epsilon) else "ridge"
 
 

@@ -230,6 +230,33 @@ def with_modifiers_hint(
     return block
 
 
+def asks_for_ebm(
+    selector: str,
+    chosen: str | None,
+    effect_columns: list[int] | None,
+    changed: list[str],
+    what: str,
+) -> bool | None:
+    """The part of the CATE kinds' ebm rules that reads the request alone: True where it asks
+    for the ebm_cate release (``selector`` is ``"ebm"`` or ``effect_columns`` is given), False
+    where it asks for the kind's own estimator (named, or one of its fields ``changed``), None
+    where the kind's public rule decides.
+
+    Raises:
+        ValidationFailed: the ebm release together with a ``changed`` field of ``what``, or
+            ``effect_columns`` with another estimator named.
+    """
+    if effect_columns is not None and chosen not in (None, "ebm"):
+        raise refuse_columns_without_ebm(selector, chosen)
+    if chosen == "ebm" or effect_columns is not None:
+        if changed:
+            raise refuse_with_ebm(selector, changed, what)
+        return True
+    if chosen is not None or changed:
+        return False
+    return None
+
+
 def refuse_columns_without_ebm(selector: str, chosen: str) -> ValidationFailed:
     """422: ``effect_columns`` (the ebm release's field) with another estimator named."""
     return ValidationFailed(

@@ -97,14 +97,11 @@ def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator
             ``effect_columns`` with ``"table"``.
     """
     changed = ebm_kind.changed_fields(params, TABLE_DEFAULTS)
-    if params.effect_columns is not None and params.estimator == "table":
-        raise ebm_kind.refuse_columns_without_ebm("estimator", "table")
-    if params.estimator == "ebm" or params.effect_columns is not None:
-        if changed:
-            raise ebm_kind.refuse_with_ebm("estimator", changed, "epsilon-ADUM table")
-        return "ebm"
-    if params.estimator == "table" or changed:
-        return "table"
+    asked = ebm_kind.asks_for_ebm(
+        "estimator", params.estimator, params.effect_columns, changed, "epsilon-ADUM table"
+    )
+    if asked is not None:
+        return "ebm" if asked else "table"
     columns = ebm_kind.effect_columns_of(None, domain)
     if columns is None or not ebm_kind.learns(domain, params.epsilon):
         return "table"
