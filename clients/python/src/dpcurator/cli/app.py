@@ -536,16 +536,25 @@ def _wait_with_bar(state: State, release_id: str, timeout: float) -> Release:
         return state.client.wait(release_id, timeout=timeout, on_progress=on_progress)
 
 
-def _show_finished(state: State, r: Release) -> None:
+def _show_finished(state: State, r: Release, *, every_row: bool = False) -> None:
     if r.status != "done" or r.result is None:
         emit(state, lambda: render.release(r), lambda: dump(r))
         return
     parsed = state.client.result(r)
+    max_rows = None if every_row else render.MAX_ROWS
     emit(
         state,
-        lambda: render.release(r) + "\n\nresult:\n" + render.result(parsed),
+        lambda: render.release(r) + "\n\nresult:\n" + render.result(parsed, max_rows),
         lambda: dump(r),
     )
+
+
+every_row_option = click.option(
+    "--all",
+    "every_row",
+    is_flag=True,
+    help=f"Every row of a long table (default: the first {render.MAX_ROWS} and a count).",
+)
 
 
 @release.command("request")
@@ -560,6 +569,7 @@ def _show_finished(state: State, r: Release) -> None:
     help="Wait for the result with a progress bar.",
 )
 @click.option("--wait-timeout", default=900.0, show_default=True, help="Seconds to wait.")
+@every_row_option
 @pass_state
 def release_request(
     state: State,
@@ -571,6 +581,7 @@ def release_request(
     idempotency_key: str | None,
     wait: bool,
     wait_timeout: float,
+    every_row: bool,
 ) -> None:
     """Request a release: charged now, runs as a job."""
     created = state.client.request_release(
@@ -591,24 +602,26 @@ def release_request(
         emit(state, lambda: render.release(created), lambda: dump(created))
         return
     final = created if created.status == "done" else _wait_with_bar(state, created.id, wait_timeout)
-    _show_finished(state, final)
+    _show_finished(state, final, every_row=every_row)
 
 
 @release.command("wait")
 @click.argument("release_id")
 @click.option("--wait-timeout", default=900.0, show_default=True, help="Seconds to wait.")
+@every_row_option
 @pass_state
-def release_wait(state: State, release_id: str, wait_timeout: float) -> None:
+def release_wait(state: State, release_id: str, wait_timeout: float, every_row: bool) -> None:
     """Wait for a release with a progress bar, then show its result."""
-    _show_finished(state, _wait_with_bar(state, release_id, wait_timeout))
+    _show_finished(state, _wait_with_bar(state, release_id, wait_timeout), every_row=every_row)
 
 
 @release.command("show")
 @click.argument("release_id")
+@every_row_option
 @pass_state
-def release_show(state: State, release_id: str) -> None:
+def release_show(state: State, release_id: str, every_row: bool) -> None:
     """A release's status and, once done, its result."""
-    _show_finished(state, state.client.get_release(release_id))
+    _show_finished(state, state.client.get_release(release_id), every_row=every_row)
 
 
 @release.command("list")

@@ -201,7 +201,23 @@ def releases(items: Sequence[Release]) -> str:
     )
 
 
-def result(parsed: TypedResult) -> str:
+# Rows a long table shows before a one-line summary of the rest (``--all`` shows every row):
+# an uplift table read off an ebm model can have 10,000+ cells.
+MAX_ROWS = 40
+
+
+def _capped(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int | None) -> str:
+    if max_rows is None or len(rows) <= max_rows:
+        return table(headers, rows)
+    hidden = len(rows) - max_rows
+    return (
+        table(headers, rows[:max_rows])
+        + f"\n... {hidden} more rows of {len(rows)} (--all shows every row, --json the result)"
+    )
+
+
+def result(parsed: TypedResult, max_rows: int | None = MAX_ROWS) -> str:
+    """The human view of a result; tables longer than ``max_rows`` are cut (None: no cut)."""
     if isinstance(parsed, AteResult):
         return pairs(
             [
@@ -216,12 +232,22 @@ def result(parsed: TypedResult) -> str:
             ]
         )
     if isinstance(parsed, UpliftTable):
-        return table(parsed.columns, [[row.get(c) for c in parsed.columns] for row in parsed.rows])
+        head = pairs(
+            [
+                ("cells", parsed.cells),
+                ("estimator", parsed.raw.get("estimator")),
+                ("guarantee", parsed.guarantee),
+                ("epsilon", parsed.epsilon),
+            ]
+        )
+        rows = [[row.get(c) for c in parsed.columns] for row in parsed.rows]
+        return head + "\n\n" + _capped(parsed.columns, rows, max_rows)
     if isinstance(parsed, CateVectorResult):
         points = parsed.points or [[] for _ in parsed.estimates]
-        return table(
+        return _capped(
             ["point", "estimate"],
             [[fmt(p), e] for p, e in zip(points, parsed.estimates, strict=True)],
+            max_rows,
         )
     if isinstance(parsed, EbmShapeResult):
         return pairs(

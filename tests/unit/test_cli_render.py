@@ -1,0 +1,57 @@
+"""The CLI's human view of long results: a table cut to its first rows and a count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpcurator.cli import render
+from dpcurator.results import CateVectorResult, UpliftTable
+
+
+def _uplift(cells: int) -> dict[str, Any]:
+    return {
+        "kind": "uplift_table",
+        "estimator": "ebm",
+        "guarantee": "strict",
+        "epsilon": 1.0,
+        "cells": cells,
+        "uplift": [float(i) for i in range(cells)],
+        "uplift_noise_sd": [0.5] * cells,
+        "grid": {"edges": [[0.0, 1.0]]},
+    }
+
+
+def test_a_long_uplift_table_shows_its_first_rows_and_counts_the_rest() -> None:
+    parsed = UpliftTable.from_result(_uplift(12_000))
+    text = render.result(parsed)
+    lines = text.splitlines()
+    assert "cells" in lines[0]
+    assert "12000" in lines[0]
+    assert any("estimator" in line and "ebm" in line for line in lines)
+    assert lines[-1].startswith(f"... {12_000 - render.MAX_ROWS} more rows of 12000")
+    body = [line for line in lines if line.strip()[:1].isdigit()]
+    assert len(body) == render.MAX_ROWS  # header block and footer aside, one line a row
+    every = render.result(parsed, max_rows=None)
+    assert "more rows" not in every
+    assert len(every.splitlines()) > 12_000
+
+
+def test_a_short_table_is_shown_whole() -> None:
+    parsed = UpliftTable.from_result(_uplift(8))
+    text = render.result(parsed)
+    assert "more rows" not in text
+    body = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[0] for row in body] == [str(i) for i in range(8)]  # every cell, in order
+
+
+def test_a_long_cate_vector_is_cut_too() -> None:
+    result = {
+        "kind": "cate_vector",
+        "estimates": [0.1] * 100,
+        "points": [[float(i)] for i in range(100)],
+        "guarantee": "strict",
+        "epsilon": 1.0,
+    }
+    parsed = CateVectorResult.from_result(result)
+    text = render.result(parsed, max_rows=10)
+    assert text.splitlines()[-1].startswith("... 90 more rows of 100")
