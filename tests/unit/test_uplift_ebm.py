@@ -228,3 +228,15 @@ def test_quotes_say_how_many_effect_modifiers_would_make_the_cate_worth_it() -> 
     too_many = dataclasses.replace(dom, effect_modifiers=tuple(range(count + 2)))
     quoted = EbmCateKind().quote(EbmCateRequest(epsilon=1.0), too_many)["versus_ate"]
     assert quoted["effect_modifiers_worth_it"] is None  # declared: the hint does not apply
+
+
+def test_the_quote_says_which_grid_the_table_reads_the_model_on() -> None:
+    default = UpliftTableKind().quote(request(), domain())
+    assert default["estimator"] == "ebm"
+    assert default["bins"] is None
+    assert default["cells_at_most"] >= 2
+    assert "own DP bins" in default["grid_rule"]
+    given = UpliftTableKind().quote(request(bins=[4, 1, 2]), domain())
+    assert given["bins"] == [4, 1, 2]
+    assert given["cells"] == 8
+    assert "lost" in given["grid_rule"]  # coarser cells than the model's lose its variation

@@ -193,7 +193,14 @@ class UpliftTableKind:
             bins = ebm_bins(request, domain)
             inner = ebm_kind.EbmCateKind().quote(_ebm_request(request), domain)
             grid: dict[str, Any] = (
-                {"bins": list(bins), "cells": uplift.grid_cells(domain, bins)}
+                {
+                    "bins": list(bins),
+                    "cells": uplift.grid_cells(domain, bins),
+                    "grid_rule": "the requested regular grid: each cell holds the model at its "
+                    "centre, so the model's variation inside a cell is lost; versus_ate's "
+                    "expected PEHE is the model's and leaves that loss out (the default grid, "
+                    "the model's own bins, loses nothing)",
+                }
                 if request.bins is not None
                 else {
                     "bins": None,
