@@ -55,6 +55,11 @@ class Covariate(Strict):
     # DP-EBM effect model varies with the declared modifiers only unless a request names its
     # own effect_columns (docs/proofs/ebm_cate.md step 7). Public, declared, never derived.
     effect_modifier: StrictBool = False
+    # In the analysis plan's pre-specified adjustment set (the confounders of an observational
+    # study, a trial's baseline covariates): the strict ate's nuisance models adjust for the
+    # declared set only unless a request names its own adjustment_columns (ate_strict proof
+    # §15). Public, declared, never derived.
+    adjust_for: StrictBool = False
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

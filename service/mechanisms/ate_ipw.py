@@ -69,7 +69,14 @@ from service.mechanisms.calibration import (
     validate_epsilon,
     validate_finite_positive,
 )
-from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.domain import (
+    Arrays,
+    PublicDomain,
+    StudyDesign,
+    checked_columns,
+    project_arrays,
+    project_domain,
+)
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import (
     GaussianCalibration,
@@ -120,6 +127,9 @@ class AteIpwParams:
         normalization: strict only: ``"horvitz_thompson"`` (one DP mean of the HT terms),
             ``"hajek"`` (DP per-arm weighted sums and weight sums, ratio per arm) or
             ``"auto"`` (Hajek when its public weight-sum noise is small; proof §7).
+        adjustment_columns: the covariate positions the propensity model adjusts for (the
+            release runs on the records' projection onto them, a public row-wise map;
+            ate_strict proof §15); None means every covariate.
     """
 
     epsilon: float
@@ -130,6 +140,7 @@ class AteIpwParams:
     mean_share: float = DEFAULT_MEAN_SHARE
     regularization: float | None = None
     normalization: Normalization = "auto"
+    adjustment_columns: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,10 @@ def _fractions(domain: PublicDomain, params: AteIpwParams) -> tuple[int, int]:
     return fit_size, n2
 
 
+def _columns(domain: PublicDomain, params: AteIpwParams) -> tuple[int, ...] | None:
+    return checked_columns(domain, params.adjustment_columns, "adjustment_columns")
+
+
 def default_delta_for(domain: PublicDomain, fold_fractions: tuple[float, float] | None) -> float:
     """README §1.7 default delta over this release's folds."""
     fit_size, n2 = _fractions(domain, AteIpwParams(1.0, 1e-9, fold_fractions=fold_fractions))
@@ -165,6 +180,7 @@ def default_delta_for(domain: PublicDomain, fold_fractions: tuple[float, float] 
 
 
 def _make_plan(domain: PublicDomain, params: AteIpwParams, *, paper: bool = False) -> _Plan:
+    domain = project_domain(domain, _columns(domain, params))
     if domain.design not in (StudyDesign.OBSERVATIONAL, StudyDesign.RCT):
         raise InvalidParameters("unknown study design")
     if not (math.isfinite(domain.y_lower) and math.isfinite(domain.y_upper)):
@@ -308,6 +324,9 @@ def _public_parameters(state: _Plan, *, paper: bool = False) -> dict[str, Any]:
         "mean_share": params.mean_share,
         "regularization": state.propensity.regularization,
         "normalization": state.normalization,
+        "adjustment_columns": None
+        if params.adjustment_columns is None
+        else sorted(params.adjustment_columns),
         "estimand": "IPW functional at the DP propensity (biased if it is misspecified)",
     }
 
@@ -521,6 +540,8 @@ def run(
         ReleaseFailed: any failure after data access (generic).
     """
     state = _make_plan(domain, params)
+    columns = _columns(domain, params)  # the projection (public, row-wise)
+    arrays, domain = project_arrays(arrays, columns), project_domain(domain, columns)
     try:
         return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
     except Exception:
@@ -660,6 +681,8 @@ def run_paper(
     a non-private normal CI conditional on ``w_tilde``. Labelled ``paper``.
     """
     state = _make_plan(domain, params, paper=True)
+    columns = _columns(domain, params)
+    arrays, domain = project_arrays(arrays, columns), project_domain(domain, columns)
     a2, y2, pi = _propensity_on_estimation_fold(arrays, domain, state, rng, noise, paper=True)
     terms = a2 * y2 / pi - (1.0 - a2) * y2 / (1.0 - pi)
     estimate = float(np.mean(terms))

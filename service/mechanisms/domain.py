@@ -6,11 +6,14 @@ the neighbouring relation (n, replace-one). Nothing in it is ever derived from t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
 from numpy.typing import NDArray
+
+from service.mechanisms.errors import InvalidParameters
 
 
 class StudyDesign(StrEnum):
@@ -39,6 +42,10 @@ class PublicDomain:
     # The owner's declared effect modifiers (covariate positions, increasing); None: none
     # declared. The default effect_columns of the CATE kinds' DP-EBM effect model.
     effect_modifiers: tuple[int, ...] | None = None
+    # The owner's declared adjustment set (covariate positions, increasing; the analysis plan's
+    # confounders, or a trial's pre-specified baseline covariates); None: none declared. The
+    # default adjustment_columns of the strict ate's nuisance models.
+    adjustment_set: tuple[int, ...] | None = None
 
     @property
     def q(self) -> int:
@@ -56,3 +63,50 @@ class Arrays:
     x: NDArray[np.float64]  # (n, q)
     a: NDArray[np.float64]  # (n,), values in {0, 1}
     y: NDArray[np.float64]  # (n,)
+
+
+def checked_columns(
+    domain: PublicDomain, given: Sequence[int] | None, field: str
+) -> tuple[int, ...] | None:
+    """A request's covariate positions as an increasing tuple, or None for every covariate (a
+    list of all q is None: the same release). Raises ``InvalidParameters`` (a 422 before any
+    charge) for an empty list, a non-integer, a repeated or an out-of-range position. Public
+    request and schema only."""
+    if given is None:
+        return None
+    columns = tuple(given)
+    if not columns:
+        raise InvalidParameters(f"{field} must name at least one covariate")
+    if any(isinstance(j, bool) or not isinstance(j, int) for j in columns):
+        raise InvalidParameters(f"{field} must be covariate positions (integers)")
+    if any(not 0 <= j < domain.q for j in columns):
+        raise InvalidParameters(f"{field} must be positions of covariates, in [0, {domain.q - 1}]")
+    if len(set(columns)) != len(columns):
+        raise InvalidParameters(f"{field} must not repeat a covariate")
+    ordered = tuple(sorted(columns))
+    return None if len(ordered) == domain.q else ordered
+
+
+def project_domain(domain: PublicDomain, columns: tuple[int, ...] | None) -> PublicDomain:
+    """The public domain of the covariates at ``columns`` only (None: unchanged). The declared
+    effect modifiers and adjustment set refer to the full schema's positions, so they are
+    dropped."""
+    if columns is None:
+        return domain
+    keep = list(columns)
+    return replace(
+        domain,
+        x_lower=np.asarray(domain.x_lower, dtype=np.float64)[keep],
+        x_upper=np.asarray(domain.x_upper, dtype=np.float64)[keep],
+        x_codes=None if domain.x_codes is None else tuple(domain.x_codes[j] for j in keep),
+        effect_modifiers=None,
+        adjustment_set=None,
+    )
+
+
+def project_arrays(arrays: Arrays, columns: tuple[int, ...] | None) -> Arrays:
+    """The records with the covariates at ``columns`` only (None: unchanged): a public,
+    row-wise map, so neighbouring datasets stay neighbours."""
+    if columns is None:
+        return arrays
+    return replace(arrays, x=np.ascontiguousarray(arrays.x[:, list(columns)]))

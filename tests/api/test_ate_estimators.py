@@ -6,6 +6,7 @@ estimator runs end to end; quotes answer both ways; results hold no unnoised qua
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from tests.api.test_datasets import problem
 from tests.api.test_releases import post_release, wait
-from tests.conftest import RCT_SCHEMA, Api
+from tests.conftest import RCT_SCHEMA, SCHEMA, Api, synthetic_csv
 
 FORBIDDEN_KEYS = {"theta_hat", "m2_hat", "tau_hat", "gamma_tau", "gamma_sigma", "sigma2_hat"}
 
@@ -151,3 +152,42 @@ def test_unsupported_combination_names_the_field(client: TestClient, observation
     )
     assert r.status_code == 422
     assert "ipw" in r.text
+
+
+def test_declared_adjustment_set_is_the_default_and_bad_lists_are_refused(
+    client: TestClient, api: Api
+) -> None:
+    """A schema that declares age and severity the adjustment set: the default ate release's
+    nuisance models adjust for them only (the result says which); a request's own list wins;
+    a bad list is a 422 before any charge; a non-boolean flag is a 422 at upload."""
+    schema = json.loads(json.dumps(SCHEMA))
+    schema["covariates"][0]["adjust_for"] = True
+    schema["covariates"][1]["adjust_for"] = True
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    r = api.upload(owner["api_key"], synthetic_csv(1200, seed=5), schema)
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert ds["schema"]["covariates"][1]["adjust_for"] is True
+    assert ds["schema"]["covariates"][2]["adjust_for"] is False
+    budget = {"epsilon_total": 20.0, "delta_total": 1e-3}
+    headers = Api.auth(owner["api_key"])
+    assert client.put(f"/v1/datasets/{ds['id']}/budget", json=budget, headers=headers).is_success
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    key = analyst["api_key"]
+    quote = _quote(client, key, ds["id"], {"epsilon": 1.0}).json()
+    assert quote["accuracy"]["adjustment_columns"] == [0, 1]
+    done = wait(client, key, post_release(client, key, ds["id"], {"epsilon": 1.0}).json()["id"])
+    assert _check_done(done, "strict", "aipw")["adjustment_columns"] == [0, 1]
+    own = {"epsilon": 1.0, "estimator": "ipw", "adjustment_columns": [1]}
+    done = wait(client, key, post_release(client, key, ds["id"], own).json()["id"])
+    assert _check_done(done, "strict", "ipw")["adjustment_columns"] == [1]
+    spent = client.get(f"/v1/datasets/{ds['id']}/budget", headers=headers).json()["epsilon_spent"]
+    for bad in ([], [0, 0], [3], [True]):
+        r = post_release(client, key, ds["id"], {"epsilon": 1.0, "adjustment_columns": bad})
+        assert r.status_code == 422, (bad, r.text)
+        assert "adjustment_columns" in r.text
+    after = client.get(f"/v1/datasets/{ds['id']}/budget", headers=headers).json()["epsilon_spent"]
+    assert after == spent
+    flag = json.loads(json.dumps(SCHEMA))
+    flag["covariates"][0]["adjust_for"] = "yes"
+    problem(api.upload(owner["api_key"], synthetic_csv(200, seed=6), flag), 422, "invalid-schema")

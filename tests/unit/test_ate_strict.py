@@ -403,6 +403,7 @@ ALLOWED_KEYS = {
     "clip",
     "bound_max",
     "quantile_bins",
+    "adjustment_columns",
 }
 FORBIDDEN_FRAGMENTS = ("theta_hat", "m2_hat", "gamma", "fold_membership", "model", "assign")
 

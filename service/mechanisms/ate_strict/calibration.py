@@ -36,7 +36,12 @@ from service.mechanisms.calibration import (
     validate_epsilon,
     validate_finite_positive,
 )
-from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.domain import (
+    PublicDomain,
+    StudyDesign,
+    checked_columns,
+    project_domain,
+)
 from service.mechanisms.dp_ebm import (
     DP_EBM_LEARNING_RATE,
     DpEbmAccounting,
@@ -138,8 +143,21 @@ class Plan:
         return sum(self.fold_sizes) if self.cross_fit else self.fold_sizes[-1]
 
 
+def adjusted_domain(domain: PublicDomain, params: AteStrictParams) -> PublicDomain:
+    """proof §15: the public domain the mechanism runs on, the schema's covariates at
+    ``adjustment_columns`` only (None: every covariate). Raises ``InvalidParameters`` for an
+    invalid list, or one given with ``nuisance="none"`` (there is no model to adjust)."""
+    columns = checked_columns(domain, params.adjustment_columns, "adjustment_columns")
+    if params.adjustment_columns is not None and params.nuisance == "none":
+        raise InvalidParameters("adjustment_columns needs nuisance models (nuisance is 'none')")
+    return project_domain(domain, columns)
+
+
 def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
-    """Validate everything and compute the calibration and the record. Touches no data."""
+    """Validate everything and compute the calibration and the record. Touches no data.
+
+    With ``adjustment_columns`` the plan is that of the projected domain (proof §15)."""
+    domain = adjusted_domain(domain, params)
     nuisance = params.nuisance
     validate_domain(domain, nuisance)
     cross_fit = params.cross_fit
@@ -537,6 +555,9 @@ def public_parameters(state: Plan) -> dict[str, Any]:
         "clip": "adaptive" if state.quantile_epsilon is not None else "declared",
         "bound_max": state.bound,
         "quantile_bins": state.quantile_bins is not None,
+        "adjustment_columns": None
+        if params.adjustment_columns is None
+        else sorted(params.adjustment_columns),
     }
 
 

@@ -25,7 +25,13 @@ from service.mechanisms.ate_strict.calibration import (
     public_parameters,
 )
 from service.mechanisms.ate_strict.rules import AteStrictParams, Progress
-from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.domain import (
+    Arrays,
+    PublicDomain,
+    checked_columns,
+    project_arrays,
+    project_domain,
+)
 from service.mechanisms.dp_ebm import (
     DpEbmAccounting,
     outcome_predictions,
@@ -177,6 +183,9 @@ def run(
         ReleaseFailed: any failure after the data is touched (generic by construction).
     """
     state = make_plan(domain, params)
+    # proof §15: the release on the records' projection onto the adjustment columns (public).
+    columns = checked_columns(domain, params.adjustment_columns, "adjustment_columns")
+    arrays, domain = project_arrays(arrays, columns), project_domain(domain, columns)
     try:
         return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
     except Exception:

@@ -35,8 +35,8 @@ MECHANISM = "ate_strict"
 # 2: public default rules (issue 3); 3: charged adaptive clipping (issue 12); 4: DP-EBM
 # observational default folds (0.1, 0.4, 0.5) from n epsilon = 2 * 10^4 (issue 12); 5: DP-EBM
 # nuisance learning rates by n epsilon (issue 12); 6: DP quantile bins for the DP-EBM nuisances'
-# continuous covariates (issue 12)
-VERSION = "6"
+# continuous covariates (issue 12); 7: adjustment_columns, the declared adjustment set (issue 12)
+VERSION = "7"
 
 
 Nuisance = Literal["dp_ebm", "dp_linear", "none"]
@@ -175,6 +175,9 @@ class AteStrictParams:
             public rule (``calibration.plan_quantile_bins``): on where DP-EBM nuisances are
             fitted, the schema declares a continuous covariate and the released CDF is accurate
             enough on the smallest DP-EBM fold.
+        adjustment_columns: the covariate positions the nuisance models adjust for (proof
+            §15: the mechanism runs on the records' projection onto them, a public row-wise
+            map); None means every covariate. Increasing, validated by ``checked_columns``.
     """
 
     epsilon: float
@@ -192,6 +195,7 @@ class AteStrictParams:
     regularization: float | None = None
     adaptive_clip: bool = False
     quantile_bins: bool | None = None
+    adjustment_columns: tuple[int, ...] | None = None
 
 
 def default_nuisance(domain: PublicDomain) -> Nuisance:
@@ -392,7 +396,16 @@ def default_params(
         nuisance=nuisance,
         cross_fit=cross_fit,
         adaptive_clip=default_adaptive_clip(domain, None),
+        adjustment_columns=default_adjustment_columns(domain, nuisance),
     )
+
+
+def default_adjustment_columns(
+    domain: PublicDomain, nuisance: Nuisance | None
+) -> tuple[int, ...] | None:
+    """Public rule for omitted ``adjustment_columns``: the schema's declared adjustment set
+    (proof §15), except where there are no nuisance models to adjust (``nuisance="none"``)."""
+    return None if nuisance == "none" else domain.adjustment_set
 
 
 def validate_domain(domain: PublicDomain, nuisance: Nuisance) -> None:

@@ -23,7 +23,7 @@ from service.mechanisms.calibration import (
     validate_epsilon,
     validate_finite_positive,
 )
-from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.domain import PublicDomain, StudyDesign, checked_columns
 from service.mechanisms.dp_ebm import (
     DP_EBM_MAX_ROUNDS,
     DpEbmAccounting,
@@ -325,26 +325,11 @@ def checked_effect_columns(domain: PublicDomain, params: EbmCateParams) -> tuple
     None for every covariate (a list of all q is None: the same release). 422 for the
     S-learner (its CATE is constant in x), an empty list, a repeated or out-of-range
     position. Public request and schema only."""
-    given = params.effect_columns
-    if given is None:
-        return None
-    if params.learner == "s":
+    if params.effect_columns is not None and params.learner == "s":
         raise InvalidParameters(
             "effect_columns is for the DR and R learners (the S-learner's CATE is constant)"
         )
-    columns = tuple(given)
-    if not columns:
-        raise InvalidParameters("effect_columns must name at least one covariate")
-    if any(isinstance(j, bool) or not isinstance(j, int) for j in columns):
-        raise InvalidParameters("effect_columns must be covariate positions (integers)")
-    if any(not 0 <= j < domain.q for j in columns):
-        raise InvalidParameters(
-            f"effect_columns must be positions of covariates, in [0, {domain.q - 1}]"
-        )
-    if len(set(columns)) != len(columns):
-        raise InvalidParameters("effect_columns must not repeat a covariate")
-    ordered = tuple(sorted(columns))
-    return None if len(ordered) == domain.q else ordered
+    return checked_columns(domain, params.effect_columns, "effect_columns")
 
 
 def anchor_bound(domain: PublicDomain, clip: float, clip_k: float) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, StrictBool, StrictFloat, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from service.mechanisms import ate_ipw, ate_privATE, ate_rct, ate_strict
 from service.mechanisms.ate_coverage import ate_coverage
@@ -50,10 +50,19 @@ _FIELDS: dict[tuple[str, str], frozenset[str]] = {
             "regularization",
             "clip",
             "quantile_bins",
+            "adjustment_columns",
         }
     ),
     ("strict", "ipw"): frozenset(
-        {"delta", "trim", "fold_fractions", "mean_share", "regularization", "normalization"}
+        {
+            "delta",
+            "trim",
+            "fold_fractions",
+            "mean_share",
+            "regularization",
+            "normalization",
+            "adjustment_columns",
+        }
     ),
     ("strict", "rct_difference"): frozenset({"variance"}),
     ("paper", "aipw"): frozenset(
@@ -107,6 +116,10 @@ class AteParams(KindParams):
     # None: the public rule (on where DP-EBM nuisances are fitted, the schema declares a numeric
     # covariate and the smallest DP-EBM fold is large enough for an accurate CDF).
     quantile_bins: StrictBool | None = None
+    # strict aipw / ipw: 0-based covariate positions the nuisance models adjust for (the
+    # analysis plan's adjustment set; proof ate_strict.md §15). None: the schema's declared
+    # adjustment set (``"adjust_for": true``) where there is one, else every covariate.
+    adjustment_columns: list[StrictInt] | None = Field(default=None, max_length=500)
     trim: StrictFloat = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
     # ipw only: Horvitz-Thompson, Hajek (DP arm weights) or "auto" (public rule on the noise).
     normalization: Literal["auto", "horvitz_thompson", "hajek"] = "auto"
@@ -160,6 +173,16 @@ def _strict_nuisance(params: AteParams, domain: PublicDomain) -> ate_strict.Nuis
     raise InvalidParameters("field 'nuisance' is invalid for mode='strict'")  # pragma: no cover
 
 
+def adjustment_columns(
+    params: AteParams, domain: PublicDomain, nuisance: ate_strict.Nuisance | None
+) -> tuple[int, ...] | None:
+    """The columns the nuisance models adjust for: the request's list, else the public rule
+    ``ate_strict.default_adjustment_columns`` (the schema's declared set)."""
+    if params.adjustment_columns is not None:
+        return tuple(params.adjustment_columns)
+    return ate_strict.default_adjustment_columns(domain, nuisance)
+
+
 def to_mechanism_params(
     params: AteParams, domain: PublicDomain
 ) -> (
@@ -201,6 +224,7 @@ def to_mechanism_params(
             else params.mean_share,
             regularization=params.regularization,
             normalization=params.normalization,
+            adjustment_columns=adjustment_columns(params, domain, None),
         )
     nuisance_strict = _strict_nuisance(params, domain)
     cross_fit = params.cross_fit
@@ -234,6 +258,7 @@ def to_mechanism_params(
         cross_fit=cross_fit,
         nuisance_share=params.nuisance_share,
         regularization=params.regularization,
+        adjustment_columns=adjustment_columns(params, domain, nuisance_strict),
     )
 
 
