@@ -95,6 +95,8 @@ VARIANTS = (
     "recalibrated",
     "quantile_bins",
     "uniform_bins",
+    "confounders",
+    "confounders_propensity",
 )
 CLIP_LEVEL = 0.01
 CALIBRATION_BINS = 20
@@ -180,6 +182,16 @@ def variant(name: str, study: Study) -> Iterator[None]:
             propensity_scores=half_propensity,
             outcome_predictions=half_outcome,
         )
+    elif name == "confounders_propensity":
+        keep = list(studies.CONFOUNDERS)
+
+        def confounders_only(*args: Any, **kwargs: Any) -> Any:
+            x_fit, a_fit, x_at, low_x, high_x, *rest = args
+            return propensity(
+                x_fit[:, keep], a_fit, x_at[:, keep], low_x[keep], high_x[keep], *rest, **kwargs
+            )
+
+        patches["propensity_scores"] = confounders_only
     elif name.startswith("lr:"):
         classifier_rate, regressor_rate = (float(v) for v in name[3:].split(":"))
 
@@ -202,7 +214,9 @@ def variant(name: str, study: Study) -> Iterator[None]:
             return pseudo_outcomes(a, y, recalibrated_propensity(a, pi_hat), *args, **kwargs)
 
         patches["pseudo_outcomes"] = recalibrated
-    elif name not in ("default", "quantile_bins", "uniform_bins") and not name.startswith("folds:"):
+    elif name not in ("default", "quantile_bins", "uniform_bins", "confounders") and not (
+        name.startswith("folds:")
+    ):
         raise ValueError(f"unknown variant {name}")
     with ExitStack() as stack:
         for attribute, replacement in patches.items():
@@ -223,7 +237,18 @@ def recalibrated_propensity(a: FloatArray, pi_hat: FloatArray) -> FloatArray:
 
 def variant_data(name: str, arrays: Arrays, domain: PublicDomain) -> tuple[Arrays, PublicDomain]:
     """The data a variant releases on: the sample, or (``quantile_bins``) its continuous
-    covariates replaced by their ranks in (0, 1) with bounds [0, 1]."""
+    covariates replaced by their ranks in (0, 1) with bounds [0, 1], or (``confounders``) only
+    the study's confounders (``studies.CONFOUNDERS``: a pre-specified adjustment set)."""
+    if name == "confounders":
+        keep = list(studies.CONFOUNDERS)
+        codes = None if domain.x_codes is None else tuple(domain.x_codes[j] for j in keep)
+        return replace(arrays, x=arrays.x[:, keep]), replace(
+            domain,
+            x_lower=np.asarray(domain.x_lower)[keep],
+            x_upper=np.asarray(domain.x_upper)[keep],
+            x_codes=codes,
+            effect_modifiers=None,
+        )
     if name != "quantile_bins":
         return arrays, domain
     x = arrays.x.copy()

@@ -58,6 +58,12 @@ _CONTINUOUS = (
 CREATININE = N_BINARY + 2
 EFFECT_MODIFIERS = (0, 1, 2, 3, N_BINARY, CREATININE, N_BINARY + 4)
 NOT_MODIFIERS = (4, 5, N_BINARY + 1)
+# The confounders (a DAG-based adjustment set an analysis plan would pre-specify): the covariates
+# in both the propensity and the outcome model (non-zero beta_b and gamma_b below; every
+# continuous one but hba1c, which only the outcome reads).
+CONFOUNDERS = (
+    (1, 4, 5, 6, 8, 22, 29) + (N_BINARY, N_BINARY + 1, CREATININE) + (N_BINARY + 3, N_BINARY + 5)
+)
 # Heterogeneity scale (multiplies a unit-sd score): tuned so sd(tau)/sd(Y) is about the label's.
 _HET_SCALE = {"none": 0.0, "moderate": 1.0, "strong": 2.6}
 TAU0 = 2.0
