@@ -152,7 +152,12 @@ def test_mechanism_refusals() -> None:
     with pytest.raises(InvalidParameters, match="design 'rct'"):
         kind.record({"epsilon": 1.0, "estimator": "rct_difference"}, OBSERVATIONAL)
     with pytest.raises(InvalidParameters, match="cross_fit=true needs"):
-        kind.record({"epsilon": 1.0, "cross_fit": True}, OBSERVATIONAL)
+        kind.record({"epsilon": 1.0, "cross_fit": True, "nuisance": "dp_ebm"}, OBSERVATIONAL)
+    # an omitted nuisance follows a preset-only option: cross-fitting is dp_linear's
+    assert kind.record({"epsilon": 1.0, "cross_fit": True}, OBSERVATIONAL).fold_sizes.keys() == {
+        "half_1",
+        "half_2",
+    }
 
 
 def test_default_deltas() -> None:

@@ -713,11 +713,19 @@ def test_kind_default_clip_is_adaptive_on_rct_and_declared_otherwise() -> None:
         AteParams(epsilon=1.0, estimator="ipw", clip="adaptive")
 
 
-def test_kind_default_nuisance_is_dp_linear_on_rct_and_dp_ebm_otherwise() -> None:
+def test_kind_default_nuisance_is_dp_linear_on_rct_and_by_n_epsilon_otherwise() -> None:
     rct = make_domain(n=4000, design=StudyDesign.RCT, p=0.5)
     observational = make_domain(n=4000)
     assert to_mechanism_params(AteParams(epsilon=1.0), rct).nuisance == "dp_linear"
-    assert to_mechanism_params(AteParams(epsilon=1.0), observational).nuisance == "dp_ebm"
+    # observational: dp_linear below n epsilon = 10^4, DP-EBM from there
+    assert to_mechanism_params(AteParams(epsilon=2.0), observational).nuisance == "dp_linear"
+    assert to_mechanism_params(AteParams(epsilon=2.5), observational).nuisance == "dp_ebm"
+    assert to_mechanism_params(AteParams(epsilon=20.0), rct).nuisance == "dp_linear"
+    # a preset-only option names its preset
+    binned = AteParams(epsilon=1.0, quantile_bins=True)
+    assert to_mechanism_params(binned, observational).nuisance == "dp_ebm"
+    crossed = AteParams(epsilon=4.0, cross_fit=True)
+    assert to_mechanism_params(crossed, observational).nuisance == "dp_linear"
     explicit = AteParams(epsilon=1.0, nuisance="dp_ebm")
     assert to_mechanism_params(explicit, rct).nuisance == "dp_ebm"
     # the cross-fit rule is observational only: a trial keeps its (outcome, estimation) halves

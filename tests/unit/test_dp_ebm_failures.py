@@ -137,7 +137,8 @@ def _adversarial() -> dict[str, Arrays]:
 
 
 KINDS = [
-    ("ate", {"epsilon": 1.0}),  # DP-EBM nuisances (the observational default)
+    ("ate", {"epsilon": 1.0, "nuisance": "dp_ebm"}),  # DP-EBM nuisances
+    ("ate", {"epsilon": 1.0}),  # the observational default at this n epsilon: dp_linear
     ("ebm_cate", {"epsilon": 1.0}),
     ("ebm_cate", {"epsilon": 1.0, "learner": "dr"}),
     ("cate_function", {"epsilon": 1.0, "basis": "nystrom", "n_centres": 16}),

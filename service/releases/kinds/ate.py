@@ -98,7 +98,8 @@ class AteParams(KindParams):
     mean_share: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     variance_inflation: StrictBool = False
     alpha_v: StrictFloat = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
-    # None: strict, the public rule ate_strict.default_nuisance ("dp_linear" on RCT designs,
+    # None: strict, the public rule ate_strict.default_nuisance ("dp_linear" on RCT designs and
+    # on observational ones below n epsilon = 10^4,
     # "dp_ebm" otherwise); paper, "kernel".
     nuisance: Literal["dp_ebm", "dp_linear", "none", "kernel", "linear"] | None = None
     # None: the public rule ate_strict.default_cross_fit (dp_linear, no fold_fractions:
@@ -167,7 +168,9 @@ class AteParams(KindParams):
 
 
 def _strict_nuisance(params: AteParams, domain: PublicDomain) -> ate_strict.Nuisance:
-    value = params.nuisance or ate_strict.default_nuisance(domain)
+    value = params.nuisance or ate_strict.default_nuisance(
+        domain, params.epsilon, quantile_bins=params.quantile_bins, cross_fit=params.cross_fit
+    )
     if value == "dp_ebm" or value == "dp_linear" or value == "none":
         return value
     raise InvalidParameters("field 'nuisance' is invalid for mode='strict'")  # pragma: no cover
