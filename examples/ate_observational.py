@@ -5,7 +5,7 @@
 examples/data/observational.csv (made by examples/data/make_observational.py, fixed seed) is
 confounded: sicker, older patients are treated more often. The strict DP ATE adjusts with DP
 propensity and outcome models (AIPW; by the public rule DP linear models below n * epsilon =
-10,000, so at epsilon 1 here, and DP-EBMs from there) and releases the estimate with a
+20,000, as at epsilon 1 and 3 here, DP-EBMs from there) and releases the estimate with a
 confidence interval covering sampling and privacy noise. The analyst first asks the quote which
 epsilon a target precision needs. The true ATE of the synthetic study is 1.0.
 """

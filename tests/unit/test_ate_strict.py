@@ -717,9 +717,9 @@ def test_kind_default_nuisance_is_dp_linear_on_rct_and_by_n_epsilon_otherwise() 
     rct = make_domain(n=4000, design=StudyDesign.RCT, p=0.5)
     observational = make_domain(n=4000)
     assert to_mechanism_params(AteParams(epsilon=1.0), rct).nuisance == "dp_linear"
-    # observational: dp_linear below n epsilon = 10^4, DP-EBM from there
-    assert to_mechanism_params(AteParams(epsilon=2.0), observational).nuisance == "dp_linear"
-    assert to_mechanism_params(AteParams(epsilon=2.5), observational).nuisance == "dp_ebm"
+    # observational: dp_linear below n epsilon = 2 * 10^4, DP-EBM from there
+    assert to_mechanism_params(AteParams(epsilon=4.5), observational).nuisance == "dp_linear"
+    assert to_mechanism_params(AteParams(epsilon=5.0), observational).nuisance == "dp_ebm"
     assert to_mechanism_params(AteParams(epsilon=20.0), rct).nuisance == "dp_linear"
     # a preset-only option names its preset
     binned = AteParams(epsilon=1.0, quantile_bins=True)

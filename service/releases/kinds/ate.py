@@ -99,7 +99,7 @@ class AteParams(KindParams):
     variance_inflation: StrictBool = False
     alpha_v: StrictFloat = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
     # None: strict, the public rule ate_strict.default_nuisance ("dp_linear" on RCT designs and
-    # on observational ones below n epsilon = 10^4,
+    # on observational ones below n epsilon = 2 * 10^4,
     # "dp_ebm" otherwise); paper, "kernel".
     nuisance: Literal["dp_ebm", "dp_linear", "none", "kernel", "linear"] | None = None
     # None: the public rule ate_strict.default_cross_fit (dp_linear, no fold_fractions:
