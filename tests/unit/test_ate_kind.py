@@ -224,3 +224,18 @@ def test_dp_linear_cross_fits_by_a_public_rule_in_n_epsilon() -> None:
     record = AteKind().record(AteParams.model_validate({"epsilon": 5.0, **lin}), OBSERVATIONAL)
     assert record.fold_sizes == {"half_1": 2000, "half_2": 2000}
     assert record.epsilon == 5.0
+
+
+def test_the_coverage_message_quotes_the_measured_coverage_of_the_resolved_preset() -> None:
+    """Below n eps = 2 * 10^4 the observational default is dp_linear, from there DP-EBM: each
+    message quotes its own measurement; ipw and an explicit 'none' quote neither."""
+    small = AteKind().quote(AteParams(epsilon=1.0), OBSERVATIONAL)["coverage"]["message"]
+    large_domain = replace(OBSERVATIONAL, n=100_000)
+    large = AteKind().quote(AteParams(epsilon=1.0), large_domain)["coverage"]["message"]
+    assert OBSERVATIONAL.n * 1.0 < 20_000
+    assert "DP linear models" in small
+    assert "86-99 %" in small
+    assert "DP-EBM models" in large
+    assert "73-82 %" in large
+    ipw = AteKind().quote(AteParams(epsilon=1.0, estimator="ipw"), OBSERVATIONAL)["coverage"]
+    assert "36 covariates" not in ipw["message"]

@@ -297,7 +297,7 @@ class AteKind:
             out = ate_ipw.quote(domain, mechanism, target_half_width=target)
         else:
             out = ate_strict.quote(domain, mechanism, target_half_width=target)
-        out["coverage"] = ate_coverage(domain, mode=checked.mode, estimator=checked.estimator)
+        out["coverage"] = _coverage(domain, checked, mechanism)
         if target is not None:
             out.update(_target_verdict(out, checked.epsilon, target))
         return out
@@ -325,8 +325,13 @@ class AteKind:
         else:
             out = ate_strict.run(arrays, domain, mechanism, **options)
         # public: from the design and the request only (service.mechanisms.ate_coverage)
-        out["coverage"] = ate_coverage(domain, mode=checked.mode, estimator=checked.estimator)
+        out["coverage"] = _coverage(domain, checked, mechanism)
         return out
+
+
+def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> dict[str, Any]:
+    nuisance = mechanism.nuisance if isinstance(mechanism, ate_strict.AteStrictParams) else None
+    return ate_coverage(domain, mode=checked.mode, estimator=checked.estimator, nuisance=nuisance)
 
 
 def _target_verdict(quoted: dict[str, Any], epsilon: float, target: float) -> dict[str, Any]:
