@@ -15,10 +15,11 @@ fitted under privacy noise:
   bench/README.md ("The observational default's nuisances by n*eps", "Which DP nuisance carries
   the observational bias") measures how often on the realistic studies (36 covariates), per
   default preset: ``dp_linear`` (below n * epsilon = 2 * 10^4) covered 0.855-0.99 (200 releases
-  per cell, n * epsilon 500-10^4): its shrinkage leaves most of the confounding, hidden inside a
-  wide interval; DP-EBM (from there) 0.725-0.82 at n 20000 (200 releases per cell;
-  bench/results/realistic-obs-200-20k.json) and 0.67-0.88 at n 5 * 10^4 - 10^5 (24 per cell;
-  nuisance_quantile_bins.json), where the interval is narrow.
+  per cell, n * epsilon 500-10^4) and 0.70-0.80 at 1.5 * 10^4 (40 per cell): its shrinkage
+  leaves most of the confounding, hidden inside a wide interval; DP-EBM (from there)
+  0.725-0.82 at n 20000 (200 releases per cell; bench/results/realistic-obs-200-20k.json) and
+  0.67-0.88 at n 5 * 10^4 - 10^5 (24 per cell; nuisance_quantile_bins.json), where the interval
+  is narrow.
 
 Pure: reads the public design and request fields only.
 """
@@ -48,8 +49,9 @@ _MEASURED = {
     "dp_linear": (
         " On simulated clinical studies with 36 covariates the default 95 % interval with DP "
         "linear models (the default below n * epsilon = 20,000) covered the true effect in "
-        "86-99 % of releases (200 per cell, n * epsilon 500-10,000): the models' shrinkage "
-        "leaves most of the confounding, hidden inside a wide interval."
+        "86-99 % of releases up to n * epsilon = 10,000 (200 per cell) and in 70-80 % at "
+        "15,000 (40 per cell): the models' shrinkage leaves most of the confounding, which "
+        "the interval hides only while it is wide."
     ),
     "dp_ebm": (
         " On simulated clinical studies with 36 covariates the default 95 % interval with "
