@@ -224,10 +224,14 @@ def _release(base: str, key: str, dataset_id: str, epsilon: float = 1.0) -> dict
 
 
 def upload_dataset(base: str, owner_key: str, name: str) -> dict[str, Any]:
-    """Upload a 600-row RCT (tests.conftest.synthetic_csv) through the API."""
+    """Upload a 600-row RCT (tests.conftest.synthetic_csv) through the API; age and severity are
+    its declared adjustment set (the baseline covariates a trial's plan adjusts for)."""
+    schema = json.loads(json.dumps(RCT_SCHEMA))
+    for covariate in schema["covariates"][:2]:
+        covariate["adjust_for"] = True
     r = httpx.post(
         f"{base}/v1/datasets",
-        data={"name": name, "schema": json.dumps(RCT_SCHEMA)},
+        data={"name": name, "schema": json.dumps(schema)},
         files={"file": ("rows.csv", io.BytesIO(synthetic_csv(600).encode()), "text/csv")},
         headers=auth(owner_key),
     )

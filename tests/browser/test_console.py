@@ -59,6 +59,10 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     expect(datasets).to_contain_text(study.dataset["name"])
     expect(datasets.locator("tbody tr").first.locator("td").nth(1)).to_have_text("600")
     expect(page.locator("#schema-table")).to_contain_text("severity")
+    # the plan's declared roles: age and severity are the adjustment set, sex has none
+    rows = page.locator("#schema-table tbody tr")
+    expect(rows.nth(1).locator("td").nth(3)).to_have_text("adjustment set")
+    expect(rows.nth(2).locator("td").nth(3)).to_have_text("—")
     expect(page.locator("#schema-summary")).to_contain_text("treatment: treated")
     page.screenshot(path=shots / "datasets.png", full_page=True)
 

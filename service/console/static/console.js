@@ -381,7 +381,12 @@
       let range = "—";
       if (Array.isArray(c.codes) && c.codes.length) range = "codes " + c.codes.join(", ");
       else if (c.lower != null && c.upper != null) range = "[" + c.lower + ", " + c.upper + "]";
-      body.append(el("tr", {}, cell(c.name), cell(c.type || "numeric"), cell(range)));
+      // the analysis plan's pre-specified roles (public): the nuisance models' adjustment set,
+      // the CATE effect model's modifiers
+      const roles = [];
+      if (c.adjust_for) roles.push("adjustment set");
+      if (c.effect_modifier) roles.push("effect modifier");
+      body.append(el("tr", {}, cell(c.name), cell(c.type || "numeric"), cell(range), cell(roles.join(", ") || "—")));
     }
   }
 
