@@ -55,3 +55,41 @@ def test_a_long_cate_vector_is_cut_too() -> None:
     parsed = CateVectorResult.from_result(result)
     text = render.result(parsed, max_rows=10)
     assert text.splitlines()[-1].startswith("... 90 more rows of 100")
+
+
+def test_the_dataset_view_numbers_the_covariates_and_shows_their_declared_roles() -> None:
+    """The positions are what effect_columns and adjustment_columns take."""
+    from dpcurator.models import Dataset
+
+    schema = {
+        "covariates": [
+            {"name": "age", "adjust_for": True},
+            {"name": "severity", "adjust_for": True, "effect_modifier": True},
+            {"name": "sex"},
+        ],
+        "treatment": {"name": "treated"},
+        "outcome": {"name": "outcome"},
+    }
+    zero = dict.fromkeys(("epsilon_total", "delta_total", "epsilon_spent", "delta_spent"), 0.0) | {
+        "epsilon_remaining": 0.0,
+        "delta_remaining": 0.0,
+        "is_set": False,
+    }
+    dataset = Dataset.model_validate(
+        {
+            "id": "d1",
+            "name": "study",
+            "owner_id": "o1",
+            "version": 1,
+            "n": 10,
+            "status": "ready",
+            "created_at": "2026-11-27",
+            "schema": schema,
+            "schema_hash": "h",
+            "budget": zero,
+        }
+    )
+    line = next(x for x in render.dataset(dataset).splitlines() if x.startswith("covariates"))
+    assert line.split(None, 1)[1] == (
+        "0 age (adjustment set), 1 severity (adjustment set, effect modifier), 2 sex"
+    )

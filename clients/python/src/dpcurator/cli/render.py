@@ -79,7 +79,10 @@ def budget(b: Budget) -> str:
 
 def dataset(d: Dataset) -> str:
     schema = d.public_schema
-    covariates = ", ".join(str(c.get("name")) for c in schema.get("covariates", []))
+    # 0-based positions (what effect_columns and adjustment_columns take) and declared roles
+    covariates = ", ".join(
+        f"{i} {c.get('name')}{_roles(c)}" for i, c in enumerate(schema.get("covariates", []))
+    )
     head = pairs(
         [
             ("id", d.id),
@@ -96,6 +99,15 @@ def dataset(d: Dataset) -> str:
         ]
     )
     return head + "\n\n" + budget(d.budget)
+
+
+def _roles(covariate: dict[str, Any]) -> str:
+    roles = [
+        role
+        for role, flag in (("adjustment set", "adjust_for"), ("effect modifier", "effect_modifier"))
+        if covariate.get(flag)
+    ]
+    return f" ({', '.join(roles)})" if roles else ""
 
 
 def datasets(items: Sequence[Dataset]) -> str:
