@@ -58,7 +58,7 @@ def run_cell(n: int, epsilon: float, het: str, reps: int, seed: int) -> dict[str
         arrays, _ = study.sample(n, rng)
         for name, folds in sets.items():
             estimate, half, _ = ate_release(
-                arrays, domain, AteParams(epsilon=epsilon, fold_fractions=folds)
+                arrays, domain, AteParams(epsilon=epsilon, nuisance="dp_ebm", fold_fractions=folds)
             )
             errors[name].append(estimate - truth)
             halves[name].append(half)

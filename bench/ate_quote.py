@@ -49,7 +49,9 @@ def cells() -> list[dict[str, Any]]:
             realised = cell["rows"][_default_variant(file, n, epsilon)]["mean_half_width"]
             domain = STUDIES[het].domain(n)
             quoted = ate_strict.quote(
-                domain, to_mechanism_params(AteParams(epsilon=epsilon), domain)
+                # the DP-EBM default's quote, against that default's committed half-widths
+                domain,
+                to_mechanism_params(AteParams(epsilon=epsilon, nuisance="dp_ebm"), domain),
             )
             out.append(
                 {

@@ -118,7 +118,9 @@ def run(n: int, epsilons: tuple[float, ...], reps: int, seed: int) -> dict[str, 
             for rate in LEARNING_RATES:
                 # a public hyperparameter of both DP-EBM nuisances (module docstring)
                 with nuisance_oracle.variant(f"lr:{rate}:{rate}", study):
-                    estimate, half, _ = ate_release(arrays, domain, AteParams(epsilon=epsilon))
+                    estimate, half, _ = ate_release(
+                        arrays, domain, AteParams(epsilon=epsilon, nuisance="dp_ebm")
+                    )
                 add(f"dp_ebm_lr{rate:g} eps={epsilon:g}", estimate - truth, half)
     return {name: _summary(values, widths.get(name, [])) for name, values in errors.items()}
 

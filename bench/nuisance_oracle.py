@@ -262,13 +262,15 @@ def variant_data(name: str, arrays: Arrays, domain: PublicDomain) -> tuple[Array
 
 
 def variant_params(name: str, epsilon: float) -> AteParams:
-    """The request of a variant: the default's, or with given fold fractions (``folds:``)."""
+    """The request of a variant: the default's with DP-EBM nuisances named (what the variants
+    patch; the service's default from n epsilon = 2 * 10^4, where every committed cell lies, and
+    ``dp_linear`` below), or with given fold fractions (``folds:``)."""
     if name.startswith("folds:"):
         fractions = tuple(float(v) for v in name[6:].split(":"))
-        return AteParams(epsilon=epsilon, fold_fractions=fractions)
+        return AteParams(epsilon=epsilon, nuisance="dp_ebm", fold_fractions=fractions)
     if name in ("uniform_bins", "quantile_bins"):
-        return AteParams(epsilon=epsilon, quantile_bins=False)
-    return AteParams(epsilon=epsilon)
+        return AteParams(epsilon=epsilon, nuisance="dp_ebm", quantile_bins=False)
+    return AteParams(epsilon=epsilon, nuisance="dp_ebm")
 
 
 def run_cell(
