@@ -17,7 +17,7 @@ fitted under privacy noise:
   default preset: ``dp_linear`` (below n * epsilon = 2 * 10^4) covered 0.855-0.99 (200 releases
   per cell, n * epsilon 500-10^4) and 0.70-0.80 at 1.5 * 10^4 (40 per cell): its shrinkage
   leaves most of the confounding, hidden inside a wide interval; DP-EBM (from there)
-  0.725-0.82 at n 20000 (200 releases per cell; bench/results/realistic-obs-200-20k.json) and
+  0.725-0.845 at n 5000-20000 (200 releases per cell; bench/results/realistic-obs-200-*.json) and
   0.67-0.88 at n 5 * 10^4 - 10^5 (24 per cell; nuisance_quantile_bins.json), where the interval
   is narrow.
 
@@ -56,7 +56,7 @@ _MEASURED = {
     "dp_ebm": (
         " On simulated clinical studies with 36 covariates the default 95 % interval with "
         "DP-EBM models (the default from n * epsilon = 20,000) covered the true effect in "
-        "73-82 % of releases at n = 20,000 (200 per cell) and in 67-88 % at "
+        "73-85 % of releases at n = 5,000-20,000 (200 per cell) and in 67-88 % at "
         "n = 50,000-100,000 (24 per cell), where it is narrowest."
     ),
 }
