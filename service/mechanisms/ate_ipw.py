@@ -74,7 +74,7 @@ from service.mechanisms.domain import (
     PublicDomain,
     StudyDesign,
     checked_columns,
-    project_arrays,
+    project,
     project_domain,
 )
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
@@ -540,8 +540,7 @@ def run(
         ReleaseFailed: any failure after data access (generic).
     """
     state = _make_plan(domain, params)
-    columns = _columns(domain, params)  # the projection (public, row-wise)
-    arrays, domain = project_arrays(arrays, columns), project_domain(domain, columns)
+    arrays, domain = project(arrays, domain, _columns(domain, params))  # public, row-wise
     try:
         return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
     except Exception:
@@ -681,8 +680,7 @@ def run_paper(
     a non-private normal CI conditional on ``w_tilde``. Labelled ``paper``.
     """
     state = _make_plan(domain, params, paper=True)
-    columns = _columns(domain, params)
-    arrays, domain = project_arrays(arrays, columns), project_domain(domain, columns)
+    arrays, domain = project(arrays, domain, _columns(domain, params))
     a2, y2, pi = _propensity_on_estimation_fold(arrays, domain, state, rng, noise, paper=True)
     terms = a2 * y2 / pi - (1.0 - a2) * y2 / (1.0 - pi)
     estimate = float(np.mean(terms))

@@ -104,9 +104,12 @@ def project_domain(domain: PublicDomain, columns: tuple[int, ...] | None) -> Pub
     )
 
 
-def project_arrays(arrays: Arrays, columns: tuple[int, ...] | None) -> Arrays:
-    """The records with the covariates at ``columns`` only (None: unchanged): a public,
-    row-wise map, so neighbouring datasets stay neighbours."""
+def project(
+    arrays: Arrays, domain: PublicDomain, columns: tuple[int, ...] | None
+) -> tuple[Arrays, PublicDomain]:
+    """The records with the covariates at ``columns`` only, and their public domain (None:
+    unchanged): a public, row-wise map, so neighbouring datasets stay neighbours."""
     if columns is None:
-        return arrays
-    return replace(arrays, x=np.ascontiguousarray(arrays.x[:, list(columns)]))
+        return arrays, domain
+    x = np.ascontiguousarray(arrays.x[:, list(columns)])
+    return replace(arrays, x=x), project_domain(domain, columns)

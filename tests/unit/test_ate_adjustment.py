@@ -15,7 +15,7 @@ from service.mechanisms.domain import (
     Arrays,
     PublicDomain,
     StudyDesign,
-    project_arrays,
+    project,
     project_domain,
 )
 from service.mechanisms.errors import InvalidParameters
@@ -80,12 +80,7 @@ def test_the_release_is_the_mechanism_on_the_projected_records(params: Any) -> N
     adjusted = _run(
         module, arrays, domain(), dataclasses.replace(params, adjustment_columns=CONFOUNDERS)
     )
-    projected = _run(
-        module,
-        project_arrays(arrays, CONFOUNDERS),
-        project_domain(domain(), CONFOUNDERS),
-        params,
-    )
+    projected = _run(module, *project(arrays, domain(), CONFOUNDERS), params)
     assert adjusted["adjustment_columns"] == list(CONFOUNDERS)
     assert projected["adjustment_columns"] is None
     for key in ("estimate", "ci_lower", "ci_upper", "s_theta", "bound"):

@@ -29,8 +29,7 @@ from service.mechanisms.domain import (
     Arrays,
     PublicDomain,
     checked_columns,
-    project_arrays,
-    project_domain,
+    project,
 )
 from service.mechanisms.dp_ebm import (
     DpEbmAccounting,
@@ -185,7 +184,7 @@ def run(
     state = make_plan(domain, params)
     # proof §15: the release on the records' projection onto the adjustment columns (public).
     columns = checked_columns(domain, params.adjustment_columns, "adjustment_columns")
-    arrays, domain = project_arrays(arrays, columns), project_domain(domain, columns)
+    arrays, domain = project(arrays, domain, columns)
     try:
         return _run(arrays, domain, state, rng=rng, noise=noise, progress=progress)
     except Exception:

@@ -209,13 +209,16 @@ def default_bins(domain: PublicDomain, epsilon: float) -> tuple[int, ...]:
     return tuple(suggested_bins(domain, epsilon, treated_share=share)["suggested_bins"])
 
 
+def _even_edges(lower: float, upper: float, cells: int) -> list[float]:
+    """The ``cells + 1`` edges of ``cells`` equal-width cells of [lower, upper]."""
+    return [float(v) for v in lower + (upper - lower) * np.arange(cells + 1) / cells]
+
+
 def regular_edges(domain: PublicDomain, bins: tuple[int, ...]) -> list[list[float]]:
     """The cell edges of the regular grid ``bins`` on the declared box, per covariate."""
-    lower = np.asarray(domain.x_lower, dtype=np.float64)
-    upper = np.asarray(domain.x_upper, dtype=np.float64)
     return [
-        [float(v) for v in lower[j] + (upper[j] - lower[j]) * np.arange(b + 1) / b]
-        for j, b in enumerate(bins)
+        _even_edges(float(lo), float(hi), b)
+        for lo, hi, b in zip(domain.x_lower, domain.x_upper, bins, strict=True)
     ]
 
 
@@ -240,7 +243,7 @@ def ebm_edges(
         cap = caps[j]
         if cap is not None:
             cells = max(cap, 1)
-            edges[j] = [float(v) for v in lo + (hi - lo) * np.arange(cells + 1) / cells]
+            edges[j] = _even_edges(lo, hi, cells)
             fixed *= cells
         else:
             inner = sorted({float(c) for c in cut if lo < float(c) < hi})
@@ -273,9 +276,8 @@ def ebm_grid(domain: PublicDomain, columns: list[int], max_bins: int) -> tuple[i
         InvalidParameters: no such grid fits in ``MAX_CELLS`` (name fewer effect columns or
             give ``bins``).
     """
-    lower, upper = np.asarray(domain.x_lower), np.asarray(domain.x_upper)
     widest = [
-        [float(v) for v in lower[j] + (upper[j] - lower[j]) * np.arange(1, max_bins) / max_bins]
+        _even_edges(float(domain.x_lower[j]), float(domain.x_upper[j]), max_bins)[1:-1]
         for j in columns
     ]
     return tuple(len(edge) - 1 for edge in ebm_edges(domain, columns, widest))
