@@ -312,6 +312,55 @@ def test_noise_path_effect_columns_compose_over_the_effect_model_only() -> None:
     )
 
 
+def test_noise_path_adjustment_columns_compose_over_the_nuisances_only() -> None:
+    """proof step 8: with ``adjustment_columns`` the nuisance DP-EBMs run on those covariates
+    only. On three covariates with adjustment_columns (0, 2), every interpret draw is at a
+    planned sd: the propensity model on 2 features, the outcome model on 3 (A and the two), the
+    effect model on all three, with the call counts the recorded events' ``n_features`` say."""
+    n = 800
+    domain = dataclasses.replace(
+        _np_domain(StudyDesign.OBSERVATIONAL, n), x_lower=np.zeros(3), x_upper=np.ones(3)
+    )
+    params = ec.EbmCateParams(
+        epsilon=NP_EPSILON,
+        delta=NP_DELTA,
+        shrinkage="none",
+        adjustment_columns=(0, 2),
+        pseudo_outcome_clip=7.0,
+    )
+    state = ec.make_plan(domain, params)
+    events = {e.module: e.params for e in state.record.events if e.type == "gdp_module"}
+    assert [events[m]["n_features"] for m in ("propensity", "outcome", "effect")] == [2, 3, 3]
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0, 1, (n, 3))
+    a = (rng.uniform(size=n) < 0.3 + 0.4 * x[:, 0]).astype(np.float64)
+    data = Arrays(x, a, 10.0 * rng.uniform(size=n) * (0.5 + 0.5 * x[:, 2]))
+    with _recording() as calls:
+        result = ec.run_plan(
+            data,
+            domain,
+            state,
+            rng=np.random.default_rng(9),
+            progress=lambda f, s: None,
+            names=None,
+            noise=OpenDPSampler(),
+        )
+    assert result["adjustment_columns"] == [0, 2]
+    propensity = _planned_sigmas(state, 2, 1.0)
+    outcome = _planned_sigmas(state, 3, 10.0)
+    effect = _planned_sigmas(state, 3, 2.0 * state.clip_k)
+    planned = {*propensity, *outcome, *effect}
+    assert all(any(s == pytest.approx(p, rel=1e-9) for p in planned) for s, _ in calls)
+    assert len(calls) == (2 + 3 + 3) + dp_ebm.DP_EBM_MAX_ROUNDS * (2 + 3 + 3)
+    # binning: one call per feature (the outcome and effect models' sds coincide: 3 + 3)
+    assert sum(s == pytest.approx(propensity[0], rel=1e-9) for s, _ in calls) == 2
+    assert sum(s == pytest.approx(outcome[0], rel=1e-9) for s, _ in calls) == 6
+    for model, features in ((propensity, 2), (outcome, 3), (effect, 3)):
+        assert sum(s == pytest.approx(model[1], rel=1e-9) for s, _ in calls) == (
+            dp_ebm.DP_EBM_MAX_ROUNDS * features
+        )
+
+
 @pytest.mark.parametrize(("epsilon", "rates"), [(40.0, (0.01, 0.01)), (50.0, (0.04, 0.02))])
 def test_noise_path_ate_nuisances_draw_at_their_learning_rates(
     epsilon: float, rates: tuple[float, float]

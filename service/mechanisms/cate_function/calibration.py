@@ -48,7 +48,9 @@ Nuisance = Literal["dp_ebm", "none"]
 Shrinkage = Literal["ate", "none"]
 
 MECHANISM = "cate_function_gp"
-VERSION = "3"  # 3: the anchor is the strict ate default on all rows (proof §7)
+# 3: the anchor is the strict ate default on all rows (proof §7); 4: the strict DP-EBM
+# nuisances adjust for the schema's declared adjustment set (proof §8)
+VERSION = "4"
 # proof §7: public reference points (the first Sobol points of the scaled box) at which the
 # released function's deviation from the anchor is read to set the shrinkage factor; an exact
 # function's GP path is drawn there at release time and answers them like any other point.
@@ -442,13 +444,15 @@ def _plan(
     if params.mode == "strict" and nuisance == "dp_ebm":
         # proof §7: with the whole-data anchor the nuisance folds have (epsilon_g, delta_g) left
         dp_ebm = dp_ebm_lib.solve_dp_ebm_epsilon_p(epsilon_gp, delta_gp)
+        # proof §8: the nuisances see the schema's declared adjustment set (else every column)
+        width = q if domain.adjustment_set is None else len(domain.adjustment_set)
         if "propensity" in modules:
             events.append(
-                dp_ebm_lib.nuisance_event("propensity", epsilon_gp, delta_gp, dp_ebm, q, 1.0)
+                dp_ebm_lib.nuisance_event("propensity", epsilon_gp, delta_gp, dp_ebm, width, 1.0)
             )
         events.append(
             dp_ebm_lib.nuisance_event(
-                "outcome", epsilon_gp, delta_gp, dp_ebm, q + 1, domain.outcome_range
+                "outcome", epsilon_gp, delta_gp, dp_ebm, width + 1, domain.outcome_range
             )
         )
     elif params.mode == "paper":

@@ -31,7 +31,7 @@ from service.mechanisms.cate_function.function import (
     scale_to_unit,
     second_stage,
 )
-from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.domain import Arrays, PublicDomain, project_domain
 from service.mechanisms.errors import ReleaseFailed
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.partition import prepare_arrays, random_folds
@@ -91,8 +91,14 @@ def _dp_nuisances(
     domain: PublicDomain,
     progress: Progress,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """DP-EBM nuisances on their own folds (strict mode), the ATE's shared first stage."""
+    """DP-EBM nuisances on their own folds (strict mode), the ATE's shared first stage, on
+    the schema's declared adjustment set (proof §8: a public row-wise projection), else on
+    every covariate."""
     low, high = domain.y_lower, domain.y_upper
+    columns = domain.adjustment_set
+    domain = project_domain(domain, columns)
+    if columns is not None:
+        x, x2 = x[:, list(columns)], x2[:, list(columns)]
     lower = np.asarray(domain.x_lower, dtype=np.float64)
     upper = np.asarray(domain.x_upper, dtype=np.float64)
 

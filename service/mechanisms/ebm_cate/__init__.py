@@ -32,8 +32,11 @@ Claim (strict learners S and DR):
     total. The factor and ``anchor + lambda * deviation`` are post-processing.
 
     Pre-specified effect modifiers (``effect_columns``, proof step 7): the effect model is a
-    DP-EBM on those public columns only (the nuisances keep every covariate); interpret
-    composes its noise over the features it sees, so the claim and the charge are unchanged.
+    DP-EBM on those public columns only; interpret composes its noise over the features it
+    sees, so the claim and the charge are unchanged. The declared adjustment set
+    (``adjustment_columns``, step 8; by default the schema's ``adjust_for`` covariates): the
+    nuisance DP-EBMs are fitted on, and predict from, the records projected onto those public
+    columns, a row-wise public map, so neighbouring folds stay neighbours and the claim holds.
 
     Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
 
@@ -58,6 +61,7 @@ from service.mechanisms.ebm_cate.calibration import (
     anchor_bound,
     calibration_rows,
     calibration_sensitivity,
+    checked_adjustment_columns,
     checked_effect_columns,
     deviation_bound,
     make_plan,
@@ -105,6 +109,7 @@ from service.mechanisms.ebm_cate.rules import (
     Learner,
     Progress,
     Shrinkage,
+    default_adjustment_columns,
     default_delta_for,
     default_fractions,
     dr_default_folds,
@@ -154,7 +159,9 @@ __all__ = [
     "calibration_factor",
     "calibration_rows",
     "calibration_sensitivity",
+    "checked_adjustment_columns",
     "checked_effect_columns",
+    "default_adjustment_columns",
     "default_delta_for",
     "default_fractions",
     "deviation_bound",

@@ -44,6 +44,7 @@ from service.mechanisms.ebm_cate.rules import (
     MIN_MAX_ROUNDS,
     VERSION,
     EbmCateParams,
+    adjustment_width,
     ebm_anchor_share,
     effect_width,
     modules,
@@ -129,6 +130,10 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     columns = checked_effect_columns(domain, params)
     if columns != params.effect_columns:
         params = replace(params, effect_columns=columns)
+    adjustment = checked_adjustment_columns(domain, params)
+    if adjustment != params.adjustment_columns:
+        params = replace(params, adjustment_columns=adjustment)
+    width_nuisance = adjustment_width(domain.q, params)
     width_effect = effect_width(domain.q, params)
     fractions = resolved_fractions(domain, learner, params.fold_fractions)
     names = modules(domain, learner)
@@ -163,7 +168,6 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     # proof step 2: every module at epsilon_p with (epsilon, delta) under replace-one.
     accounting = solve_dp_ebm_epsilon_p(epsilon, delta)
     requested = (epsilon, delta)
-    q = domain.q
     events: list[NoiseEvent] = []
     # proof step 6 (shrinkage "ate"): the effect fold spends the public ebm_anchor_share on the
     # anchor; the effect model (fitting rows) and the calibration statistics (calibration rows,
@@ -225,7 +229,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                     epsilon,
                     delta,
                     accounting,
-                    n_features=q,
+                    n_features=width_nuisance,
                     target_range=1.0,
                     learner="Classifier",
                     max_bins=max_bins,
@@ -233,7 +237,9 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                 )
             )
         elif name == "outcome":
-            width = q if learner == "r" else q + 1
+            # proof step 8: the nuisance models see the adjustment columns (S: every column,
+            # the treatment first; its outcome model is the learner).
+            width = width_nuisance if learner == "r" else width_nuisance + 1
             events.append(
                 dp_ebm_event(
                     name,
@@ -332,6 +338,21 @@ def checked_effect_columns(domain: PublicDomain, params: EbmCateParams) -> tuple
     return checked_columns(domain, params.effect_columns, "effect_columns")
 
 
+def checked_adjustment_columns(
+    domain: PublicDomain, params: EbmCateParams
+) -> tuple[int, ...] | None:
+    """proof step 8: the nuisance models' adjustment set as increasing covariate positions, or
+    None for every covariate. 422 for the S-learner (it has no nuisance model: its outcome
+    model is the learner), an empty list, a repeated or out-of-range position. Public request
+    and schema only."""
+    if params.adjustment_columns is not None and params.learner == "s":
+        raise InvalidParameters(
+            "adjustment_columns is for the DR and R learners' nuisance models (the S-learner "
+            "has none)"
+        )
+    return checked_columns(domain, params.adjustment_columns, "adjustment_columns")
+
+
 def anchor_bound(domain: PublicDomain, clip: float, clip_k: float) -> float:
     """The anchor pseudo-outcome's public bound B_a (the adaptive clip K_a <= B_a): in an RCT
     the natural bound R_Y / c (c = min(p, 1 - p): a few R_Y; clipping the skewed AIPW term at
@@ -418,5 +439,10 @@ def public_parameters(state: Plan, domain: PublicDomain) -> dict[str, Any]:
         "anchor_share": state.anchor_share,
         "effect_columns": (
             None if state.params.effect_columns is None else list(state.params.effect_columns)
+        ),
+        "adjustment_columns": (
+            None
+            if state.params.adjustment_columns is None
+            else list(state.params.adjustment_columns)
         ),
     }

@@ -140,6 +140,12 @@ def run_plan(
 
     effect_rows = folds["effect"]
     x2, a2, y2 = x[effect_rows], a[effect_rows], y[effect_rows]
+    # proof step 8: the nuisance models see the adjustment columns only (all q by default), a
+    # public row-wise projection of their folds and of the effect fold they predict on.
+    xa, xa2, lower_a, upper_a = x, x2, lower, upper
+    if state.params.adjustment_columns is not None:
+        adjust = list(state.params.adjustment_columns)
+        xa, xa2, lower_a, upper_a = x[:, adjust], x2[:, adjust], lower[adjust], upper[adjust]
     # proof step 2: first-stage DP models, each on its own fold; predictions on the effect fold
     # are row-wise post-processing.
     if state.propensity is not None:
@@ -147,11 +153,11 @@ def run_plan(
     else:
         rows = folds["propensity"]
         e_hat = propensity_scores(
-            x[rows],
+            xa[rows],
             a[rows],
-            x2,
-            lower,
-            upper,
+            xa2,
+            lower_a,
+            upper_a,
             state.accounting,
             clip=params.propensity_clip,
             max_bins=params.max_bins,
@@ -162,12 +168,12 @@ def run_plan(
     k = state.clip_k
     if params.learner == "dr":
         mu0, mu1 = outcome_predictions(
-            x[rows],
+            xa[rows],
             a[rows],
             y[rows],
-            x2,
-            lower,
-            upper,
+            xa2,
+            lower_a,
+            upper_a,
             low,
             high,
             state.accounting,
@@ -186,10 +192,10 @@ def run_plan(
             )
     else:
         eta_model, mid = fit_regressor(
-            x[rows],
+            xa[rows],
             y[rows],
-            lower,
-            upper,
+            lower_a,
+            upper_a,
             low,
             high,
             state.accounting,
@@ -197,7 +203,7 @@ def run_plan(
             max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
         )
         with interpret_guard():
-            eta = np.asarray(eta_model.predict(x2)) + mid
+            eta = np.asarray(eta_model.predict(xa2)) + mid
         eta = np.clip(np.nan_to_num(eta, nan=mid), low, high)
         del eta_model
         progress(0.65, "outcome")

@@ -27,8 +27,9 @@ from service.mechanisms.partition import (
 
 MECHANISM = "ebm_cate"
 # 2: shrinkage "ate" (the anchored DR default, proof step 6); 3: RCT anchor (6.1); 4: effect
-# columns (step 7) and 400 default effect rounds from n eps per effect-model covariate 10^4
-VERSION = "4"
+# columns (step 7) and 400 default effect rounds from n eps per effect-model covariate 10^4;
+# 5: adjustment columns, the nuisance models on the declared adjustment set (step 8)
+VERSION = "5"
 
 Learner = Literal["dr", "r", "s"]
 Shrinkage = Literal["ate", "none"]
@@ -134,6 +135,12 @@ class EbmCateParams:
             interpret's boosting noise composes over the model's features and rounds, so with
             q' of q covariates each shape function's noise is sqrt(q' / q) as large and only
             q' noisy shapes are summed (proof step 7).
+        adjustment_columns: the covariates (0-based positions, increasing) the first-stage
+            nuisance models (the propensity and outcome DP-EBMs of the DR / R learner) adjust
+            for: the analysis plan's adjustment set. Public, from the request or the schema's
+            declared set (``default_adjustment_columns``). The nuisances are fitted on the
+            records projected onto these columns, a public row-wise map (proof step 8).
+            None: every covariate.
     """
 
     epsilon: float
@@ -146,6 +153,19 @@ class EbmCateParams:
     max_rounds: int = DP_EBM_MAX_ROUNDS
     shrinkage: Shrinkage | None = None
     effect_columns: tuple[int, ...] | None = None
+    adjustment_columns: tuple[int, ...] | None = None
+
+
+def default_adjustment_columns(domain: PublicDomain, learner: Learner) -> tuple[int, ...] | None:
+    """Public rule for omitted ``adjustment_columns``: the schema's declared adjustment set
+    for the DR and R learners (as the strict ``ate``'s nuisances, ate_strict proof §15); the
+    S-learner has no nuisance model (None)."""
+    return None if learner == "s" else domain.adjustment_set
+
+
+def adjustment_width(q: int, params: EbmCateParams) -> int:
+    """The number of covariates of the nuisance models: ``len(adjustment_columns)``, else q."""
+    return q if params.adjustment_columns is None else len(params.adjustment_columns)
 
 
 def effect_width(q: int, params: EbmCateParams) -> int:

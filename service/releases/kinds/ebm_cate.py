@@ -53,6 +53,18 @@ class EbmCateRequest(KindParams):
         description="effect modifiers: 0-based positions in the schema's covariate list "
         "(DR and R learners); omitted: every covariate",
     )
+    # The analysis plan's adjustment set: 0-based positions in the schema's covariate list
+    # that the nuisance models (propensity and outcome DP-EBMs of the DR and R learners) adjust
+    # for. None: the schema's declared adjustment set ("adjust_for": true), else every
+    # covariate (proof ebm_cate.md step 8).
+    adjustment_columns: list[StrictInt] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="the nuisance models' adjustment set: 0-based positions in the schema's "
+        "covariate list (DR and R learners); omitted: the schema's declared adjustment set, "
+        "else every covariate",
+    )
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -77,6 +89,11 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
     delta = params.delta
     if delta is None:
         delta = ebm_cate.default_delta_for(domain, params.learner, resolved["fold_fractions"])
+    adjustment = (
+        tuple(params.adjustment_columns)
+        if params.adjustment_columns is not None
+        else ebm_cate.default_adjustment_columns(domain, params.learner)
+    )
     return ebm_cate.EbmCateParams(
         epsilon=params.epsilon,
         delta=delta,
@@ -84,6 +101,7 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
         propensity_clip=params.propensity_clip,
         shrinkage=params.shrinkage,
         effect_columns=None if columns is None else tuple(columns),
+        adjustment_columns=adjustment,
         **resolved,
     )
 
@@ -147,6 +165,7 @@ PUBLIC_FIELDS = (
     "ate_anchor",
     "shrinkage_factor",
     "effect_columns",
+    "adjustment_columns",
 )
 
 
