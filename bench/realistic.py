@@ -96,11 +96,20 @@ CATE_KINDS = (
 # uplift_table_declared: the uplift_table default where the owner's schema declares the study's
 # true effect modifiers (effect_modifier: true): the rule's ebm estimator where the DP-EBM learns
 # on them, else the table's default (uplift_table.md steps 6-7); cate_vector_declared and
-# cate_function_declared: those kinds' defaults on the same schema.
+# cate_function_declared: those kinds' defaults on the same schema. *_confounders: the kind's
+# default where the schema declares the study's 12 confounders (adjust_for: true): its DP
+# nuisances and its anchor adjust for those only (ebm_cate.md step 8, cate_function.md §8).
+# cate_function_exact and cate_vector_ridge: those kinds' own estimators (the exact kernel
+# basis, the ridge), the comparators of the rule that runs the ebm release instead.
 EXTRA_CATE_KINDS = (
+    "cate_function_exact",
+    "cate_vector_ridge",
     "uplift_table_declared",
     "cate_vector_declared",
     "cate_function_declared",
+    "ebm_cate_confounders",
+    "cate_vector_confounders",
+    "cate_function_confounders",
     "ebm_cate_unshrunk",
     "ebm_cate_rounds200",
     "ebm_cate_modifiers",
@@ -217,8 +226,10 @@ def cate_release(
 ) -> FloatArray:
     """Per-point CATE at x_test from one release of ``kind`` at its defaults."""
     options: dict[str, Any] = {"rng": secure_rng(), "noise": OpenDPSampler(), "progress": _quiet}
-    if kind in ("cate_function", "cate_function_given_anchor"):
-        params = CateFunctionParams(epsilon=epsilon)
+    if kind in ("cate_function", "cate_function_given_anchor", "cate_function_exact"):
+        params = CateFunctionParams(
+            epsilon=epsilon, basis="exact" if kind == "cate_function_exact" else None
+        )
         if kind == "cate_function_given_anchor":
             if dp_ate is None:
                 raise ValueError("no DP ATE release to anchor at")
@@ -228,8 +239,12 @@ def cate_release(
             )
         out = CateFunctionKind().run(arrays, domain, params, **options)
         return _evaluate_function(out[SECRET_KEY], domain, x_test)
-    if kind == "cate_vector":
-        request = CateVectorRequest(points=x_test.tolist(), epsilon=epsilon)
+    if kind in ("cate_vector", "cate_vector_ridge"):
+        request = CateVectorRequest(
+            points=x_test.tolist(),
+            epsilon=epsilon,
+            estimator="ridge" if kind == "cate_vector_ridge" else None,
+        )
         out = CateVectorKind().run(arrays, domain, request, **options)
         return np.asarray(out["estimates"], np.float64)
     if kind in ("ebm_cate", "ebm_cate_unshrunk", "ebm_cate_rounds200", *MODIFIER_SETS):
@@ -243,6 +258,10 @@ def cate_release(
         )
         out = EbmCateKind().run(arrays, domain, ebm_request, **options)
         return ebm_cate.predict(out, x_test)
+    if kind.endswith("_confounders"):
+        adjusted = dataclasses.replace(domain, adjustment_set=studies.CONFOUNDERS)
+        base = kind.removesuffix("_confounders")
+        return cate_release(base, arrays, adjusted, epsilon, x_test, dp_ate)
     if kind in ("cate_vector_declared", "cate_function_declared"):
         declared = dataclasses.replace(domain, effect_modifiers=studies.EFFECT_MODIFIERS)
         base = kind.removesuffix("_declared")
