@@ -500,17 +500,23 @@ def test_anchored_release_is_never_far_from_the_ate_on_a_constant_effect() -> No
 
 
 def test_estimator_rule_is_public_and_reads_values_only() -> None:
-    """``ebm`` where n eps / q >= 1500 and every ridge field is at its default (DS1's schema:
-    n 2700, q 2, so from eps 1.12); a stored request (every field dumped) resolves alike."""
+    """Every ridge field at its default: ``ebm`` on an observational design wherever the
+    anchored ebm_cate default can run, in an RCT where n eps / q >= 1500 (DS1's schema as a
+    trial: n 2700, q 2, so from eps 1.12); a stored request (every field dumped) resolves
+    alike."""
     from service.problems import ValidationFailed
     from service.releases.kinds.cate_vector import CateVectorRequest, estimator_for
 
-    dom = _bench_domain()
+    observational = _bench_domain()
+    dom = replace(observational, design=StudyDesign.RCT, treatment_probability=0.5)
     points = [[0.5, 0.5]]
 
     def rule(**fields: Any) -> str:
         return estimator_for(CateVectorRequest(points=points, **fields), dom)
 
+    assert estimator_for(CateVectorRequest(points=points, epsilon=0.1), observational) == "ebm"
+    tiny = replace(observational, n=300)  # no anchored ebm release: the ridge
+    assert estimator_for(CateVectorRequest(points=points, epsilon=4.0), tiny) == "ridge"
     assert rule(epsilon=1.1) == "ridge"
     assert rule(epsilon=1.2) == "ebm"
     assert rule(epsilon=1.2, learner="r") == "ebm"  # the default value is no choice

@@ -639,7 +639,10 @@ def test_cate_function_basis_rule_reads_values_only() -> None:
     from service.problems import ValidationFailed
     from service.releases.kinds.cate_function import CateFunctionParams, basis_for
 
-    dom = domain(4000)  # q = 2: "ebm" from eps = 0.75 where the default release is anchored
+    # observational: "ebm" wherever the default ebm_cate release is anchored
+    assert basis_for(CateFunctionParams(epsilon=0.1), domain(4000)) == "ebm"
+    assert basis_for(CateFunctionParams(epsilon=4.0), domain(300)) == "exact"
+    dom = domain(4000, rct=True)  # a trial, q = 2: "ebm" from eps = 0.75 (anchored there)
     assert basis_for(CateFunctionParams(epsilon=0.5), dom) == "exact"
     assert basis_for(CateFunctionParams(epsilon=2.0), dom) == "ebm"
     assert basis_for(CateFunctionParams(epsilon=2.0, learner="r"), dom) == "ebm"

@@ -149,9 +149,9 @@ def test_effect_columns_select_the_ebm_estimator_and_basis() -> None:
     from service.releases.kinds.cate_function import CateFunctionParams, basis_for
     from service.releases.kinds.cate_vector import CateVectorRequest, estimator_for
 
-    dom = domain(4000)
+    dom = dataclasses.replace(domain(4000), design=StudyDesign.RCT, treatment_probability=0.5)
     points = [[0.5, 0.5, 0.5]]
-    # n eps / q = 4000 * 0.5 / 3 < 1500: the rule alone keeps the kernel / ridge ...
+    # a trial, n eps / q = 4000 * 0.5 / 3 < 1500: the rule alone keeps the kernel / ridge ...
     assert basis_for(CateFunctionParams(epsilon=0.5), dom) == "exact"
     assert estimator_for(CateVectorRequest(points=points, epsilon=0.5), dom) == "ridge"
     # ... the effect modifiers ask for the ebm release
@@ -241,8 +241,12 @@ def test_declared_effect_modifiers_are_the_kinds_default() -> None:
     s_record = kind.record(EbmCateRequest(epsilon=1.0, learner="s"), declared)
     assert [e.params["n_features"] for e in s_record.events] == [4]
     assert kind.quote(EbmCateRequest(epsilon=1.0), declared)["effect_columns"] == [1]
-    # n eps / q = 4000 * 0.5 / 3 < 1500 <= 4000 * 0.5 / 1: the rules switch to the ebm release
-    assert basis_for(CateFunctionParams(epsilon=0.5), domain(4000)) == "exact"
-    assert basis_for(CateFunctionParams(epsilon=0.5), declared) == "ebm"
+    # In a trial, n eps / q = 4000 * 0.5 / 3 < 1500 <= 4000 * 0.5 / 1: the rules switch to
+    # the ebm release (an observational design runs it wherever it is anchored)
+    trial = dataclasses.replace(domain(4000), design=StudyDesign.RCT, treatment_probability=0.5)
+    assert basis_for(CateFunctionParams(epsilon=0.5), trial) == "exact"
+    trial_declared = dataclasses.replace(trial, effect_modifiers=(1,))
+    assert basis_for(CateFunctionParams(epsilon=0.5), trial_declared) == "ebm"
     points = [[0.5, 0.5, 0.5]]
-    assert estimator_for(CateVectorRequest(points=points, epsilon=0.5), declared) == "ebm"
+    assert estimator_for(CateVectorRequest(points=points, epsilon=0.5), trial) == "ridge"
+    assert estimator_for(CateVectorRequest(points=points, epsilon=0.5), trial_declared) == "ebm"

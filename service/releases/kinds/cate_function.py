@@ -90,9 +90,10 @@ KERNEL_DEFAULTS: dict[str, Any] = {
 
 def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
     """The public basis rule (values only, so a stored request resolves alike): the one asked
-    for, else ``"ebm"`` where the DP-EBM effect model learns (``n epsilon / q`` at least
-    ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``) and its default release is anchored, and
-    the request leaves every kernel field at its default; else ``"exact"``.
+    for, else ``"ebm"`` where the request leaves every kernel field at its default, the
+    ebm_cate default release is anchored and ``ebm_cate.preferred`` holds (observational:
+    always; RCT: the DP-EBM effect model learns, ``n epsilon / q`` at least
+    ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``); else ``"exact"``.
 
     Raises:
         ValidationFailed: ``"ebm"`` asked for together with a kernel field.
@@ -115,7 +116,7 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
         return params.basis
     if changed:
         return "exact"
-    if ebm_kind.learns(domain, params.epsilon) and _ebm_anchored(params, domain):
+    if ebm_kind.preferred(domain, params.epsilon, params.delta) and _ebm_anchored(params, domain):
         return "ebm"
     return "exact"
 

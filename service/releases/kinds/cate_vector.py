@@ -89,9 +89,10 @@ RIDGE_DEFAULTS: dict[str, Any] = {
 
 def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
     """The public estimator rule (values only, so a stored request resolves alike): the one
-    asked for, else ``"ebm"`` where the DP-EBM effect model learns (``n epsilon / q`` at least
-    ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``, the threshold of ebm_cate's own anchor
-    rules) and the request leaves every ridge field at its default, else ``"ridge"``.
+    asked for, else ``"ebm"`` where the request leaves every ridge field at its default and
+    ``ebm_cate.preferred`` holds (observational: the anchored ebm_cate default can run; RCT:
+    the DP-EBM effect model learns, ``n epsilon / q`` at least
+    ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``), else ``"ridge"``.
 
     Raises:
         ValidationFailed: ``"ebm"`` asked for together with a ridge field.
@@ -102,7 +103,7 @@ def estimator_for(params: CateVectorRequest, domain: PublicDomain) -> Estimator:
     )
     if asked is not None:
         return "ebm" if asked else "ridge"
-    return "ebm" if ebm_kind.learns(domain, params.epsilon) else "ridge"
+    return "ebm" if ebm_kind.preferred(domain, params.epsilon, params.delta) else "ridge"
 
 
 def _ebm_request(params: CateVectorRequest) -> ebm_kind.EbmCateRequest:

@@ -12,7 +12,7 @@ import numpy as np
 from pydantic import Field, StrictFloat, StrictInt
 
 from service.mechanisms import ebm_cate, versus_ate
-from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
 from service.problems import ValidationFailed
@@ -193,6 +193,26 @@ def learns(domain: PublicDomain, epsilon: float, effect_columns: list[int] | Non
     columns = effect_columns_of(effect_columns, domain)
     width = domain.q if columns is None else max(len(set(columns)), 1)
     return domain.n * epsilon / width >= ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+
+
+def preferred(
+    domain: PublicDomain,
+    epsilon: float,
+    delta: float | None = None,
+    effect_columns: list[int] | None = None,
+) -> bool:
+    """The CATE kinds' public rule for running the ebm_cate default release instead of their
+    own estimator (cate_vector's ridge, cate_function's kernel bases): on an observational
+    design wherever that release is anchored (its whole-fold anchor and its calibrated
+    shrinkage; bench/README.md, "The ebm release on observational studies at every n·ε"), in
+    an RCT where the DP-EBM effect model learns (``learns``). Public schema and request only."""
+    if domain.design != StudyDesign.OBSERVATIONAL:
+        return learns(domain, epsilon, effect_columns)
+    request = default_request(epsilon, delta, effect_columns=effect_columns)
+    try:
+        return bool(ebm_cate.make_plan(domain, to_mechanism_params(request, domain)).anchored)
+    except Exception:  # the ebm default cannot run here: the kind's own estimator answers
+        return False
 
 
 def _versus_ate(request: EbmCateRequest, domain: PublicDomain) -> dict[str, Any]:
