@@ -24,6 +24,12 @@ shrinks a smooth effect by its public regularisation, ``cate_function.quote.kern
 can show at most ``rho h``: the verdict then compares ``s`` with ``rho h`` instead of ``h``, and
 ``expected_pehe_lower_bound`` is ``hypot(s, (1 - rho) h)`` (its noise and the signal it drops).
 
+A release anchored at its own DP ATE (shrinkage ``ate``) is shrunk towards that ATE unless its
+deviations are detectable above the noise, so its noise floor does not bound its PEHE: where
+``s >= h`` it answers about the constant (PEHE about ``h``). Its ``expected_pehe_lower_bound`` is
+``min(bound, h)`` (``anchored_lower_bound``); the verdict is unchanged (it says whether the
+release can resolve the heterogeneity, not whether it is worse than the constant).
+
 A release that is one number for every patient by construction (an uplift table of one cell)
 is ``not_expected`` whatever its noise: its PEHE is at least ``sd(tau)``, the constant's, so
 ``expected_pehe_lower_bound`` is ``h`` and no epsilon makes it worth it (``constant_block``).
@@ -141,6 +147,13 @@ def versus_ate(
         "epsilon_worth_it": epsilon_worth_it,
         "message": message,
     }
+
+
+def anchored_lower_bound(block: dict[str, Any]) -> float:
+    """``expected_pehe_lower_bound`` of an anchored release (module docstring): the unshrunk
+    release's bound, or the constant's PEHE ``h`` where that is smaller (the release then falls
+    back to its DP ATE)."""
+    return min(float(block["expected_pehe_lower_bound"]), float(block["heterogeneity_sd"]))
 
 
 # The epsilon range searched for ``epsilon_worth_it`` (the strict kinds' usual limits).
