@@ -99,9 +99,11 @@ CATE_KINDS = (
 # cate_function_declared: those kinds' defaults on the same schema. *_confounders: the kind's
 # default where the schema declares the study's 12 confounders (adjust_for: true): its DP
 # nuisances and its anchor adjust for those only (ebm_cate.md step 8, cate_function.md §8).
+# uplift_table_declared_ebm: uplift_table_declared with the ebm estimator asked for.
 # cate_function_exact and cate_vector_ridge: those kinds' own estimators (the exact kernel
 # basis, the ridge), the comparators of the rule that runs the ebm release instead.
 EXTRA_CATE_KINDS = (
+    "uplift_table_declared_ebm",
     "cate_function_exact",
     "cate_vector_ridge",
     "uplift_table_declared",
@@ -266,10 +268,11 @@ def cate_release(
         declared = dataclasses.replace(domain, effect_modifiers=studies.EFFECT_MODIFIERS)
         base = kind.removesuffix("_declared")
         return cate_release(base, arrays, declared, epsilon, x_test, dp_ate)
-    if kind == "uplift_table_declared":
+    if kind in ("uplift_table_declared", "uplift_table_declared_ebm"):
         declared = dataclasses.replace(domain, effect_modifiers=studies.EFFECT_MODIFIERS)
+        estimator = "ebm" if kind == "uplift_table_declared_ebm" else None
         out = UpliftTableKind().run(
-            arrays, declared, UpliftTableRequest(epsilon=epsilon), **options
+            arrays, declared, UpliftTableRequest(epsilon=epsilon, estimator=estimator), **options
         )
         return uplift.predict(out, x_test)
     if kind == "uplift_table":

@@ -44,7 +44,15 @@ def request(**fields: object) -> UpliftTableRequest:
 def test_the_rule_picks_ebm_where_modifiers_are_declared_and_the_model_learns() -> None:
     assert estimator_for(request(), domain()) == "ebm"
     assert estimator_for(request(), domain(modifiers=None)) == "table"
-    assert estimator_for(request(epsilon=0.01), domain()) == "table"  # n eps / q' too small
+    # observational: wherever the anchored ebm_cate default can run (not below its minimum
+    # epsilon, nor on too few rows for its calibration rows) ...
+    assert estimator_for(request(epsilon=0.05), domain()) == "ebm"
+    assert estimator_for(request(epsilon=0.01), domain()) == "table"
+    assert estimator_for(request(), domain(n=300)) == "table"
+    # ... in a trial where the DP-EBM learns on the modifiers (n eps / q' >= 1500)
+    trial = dataclasses.replace(domain(), design=StudyDesign.RCT, treatment_probability=0.5)
+    assert estimator_for(request(epsilon=0.05), trial) == "table"  # 20000 * 0.05 / 2 = 500
+    assert estimator_for(request(epsilon=0.2), trial) == "ebm"  # 2000
     assert estimator_for(request(min_count=2.0), domain()) == "table"  # a table field
     assert estimator_for(request(bins=[4, 1, 2]), domain()) == "ebm"
     assert estimator_for(request(bins=[4, 3, 1]), domain()) == "table"  # leaves 2 uncut

@@ -88,9 +88,10 @@ TABLE_DEFAULTS: dict[str, Any] = {
 def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator:
     """The public estimator rule (values only, so a stored request resolves alike): the one
     asked for; else ``"ebm"`` where effect modifiers are named (``effect_columns``) or declared
-    by the owner, the DP-EBM effect model learns on them (``ebm_kind.learns``), the request
-    leaves every table field at its default and its ``bins`` (if any) cut every effect column;
-    else ``"table"``.
+    by the owner, ``ebm_kind.preferred`` holds (observational: the anchored ebm_cate default can
+    run; RCT: the DP-EBM effect model learns on the modifiers, ``ebm_kind.learns``), the
+    request leaves every table field at its default and its ``bins`` (if any) cut every effect
+    column; else ``"table"``.
 
     Raises:
         ValidationFailed: ``"ebm"`` asked for together with a table field, or
@@ -103,7 +104,7 @@ def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator
     if asked is not None:
         return "ebm" if asked else "table"
     columns = ebm_kind.effect_columns_of(None, domain)
-    if columns is None or not ebm_kind.learns(domain, params.epsilon):
+    if columns is None or not ebm_kind.preferred(domain, params.epsilon):
         return "table"
     if params.bins is not None:
         cut = len(params.bins) == domain.q and not uplift.uncut_columns(tuple(params.bins), columns)
