@@ -201,3 +201,26 @@ def test_cate_function_nuisances_see_the_declared_set(monkeypatch: pytest.Monkey
         progress=lambda f, s: None,
     )
     assert spy.calls == [("propensity_scores", 2, 2, 2), ("outcome_predictions", 2, 2, 2)]
+
+
+def test_the_paper_r_learner_outcome_model_sees_the_adjustment_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The R-learner's outcome model eta(x) (paper label) is fitted and read on the projected
+    records too; its propensity model as the DR learner's."""
+    from service.mechanisms.ebm_cate import estimation
+
+    widths: list[tuple[int, int]] = []
+    original = estimation.fit_regressor
+
+    def spy(x: Any, target: Any, lower: Any, *args: Any, **kwargs: Any) -> Any:
+        widths.append((x.shape[1], len(lower)))
+        return original(x, target, lower, *args, **kwargs)
+
+    monkeypatch.setattr(estimation, "fit_regressor", spy)
+    n = 6000
+    paper = domain(n, allow_paper_mode=True)
+    result = _run(data(n, 7), paper, params(learner="r", adjustment_columns=CONFOUNDERS))
+    assert widths == [(2, 2), (Q, Q)]  # eta on the adjustment columns, the effect model on all
+    assert result["adjustment_columns"] == list(CONFOUNDERS)
+    assert result["guarantee"] == "paper"
