@@ -98,7 +98,8 @@ CATE_KINDS = (
 # on them, else the table's default (uplift_table.md steps 6-7); cate_vector_declared and
 # cate_function_declared: those kinds' defaults on the same schema. *_confounders: the kind's
 # default where the schema declares the study's 12 confounders (adjust_for: true): its DP
-# nuisances and its anchor adjust for those only (ebm_cate.md step 8, cate_function.md §8).
+# nuisances and its anchor adjust for those only (ebm_cate.md step 8, cate_function.md §8);
+# ebm_cate_modifiers_confounders: ebm_cate_modifiers on that schema (both declarations).
 # uplift_table_declared_ebm: uplift_table_declared with the ebm estimator asked for.
 # cate_function_exact and cate_vector_ridge: those kinds' own estimators (the exact kernel
 # basis, the ridge), the comparators of the rule that runs the ebm release instead.
@@ -110,6 +111,7 @@ EXTRA_CATE_KINDS = (
     "cate_vector_declared",
     "cate_function_declared",
     "ebm_cate_confounders",
+    "ebm_cate_modifiers_confounders",
     "cate_vector_confounders",
     "cate_function_confounders",
     "ebm_cate_unshrunk",
