@@ -104,12 +104,22 @@ def project_domain(domain: PublicDomain, columns: tuple[int, ...] | None) -> Pub
     )
 
 
+def project_covariates(
+    x: NDArray[np.float64], columns: tuple[int, ...] | None
+) -> NDArray[np.float64]:
+    """The covariate rows ``x`` at ``columns`` only (None: unchanged): a public, row-wise map,
+    so neighbouring datasets stay neighbours."""
+    if columns is None:
+        return x
+    return np.ascontiguousarray(x[:, list(columns)])
+
+
 def project(
     arrays: Arrays, domain: PublicDomain, columns: tuple[int, ...] | None
 ) -> tuple[Arrays, PublicDomain]:
     """The records with the covariates at ``columns`` only, and their public domain (None:
-    unchanged): a public, row-wise map, so neighbouring datasets stay neighbours."""
+    unchanged): ``project_covariates`` and ``project_domain``."""
     if columns is None:
         return arrays, domain
-    x = np.ascontiguousarray(arrays.x[:, list(columns)])
+    x = project_covariates(arrays.x, columns)
     return replace(arrays, x=x), project_domain(domain, columns)

@@ -188,17 +188,30 @@ def _np_state(learner: str, design: StudyDesign, n: int, shrinkage: str | None =
 def _record_release(
     state: ec.Plan, design: StudyDesign, n: int
 ) -> list[tuple[float, NDArray[np.float64]]]:
+    return _record_run(state, _np_domain(design, n), _np_data(n))[1]
+
+
+def _record_run(
+    state: ec.Plan, domain: PublicDomain, data: Arrays, seed: int = 8
+) -> tuple[dict[str, Any], list[tuple[float, NDArray[np.float64]]]]:
+    """One release of ``state`` on ``data`` with interpret's draws recorded: (result, calls)."""
     with _recording() as calls:
-        ec.run_plan(
-            _np_data(n),
-            _np_domain(design, n),
+        result = ec.run_plan(
+            data,
+            domain,
             state,
-            rng=np.random.default_rng(8),
+            rng=np.random.default_rng(seed),
             progress=lambda f, s: None,
             names=None,
             noise=OpenDPSampler(),  # the anchor's and calibration's noise (shrinkage "ate")
         )
-    return calls
+    return result, calls
+
+
+def _three_covariate_domain(n: int) -> PublicDomain:
+    return dataclasses.replace(
+        _np_domain(StudyDesign.OBSERVATIONAL, n), x_lower=np.zeros(3), x_upper=np.ones(3)
+    )
 
 
 def _planned_sigmas(
@@ -273,9 +286,7 @@ def test_noise_path_effect_columns_compose_over_the_effect_model_only() -> None:
     ``sqrt(1) / mu_bin`` and ``sqrt(E * 1) lr 2K / mu_tr`` with one binning and E boosting
     calls, as the recorded event's ``n_features`` = 1 says."""
     n = 800
-    domain = dataclasses.replace(
-        _np_domain(StudyDesign.OBSERVATIONAL, n), x_lower=np.zeros(3), x_upper=np.ones(3)
-    )
+    domain = _three_covariate_domain(n)
     params = ec.EbmCateParams(
         epsilon=NP_EPSILON,
         delta=NP_DELTA,
@@ -291,16 +302,7 @@ def test_noise_path_effect_columns_compose_over_the_effect_model_only() -> None:
     x = rng.uniform(0, 1, (n, 3))
     a = (rng.uniform(size=n) < 0.5).astype(np.float64)
     data = Arrays(x, a, 10.0 * rng.uniform(size=n) * (0.5 + 0.5 * x[:, 1]))
-    with _recording() as calls:
-        result = ec.run_plan(
-            data,
-            domain,
-            state,
-            rng=np.random.default_rng(8),
-            progress=lambda f, s: None,
-            names=None,
-            noise=OpenDPSampler(),
-        )
+    result, calls = _record_run(state, domain, data)
     assert result["model"]["columns"] == [1]
     effect = _planned_sigmas(state, 1, 2.0 * state.clip_k)
     planned = {*_planned_sigmas(state, 3, 1.0), *_planned_sigmas(state, 4, 10.0), *effect}
@@ -318,9 +320,7 @@ def test_noise_path_adjustment_columns_compose_over_the_nuisances_only() -> None
     planned sd: the propensity model on 2 features, the outcome model on 3 (A and the two), the
     effect model on all three, with the call counts the recorded events' ``n_features`` say."""
     n = 800
-    domain = dataclasses.replace(
-        _np_domain(StudyDesign.OBSERVATIONAL, n), x_lower=np.zeros(3), x_upper=np.ones(3)
-    )
+    domain = _three_covariate_domain(n)
     params = ec.EbmCateParams(
         epsilon=NP_EPSILON,
         delta=NP_DELTA,
@@ -335,16 +335,7 @@ def test_noise_path_adjustment_columns_compose_over_the_nuisances_only() -> None
     x = rng.uniform(0, 1, (n, 3))
     a = (rng.uniform(size=n) < 0.3 + 0.4 * x[:, 0]).astype(np.float64)
     data = Arrays(x, a, 10.0 * rng.uniform(size=n) * (0.5 + 0.5 * x[:, 2]))
-    with _recording() as calls:
-        result = ec.run_plan(
-            data,
-            domain,
-            state,
-            rng=np.random.default_rng(9),
-            progress=lambda f, s: None,
-            names=None,
-            noise=OpenDPSampler(),
-        )
+    result, calls = _record_run(state, domain, data, seed=9)
     assert result["adjustment_columns"] == [0, 2]
     propensity = _planned_sigmas(state, 2, 1.0)
     outcome = _planned_sigmas(state, 3, 10.0)

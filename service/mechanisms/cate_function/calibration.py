@@ -27,7 +27,7 @@ from service.mechanisms.calibration import (
     validate_epsilon,
     validate_finite_positive,
 )
-from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.domain import PublicDomain, StudyDesign, project_domain
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
 from service.mechanisms.noise import lattice_exponent
 from service.mechanisms.partition import fold_sizes
@@ -445,7 +445,7 @@ def _plan(
         # proof §7: with the whole-data anchor the nuisance folds have (epsilon_g, delta_g) left
         dp_ebm = dp_ebm_lib.solve_dp_ebm_epsilon_p(epsilon_gp, delta_gp)
         # proof §8: the nuisances see the schema's declared adjustment set (else every column)
-        width = q if domain.adjustment_set is None else len(domain.adjustment_set)
+        width = project_domain(domain, domain.adjustment_set).q
         if "propensity" in modules:
             events.append(
                 dp_ebm_lib.nuisance_event("propensity", epsilon_gp, delta_gp, dp_ebm, width, 1.0)

@@ -31,7 +31,12 @@ from service.mechanisms.cate_function.function import (
     scale_to_unit,
     second_stage,
 )
-from service.mechanisms.domain import Arrays, PublicDomain, project_domain
+from service.mechanisms.domain import (
+    Arrays,
+    PublicDomain,
+    project_covariates,
+    project_domain,
+)
 from service.mechanisms.errors import ReleaseFailed
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.partition import prepare_arrays, random_folds
@@ -96,9 +101,8 @@ def _dp_nuisances(
     every covariate."""
     low, high = domain.y_lower, domain.y_upper
     columns = domain.adjustment_set
+    x, x2 = project_covariates(x, columns), project_covariates(x2, columns)
     domain = project_domain(domain, columns)
-    if columns is not None:
-        x, x2 = x[:, list(columns)], x2[:, list(columns)]
     lower = np.asarray(domain.x_lower, dtype=np.float64)
     upper = np.asarray(domain.x_upper, dtype=np.float64)
 

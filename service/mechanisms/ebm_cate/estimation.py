@@ -18,7 +18,12 @@ from service.mechanisms.anchor import (
 )
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.calibration import public_propensity
-from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.domain import (
+    Arrays,
+    PublicDomain,
+    project_covariates,
+    project_domain,
+)
 from service.mechanisms.dp_ebm import (
     DP_EBM_MAX_ROUNDS,
     SafeEbm,
@@ -142,10 +147,11 @@ def run_plan(
     x2, a2, y2 = x[effect_rows], a[effect_rows], y[effect_rows]
     # proof step 8: the nuisance models see the adjustment columns only (all q by default), a
     # public row-wise projection of their folds and of the effect fold they predict on.
-    xa, xa2, lower_a, upper_a = x, x2, lower, upper
-    if state.params.adjustment_columns is not None:
-        adjust = list(state.params.adjustment_columns)
-        xa, xa2, lower_a, upper_a = x[:, adjust], x2[:, adjust], lower[adjust], upper[adjust]
+    adjust = state.params.adjustment_columns
+    xa, xa2 = project_covariates(x, adjust), project_covariates(x2, adjust)
+    adjusted = project_domain(domain, adjust)
+    lower_a = np.asarray(adjusted.x_lower, dtype=np.float64)
+    upper_a = np.asarray(adjusted.x_upper, dtype=np.float64)
     # proof step 2: first-stage DP models, each on its own fold; predictions on the effect fold
     # are row-wise post-processing.
     if state.propensity is not None:

@@ -18,7 +18,7 @@ from pydantic import Field, StrictFloat, StrictInt
 
 from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.mechanisms import cate_function as mech
-from service.mechanisms import ebm_cate, gp
+from service.mechanisms import gp
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.noise import NoiseSampler, lattice_exponent
 from service.mechanisms.records import MechanismRecord
@@ -105,7 +105,7 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
     if asked:
         # the function is an anchored DR model: refuse before any charge where the ebm_cate
         # default cannot anchor (public n only); invalid ebm fields raise their own 422
-        if not _ebm_plan_anchored(params, domain):
+        if not ebm_kind.plan_anchored(_ebm_request(params), domain):
             raise ValidationFailed(
                 "the ebm basis is an anchored ebm_cate release, and this dataset's effect fold "
                 "is too small for its calibration rows; use a kernel basis",
@@ -116,7 +116,9 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
         return params.basis
     if changed:
         return "exact"
-    if ebm_kind.preferred(domain, params.epsilon, params.delta) and _ebm_anchored(params, domain):
+    if ebm_kind.preferred(domain, params.epsilon, params.delta) and ebm_kind.anchored(
+        _ebm_request(params), domain
+    ):
         return "ebm"
     return "exact"
 
@@ -128,19 +130,6 @@ def _ebm_request(params: CateFunctionParams) -> ebm_kind.EbmCateRequest:
         params.expected_heterogeneity_sd,
         effect_columns=params.effect_columns,
     )
-
-
-def _ebm_plan_anchored(params: CateFunctionParams, domain: PublicDomain) -> bool:
-    """Whether the request's ebm_cate release is anchored (its plan's errors propagate)."""
-    checked = ebm_kind.to_mechanism_params(_ebm_request(params), domain)
-    return bool(ebm_cate.make_plan(domain, checked).anchored)
-
-
-def _ebm_anchored(params: CateFunctionParams, domain: PublicDomain) -> bool:
-    try:
-        return _ebm_plan_anchored(params, domain)
-    except Exception:  # the ebm default cannot run here: the kernel basis answers
-        return False
 
 
 def to_mechanism_params(

@@ -208,10 +208,21 @@ def preferred(
     an RCT where the DP-EBM effect model learns (``learns``). Public schema and request only."""
     if domain.design != StudyDesign.OBSERVATIONAL:
         return learns(domain, epsilon, effect_columns)
-    request = default_request(epsilon, delta, effect_columns=effect_columns)
+    return anchored(default_request(epsilon, delta, effect_columns=effect_columns), domain)
+
+
+def plan_anchored(request: EbmCateRequest, domain: PublicDomain) -> bool:
+    """Whether the request's ebm_cate release is anchored (its public plan; the plan's errors
+    propagate)."""
+    return bool(ebm_cate.make_plan(domain, to_mechanism_params(request, domain)).anchored)
+
+
+def anchored(request: EbmCateRequest, domain: PublicDomain) -> bool:
+    """``plan_anchored``, False where the release cannot run at all (the kind's own estimator
+    answers there)."""
     try:
-        return bool(ebm_cate.make_plan(domain, to_mechanism_params(request, domain)).anchored)
-    except Exception:  # the ebm default cannot run here: the kind's own estimator answers
+        return plan_anchored(request, domain)
+    except Exception:
         return False
 
 
