@@ -27,8 +27,10 @@ can show at most ``rho h``: the verdict then compares ``s`` with ``rho h`` inste
 A release anchored at its own DP ATE (shrinkage ``ate``) is shrunk towards that ATE unless its
 deviations are detectable above the noise, so its noise floor does not bound its PEHE: where
 ``s >= h`` it answers about the constant (PEHE about ``h``). Its ``expected_pehe_lower_bound`` is
-``min(bound, h)`` (``anchored_lower_bound``); the verdict is unchanged (it says whether the
-release can resolve the heterogeneity, not whether it is worse than the constant).
+``min(bound, h)``; the verdict is unchanged (it says whether the release can resolve the
+heterogeneity, not whether it is worse than the constant), and where it is not ``possible`` the
+message says that the release is expected to answer about its DP ATE, not that the constant is
+more accurate (the plain message's "request the ATE instead").
 
 A release that is one number for every patient by construction (an uplift table of one cell)
 is ``not_expected`` whatever its noise: its PEHE is at least ``sd(tau)``, the constant's, so
@@ -46,6 +48,11 @@ from typing import Any
 from service.mechanisms.domain import PublicDomain
 
 DEFAULT_HETEROGENEITY_RANGE_RATIO = 24.0
+ANCHORED_NOTE = (
+    "With shrinkage 'ate' the release is shrunk towards its own DP ATE and equals it wherever "
+    "the heterogeneity is not detectable above the noise, so it is not expected to be worse "
+    "than the constant DP ATE; its variation is kept only above the noise."
+)
 WORTH_IT_RATIO = 0.5  # s <= WORTH_IT_RATIO * h: the noise leaves room for a real gain
 
 
@@ -90,9 +97,12 @@ def versus_ate(
     heterogeneity_sd: float | None,
     epsilon_worth_it: float | None,
     retention: float | None = None,
+    anchored: bool = False,
 ) -> dict[str, Any]:
     """The quote's ``versus_ate`` block (module docstring); ``retention``: the share of the
-    heterogeneity the learner's mean keeps (None: all of it)."""
+    heterogeneity the learner's mean keeps (None: all of it); ``anchored``: the release is shrunk
+    towards its own DP ATE (its bound is ``min(bound, h)`` and the message says that it
+    falls back to that ATE rather than that it is worse than it)."""
     assumed = heterogeneity_sd is None
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     shown = h if retention is None else retention * h
@@ -122,6 +132,22 @@ def versus_ate(
             f"{target}; whether this CATE beats the ATE then depends on how well the learner "
             "fits, which the quote cannot know."
         )
+        if anchored:
+            message += f" {ANCHORED_NOTE}"
+    elif anchored:
+        fix = (
+            f"epsilon >= {epsilon_worth_it:g} would let it resolve the heterogeneity"
+            if epsilon_worth_it is not None
+            else "no epsilon up to the maximum makes the noise small enough for it to resolve "
+            "the heterogeneity"
+        )
+        lead = "is at least" if verdict == "not_expected" else "is more than half of"
+        message = (
+            f"{where} the privacy noise per prediction alone (sd {noise_sd:.3g}) {lead} "
+            f"{target}, so this CATE is not expected to resolve it. {ANCHORED_NOTE} Expect "
+            "about the accuracy of a constant ATE for a typical patient, not better: the ATE "
+            f"kind spends the same budget on one number with a confidence interval; {fix}."
+        )
     else:
         fix = (
             f"request the ATE instead, or epsilon >= {epsilon_worth_it:g} for this CATE"
@@ -137,6 +163,8 @@ def versus_ate(
             f"patient; {fix}."
         )
     bound = noise_sd if retention is None else math.hypot(noise_sd, (1.0 - retention) * h)
+    if anchored:
+        bound = min(bound, h)
     return {
         "verdict": verdict,
         "expected_pehe_lower_bound": bound,
@@ -147,13 +175,6 @@ def versus_ate(
         "epsilon_worth_it": epsilon_worth_it,
         "message": message,
     }
-
-
-def anchored_lower_bound(block: dict[str, Any]) -> float:
-    """``expected_pehe_lower_bound`` of an anchored release (module docstring): the unshrunk
-    release's bound, or the constant's PEHE ``h`` where that is smaller (the release then falls
-    back to its DP ATE)."""
-    return min(float(block["expected_pehe_lower_bound"]), float(block["heterogeneity_sd"]))
 
 
 # The epsilon range searched for ``epsilon_worth_it`` (the strict kinds' usual limits).
@@ -167,6 +188,8 @@ def quote_block(
     epsilon: float,
     heterogeneity_sd: float | None,
     retention_at: Callable[[float], float] | None = None,
+    *,
+    anchored: bool = False,
 ) -> dict[str, Any]:
     """``versus_ate`` for a kind whose public per-prediction noise sd at epsilon is
     ``noise_sd_at(epsilon)`` and whose learner keeps ``retention_at(epsilon)`` of the
@@ -199,6 +222,7 @@ def quote_block(
         heterogeneity_sd=heterogeneity_sd,
         epsilon_worth_it=worth_it,
         retention=None if retention_at is None else kept,
+        anchored=anchored,
     )
 
 

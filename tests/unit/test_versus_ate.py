@@ -276,3 +276,30 @@ def test_an_anchored_release_is_bounded_by_the_constant_not_by_its_noise() -> No
     assert block["anchored"] is True
     assert block["verdict"] == "not_expected"
     assert block["expected_pehe_lower_bound"] == pytest.approx(block["heterogeneity_sd"])
+
+
+@pytest.mark.parametrize("ratio", [0.7, 3.0])  # marginal, not_expected
+def test_an_anchored_message_does_not_say_the_constant_is_more_accurate(ratio: float) -> None:
+    """Where the noise hides the heterogeneity an anchored release answers about its DP ATE:
+    its message says it will not resolve the heterogeneity and falls back, never that the
+    constant ATE is more accurate (the unanchored message), and still names the epsilon that
+    would make it worth it."""
+    domain = _domain(5000)
+    h = versus_ate.default_heterogeneity_sd(domain)
+    common = {"heterogeneity_sd": None, "epsilon_worth_it": 7.5}
+    plain = versus_ate.versus_ate(ratio * h, domain, 1.0, **common)
+    anchored = versus_ate.versus_ate(ratio * h, domain, 1.0, anchored=True, **common)
+    assert anchored["verdict"] == plain["verdict"] != "possible"
+    assert "request the ATE instead" in plain["message"]
+    assert "accurate for a typical patient" in plain["message"]
+    message = anchored["message"]
+    assert "accurate for a typical patient;" not in message
+    assert "request the ATE instead" not in message
+    assert "not expected to resolve it" in message
+    assert "shrunk towards its own DP ATE" in message
+    assert "epsilon >= 7.5" in message
+    assert anchored["expected_pehe_lower_bound"] == pytest.approx(min(ratio * h, h))
+    unreachable = versus_ate.versus_ate(
+        ratio * h, domain, 1.0, anchored=True, heterogeneity_sd=None, epsilon_worth_it=None
+    )
+    assert "no epsilon up to the maximum" in unreachable["message"]

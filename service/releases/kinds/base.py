@@ -98,16 +98,12 @@ def versus_ate_block(
             return retention(request.model_copy(update={"epsilon": epsilon}))
 
     block = versus_ate.quote_block(
-        at, domain, request.epsilon, request.expected_heterogeneity_sd, retention_at=keep
+        at,
+        domain,
+        request.epsilon,
+        request.expected_heterogeneity_sd,
+        retention_at=keep,
+        anchored=anchored,
     )
     block["anchored"] = anchored
-    if anchored:
-        # An anchored release falls back to its DP ATE where the heterogeneity is not
-        # detectable above the noise: its PEHE is then about the constant's, not the noise's.
-        block["expected_pehe_lower_bound"] = versus_ate.anchored_lower_bound(block)
-        block["message"] += (
-            " With shrinkage 'ate' the release is shrunk towards its own DP ATE and equals it "
-            "wherever the heterogeneity is not detectable above the noise, so it is not expected "
-            "to be worse than the constant DP ATE; its variation is kept only above the noise."
-        )
     return block
