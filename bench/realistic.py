@@ -546,7 +546,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _names(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    if text in ("", "none"):
+    """Comma-separated names from ``allowed``; "" or "none" is the empty list unless "none" is
+    itself a name (the heterogeneity level: ``--het none`` is that level)."""
+    if text == "" or (text == "none" and "none" not in allowed):
         return ()
     names = tuple(v for v in text.split(",") if v)
     unknown = set(names) - set(allowed)
