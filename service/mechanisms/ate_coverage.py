@@ -13,19 +13,19 @@ fitted under privacy noise:
   under privacy noise, with public regularisation, they leave part of it, and the interval,
   which treats the fitted models as fixed, is then too narrow and centred off the true effect.
   bench/README.md ("The observational default's nuisances by n*eps", "Which DP nuisance carries
-  the observational bias") measures how often on the realistic studies (36 covariates), per
-  default preset: ``dp_linear`` (below n * epsilon = 2 * 10^4) covered 0.855-0.99 (200 releases
-  per cell, n * epsilon 500-10^4) and 0.70-0.80 at 1.5 * 10^4 (40 per cell): its shrinkage
-  leaves most of the confounding, hidden inside a wide interval; DP-EBM (from there)
-  0.725-0.845 at n 5000-20000 (200 releases per cell; bench/results/realistic-obs-200-*.json) and
-  0.67-0.88 at n 5 * 10^4 - 10^5 (24 per cell; nuisance_quantile_bins.json), where the interval
-  is narrow.
+  the observational bias") measures how often on the realistic studies (36 covariates):
+  ``MEASURED_BANDS`` holds the coverage per nuisance preset and band of n * epsilon (``dp_linear``,
+  the default below n * epsilon = 2 * 10^4, covered 0.855-0.99 up to 10^4, where its shrinkage
+  leaves most of the confounding hidden inside a wide interval; DP-EBM, the default from there,
+  0.725-0.845 where the interval is narrow), and each block quotes its request's band.
 
 Pure: reads the public design and request fields only.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from service.mechanisms.domain import PublicDomain, StudyDesign
@@ -44,45 +44,132 @@ _NUISANCE_MESSAGE = (
     "then the interval is too narrow and off-centre. Read it as a lower bound on the "
     "uncertainty (docs/guide-analyst.md, 'What the interval covers')."
 )
-# What the realistic studies measured for each observational default preset (bench/README.md).
-_MEASURED = {
+
+
+# What the realistic studies measured (bench.realistic: 36 covariates, confounded, skewed
+# outcome, honest declared bounds; bench/README.md, "The observational default's nuisances by
+# n*eps"), per nuisance preset of the strict aipw default request and band of n * epsilon: the
+# lowest and highest coverage of the nominal 95 % interval over the band's cells. Public
+# constants (simulation results), never data.
+@dataclass(frozen=True)
+class CoverageBand:
+    n_epsilon_low: float
+    n_epsilon_high: float
+    coverage_low: float
+    coverage_high: float
+    cells: int
+    releases_per_cell: int
+
+    def contains(self, n_epsilon: float) -> bool:
+        return self.n_epsilon_low <= n_epsilon <= self.n_epsilon_high
+
+    def log_distance(self, n_epsilon: float) -> float:
+        if self.contains(n_epsilon):
+            return 0.0
+        edge = self.n_epsilon_low if n_epsilon < self.n_epsilon_low else self.n_epsilon_high
+        return abs(math.log(n_epsilon / edge))
+
+
+MEASURED_BANDS: dict[str, tuple[CoverageBand, ...]] = {
+    # realistic-obs-200-dp-linear.json; 1.5 * 10^4: realistic-obs-switch-*.json (40 releases)
     "dp_linear": (
-        " On simulated clinical studies with 36 covariates the default 95 % interval with DP "
-        "linear models (the default below n * epsilon = 20,000) covered the true effect in "
-        "86-99 % of releases up to n * epsilon = 10,000 (200 per cell) and in 70-80 % at "
-        "15,000 (40 per cell): the models' shrinkage leaves most of the confounding, which "
-        "the interval hides only while it is wide."
+        CoverageBand(500.0, 2500.0, 0.93, 0.99, 10, 200),
+        CoverageBand(4000.0, 8000.0, 0.905, 0.97, 6, 200),
+        CoverageBand(10_000.0, 10_000.0, 0.855, 0.89, 2, 200),
+        CoverageBand(15_000.0, 15_000.0, 0.70, 0.80, 4, 40),
+        CoverageBand(20_000.0, 80_000.0, 0.00, 0.745, 6, 200),
     ),
+    # realistic-obs-200-small.json, -20k.json, -100k-*.json; 8000-15000: realistic-obs-switch-*
     "dp_ebm": (
-        " On simulated clinical studies with 36 covariates the default 95 % interval with "
-        "DP-EBM models (the default from n * epsilon = 20,000) covered the true effect in "
-        "73-85 % of releases at n = 5,000-20,000 (200 per cell) and in 67-88 % at "
-        "n = 50,000-100,000 (24 per cell), where it is narrowest."
+        CoverageBand(1000.0, 1000.0, 0.71, 0.72, 2, 200),
+        CoverageBand(4000.0, 5000.0, 0.825, 0.89, 4, 200),
+        CoverageBand(8000.0, 15_000.0, 0.675, 0.875, 8, 40),
+        CoverageBand(20_000.0, 20_000.0, 0.785, 0.845, 4, 200),
+        CoverageBand(80_000.0, 80_000.0, 0.725, 0.815, 2, 200),
     ),
 }
 
 
+def measured_band(nuisance: str | None, n_epsilon: float) -> CoverageBand | None:
+    """The measured band of ``nuisance`` that contains ``n_epsilon``, else the nearest one (in
+    log n * epsilon; the earlier band on a tie); None for a preset without measurements."""
+    bands = MEASURED_BANDS.get(nuisance or "")
+    if not bands or not n_epsilon > 0.0:
+        return None
+    return min(bands, key=lambda band: band.log_distance(n_epsilon))
+
+
+_PRESET_WORDS = {"dp_linear": "DP linear models", "dp_ebm": "DP-EBM models"}
+
+
+def _band_block(nuisance: str, band: CoverageBand, n_epsilon: float) -> dict[str, Any]:
+    return {
+        "nuisance": nuisance,
+        "n_epsilon": n_epsilon,
+        "within_measured_range": band.contains(n_epsilon),
+        "n_epsilon_low": band.n_epsilon_low,
+        "n_epsilon_high": band.n_epsilon_high,
+        "coverage_low": band.coverage_low,
+        "coverage_high": band.coverage_high,
+        "cells": band.cells,
+        "releases_per_cell": band.releases_per_cell,
+        "source": "bench/README.md, 'The observational default's nuisances by n*eps'",
+    }
+
+
+def _band_sentence(nuisance: str, band: CoverageBand, n_epsilon: float) -> str:
+    where = (
+        f"n * epsilon = {band.n_epsilon_low:,.0f}"
+        if band.n_epsilon_low == band.n_epsilon_high
+        else f"n * epsilon = {band.n_epsilon_low:,.0f}-{band.n_epsilon_high:,.0f}"
+    )
+    yours = (
+        f"your n * epsilon is {n_epsilon:,.0f}"
+        if band.contains(n_epsilon)
+        else f"the nearest measured to your n * epsilon of {n_epsilon:,.0f}"
+    )
+    return (
+        f" On simulated clinical studies with 36 covariates the default 95 % interval with "
+        f"{_PRESET_WORDS[nuisance]} covered the true effect in "
+        f"{100 * band.coverage_low:.1f}-{100 * band.coverage_high:.1f} % of releases at {where} "
+        f"({band.cells} cells, {band.releases_per_cell} releases each; {yours})."
+    )
+
+
 def ate_coverage(
-    domain: PublicDomain, *, mode: str, estimator: str, nuisance: str | None = None
+    domain: PublicDomain,
+    *,
+    mode: str,
+    estimator: str,
+    nuisance: str | None = None,
+    epsilon: float | None = None,
 ) -> dict[str, Any]:
     """The ``coverage`` block of an ATE quote or release.
 
     ``basis`` is ``"design"`` where the nominal level rests on the randomisation alone (strict
     ``aipw`` or ``rct_difference`` on an RCT), else ``"nuisance_models"``;
     ``nuisance_error_covered`` says whether the interval accounts for the nuisance models'
-    error; ``message`` says it in words, with the coverage measured for the strict ``aipw``
-    release's resolved ``nuisance`` preset where there is a figure for it.
+    error; ``message`` says it in words. For the strict ``aipw`` release on an observational
+    design, ``measured`` is the coverage the realistic studies measured for its resolved
+    ``nuisance`` preset in the band of n * ``epsilon`` that contains the request's (or the
+    nearest band, ``within_measured_range: false``), and the message quotes it; else None.
     """
     randomised = domain.design == StudyDesign.RCT
     by_design = randomised and mode == "strict" and estimator in ("aipw", "rct_difference")
     message = _DESIGN_MESSAGE
+    measured: dict[str, Any] | None = None
     if not by_design:
-        measured = (
-            _MEASURED.get(nuisance or "") if (mode, estimator) == ("strict", "aipw") else None
-        )
-        message = _NUISANCE_MESSAGE + (measured or "")
+        message = _NUISANCE_MESSAGE
+        strict_aipw = (mode, estimator) == ("strict", "aipw")
+        if strict_aipw and not randomised and nuisance and epsilon is not None:
+            n_epsilon = float(domain.n) * float(epsilon)
+            band = measured_band(nuisance, n_epsilon)
+            if band is not None:
+                measured = _band_block(nuisance, band, n_epsilon)
+                message += _band_sentence(nuisance, band, n_epsilon)
     return {
         "basis": DESIGN if by_design else NUISANCE_MODELS,
         "nuisance_error_covered": by_design,
         "message": message,
+        "measured": measured,
     }

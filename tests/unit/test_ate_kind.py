@@ -226,16 +226,67 @@ def test_dp_linear_cross_fits_by_a_public_rule_in_n_epsilon() -> None:
     assert record.epsilon == 5.0
 
 
-def test_the_coverage_message_quotes_the_measured_coverage_of_the_resolved_preset() -> None:
+def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     """Below n eps = 2 * 10^4 the observational default is dp_linear, from there DP-EBM: each
-    message quotes its own measurement; ipw and an explicit 'none' quote neither."""
-    small = AteKind().quote(AteParams(epsilon=1.0), OBSERVATIONAL)["coverage"]["message"]
-    large_domain = replace(OBSERVATIONAL, n=100_000)
-    large = AteKind().quote(AteParams(epsilon=1.0), large_domain)["coverage"]["message"]
-    assert OBSERVATIONAL.n * 1.0 < 20_000
-    assert "DP linear models" in small
-    assert "86-99 %" in small
-    assert "DP-EBM models" in large
-    assert "73-85 %" in large
-    ipw = AteKind().quote(AteParams(epsilon=1.0, estimator="ipw"), OBSERVATIONAL)["coverage"]
-    assert "36 covariates" not in ipw["message"]
+    block quotes the coverage measured for its own preset in the band of n * epsilon that
+    contains the request (or the nearest); ipw and trials quote none."""
+    kind = AteKind()
+    small = kind.quote(AteParams(epsilon=1.0), OBSERVATIONAL)["coverage"]  # n eps 4000
+    assert small["measured"] == {
+        "nuisance": "dp_linear",
+        "n_epsilon": 4000.0,
+        "within_measured_range": True,
+        "n_epsilon_low": 4000.0,
+        "n_epsilon_high": 8000.0,
+        "coverage_low": 0.905,
+        "coverage_high": 0.97,
+        "cells": 6,
+        "releases_per_cell": 200,
+        "source": "bench/README.md, 'The observational default's nuisances by n*eps'",
+    }
+    assert "DP linear models" in small["message"]
+    assert "90.5-97.0 % of releases at n * epsilon = 4,000-8,000" in small["message"]
+    assert "your n * epsilon is 4,000" in small["message"]
+    mid = kind.quote(AteParams(epsilon=5.0), OBSERVATIONAL)["coverage"]  # n eps 20000: DP-EBM
+    assert mid["measured"]["nuisance"] == "dp_ebm"
+    assert (mid["measured"]["coverage_low"], mid["measured"]["coverage_high"]) == (0.785, 0.845)
+    assert "DP-EBM models" in mid["message"]
+    assert "78.5-84.5 %" in mid["message"]
+    # between bands: the nearest in log n eps, said to be the nearest
+    between = kind.quote(AteParams(epsilon=0.8), OBSERVATIONAL)["coverage"]  # n eps 3200
+    assert between["measured"]["within_measured_range"] is False
+    assert between["measured"]["n_epsilon_low"] == 4000.0  # log(4000/3200) < log(3200/2500)
+    assert "the nearest measured to your n * epsilon of 3,200" in between["message"]
+    # an explicit preset quotes its own measurement
+    linear = kind.quote(AteParams(epsilon=5.0, nuisance="dp_linear"), OBSERVATIONAL)["coverage"]
+    assert linear["measured"]["nuisance"] == "dp_linear"
+    assert linear["measured"]["coverage_low"] == 0.0
+    for params, domain in (
+        (AteParams(epsilon=1.0, estimator="ipw"), OBSERVATIONAL),
+        (AteParams(epsilon=1.0, nuisance="none"), RCT),
+        (AteParams(epsilon=1.0), RCT),
+        (AteParams(epsilon=1.0, estimator="ipw"), RCT),
+    ):
+        block = kind.quote(params, domain)["coverage"]
+        assert block["measured"] is None
+        assert "36 covariates" not in block["message"]
+
+
+def test_measured_bands_are_ordered_and_the_lookup_picks_the_containing_or_nearest() -> None:
+    from service.mechanisms.ate_coverage import MEASURED_BANDS, measured_band
+
+    for nuisance, bands in MEASURED_BANDS.items():
+        for band in bands:
+            assert 0.0 <= band.coverage_low <= band.coverage_high <= 1.0
+            assert 0.0 < band.n_epsilon_low <= band.n_epsilon_high
+            assert band.cells >= 1
+            assert band.releases_per_cell >= 40
+            assert measured_band(nuisance, band.n_epsilon_low) == band
+            assert measured_band(nuisance, band.n_epsilon_high) == band
+        for index in range(1, len(bands)):
+            assert bands[index - 1].n_epsilon_high < bands[index].n_epsilon_low
+    assert measured_band("dp_linear", 1.0) == MEASURED_BANDS["dp_linear"][0]
+    assert measured_band("dp_linear", 1e9) == MEASURED_BANDS["dp_linear"][-1]
+    assert measured_band("none", 4000.0) is None
+    assert measured_band(None, 4000.0) is None
+    assert measured_band("dp_linear", 0.0) is None

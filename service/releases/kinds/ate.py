@@ -331,7 +331,13 @@ class AteKind:
 
 def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> dict[str, Any]:
     nuisance = mechanism.nuisance if isinstance(mechanism, ate_strict.AteStrictParams) else None
-    return ate_coverage(domain, mode=checked.mode, estimator=checked.estimator, nuisance=nuisance)
+    return ate_coverage(
+        domain,
+        mode=checked.mode,
+        estimator=checked.estimator,
+        nuisance=nuisance,
+        epsilon=checked.epsilon,
+    )
 
 
 def _target_verdict(quoted: dict[str, Any], epsilon: float, target: float) -> dict[str, Any]:
