@@ -99,6 +99,15 @@ def measured_band(nuisance: str | None, n_epsilon: float) -> CoverageBand | None
     return min(bands, key=lambda band: band.log_distance(n_epsilon))
 
 
+# bench/README.md, "A declared adjustment set" (nuisance_confounders*.json): the 12 confounders
+# of the 36 covariates declared, the strict default at n 5000-10^5.
+_ADJUSTMENT_HINT = (
+    " Declaring the confounders (the schema's adjust_for, or adjustment_columns) lets the "
+    "models spend their budget on them: on those studies it raised the coverage from 82 % to "
+    "91 % (224 releases, n = 5,000-100,000)."
+)
+
+
 _PRESET_WORDS = {"dp_linear": "DP linear models", "dp_ebm": "DP-EBM models"}
 
 
@@ -143,6 +152,7 @@ def ate_coverage(
     estimator: str,
     nuisance: str | None = None,
     epsilon: float | None = None,
+    adjustment_set: bool = False,
 ) -> dict[str, Any]:
     """The ``coverage`` block of an ATE quote or release.
 
@@ -153,6 +163,8 @@ def ate_coverage(
     design, ``measured`` is the coverage the realistic studies measured for its resolved
     ``nuisance`` preset in the band of n * ``epsilon`` that contains the request's (or the
     nearest band, ``within_measured_range: false``), and the message quotes it; else None.
+    Without a declared or requested adjustment set (``adjustment_set`` false) the message of
+    such a release also says what declaring the confounders did on those studies.
     """
     randomised = domain.design == StudyDesign.RCT
     by_design = randomised and mode == "strict" and estimator in ("aipw", "rct_difference")
@@ -167,6 +179,8 @@ def ate_coverage(
             if band is not None:
                 measured = _band_block(nuisance, band, n_epsilon)
                 message += _band_sentence(nuisance, band, n_epsilon)
+            if not adjustment_set and nuisance in ("dp_linear", "dp_ebm"):
+                message += _ADJUSTMENT_HINT
     return {
         "basis": DESIGN if by_design else NUISANCE_MODELS,
         "nuisance_error_covered": by_design,

@@ -257,6 +257,17 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     assert between["measured"]["within_measured_range"] is False
     assert between["measured"]["n_epsilon_low"] == 4000.0  # log(4000/3200) < log(3200/2500)
     assert "the nearest measured to your n * epsilon of 3,200" in between["message"]
+    # without an adjustment set the message says what declaring the confounders did
+    assert "Declaring the confounders" in small["message"]
+    assert "from 82 % to 91 %" in mid["message"]
+    declared = replace(OBSERVATIONAL, adjustment_set=(1,))
+    for adjusted, params in (
+        (declared, AteParams(epsilon=1.0)),
+        (OBSERVATIONAL, AteParams(epsilon=1.0, adjustment_columns=[0])),
+    ):
+        block = kind.quote(params, adjusted)["coverage"]
+        assert block["measured"]["nuisance"] == "dp_linear"
+        assert "Declaring the confounders" not in block["message"]
     # an explicit preset quotes its own measurement
     linear = kind.quote(AteParams(epsilon=5.0, nuisance="dp_linear"), OBSERVATIONAL)["coverage"]
     assert linear["measured"]["nuisance"] == "dp_linear"
@@ -270,6 +281,7 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
         block = kind.quote(params, domain)["coverage"]
         assert block["measured"] is None
         assert "36 covariates" not in block["message"]
+        assert "Declaring the confounders" not in block["message"]
 
 
 def test_measured_bands_are_ordered_and_the_lookup_picks_the_containing_or_nearest() -> None:

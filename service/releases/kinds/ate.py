@@ -330,13 +330,17 @@ class AteKind:
 
 
 def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> dict[str, Any]:
-    nuisance = mechanism.nuisance if isinstance(mechanism, ate_strict.AteStrictParams) else None
+    nuisance: str | None = None
+    adjusted = False
+    if isinstance(mechanism, ate_strict.AteStrictParams):
+        nuisance, adjusted = mechanism.nuisance, mechanism.adjustment_columns is not None
     return ate_coverage(
         domain,
         mode=checked.mode,
         estimator=checked.estimator,
         nuisance=nuisance,
         epsilon=checked.epsilon,
+        adjustment_set=adjusted,
     )
 
 
