@@ -162,7 +162,9 @@ def ate_coverage(
     error; ``message`` says it in words. For the strict ``aipw`` release on an observational
     design, ``measured`` is the coverage the realistic studies measured for its resolved
     ``nuisance`` preset in the band of n * ``epsilon`` that contains the request's (or the
-    nearest band, ``within_measured_range: false``), and the message quotes it; else None.
+    nearest band, ``within_measured_range: false``), and the message quotes it; else None
+    (also where the caller passes no ``nuisance``: a request whose other options are not its
+    preset's defaults, which nothing measured).
     Without a declared or requested adjustment set (``adjustment_set`` false) the message of
     such a release also says what declaring the confounders did on those studies.
     """

@@ -277,6 +277,11 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
         (AteParams(epsilon=1.0, nuisance="none"), RCT),
         (AteParams(epsilon=1.0), RCT),
         (AteParams(epsilon=1.0, estimator="ipw"), RCT),
+        # options other than the preset's defaults were not measured
+        (AteParams(epsilon=1.0, clip="adaptive"), OBSERVATIONAL),
+        (AteParams(epsilon=1.0, alpha=0.1), OBSERVATIONAL),
+        (AteParams(epsilon=1.0, propensity_clip=0.05), OBSERVATIONAL),
+        (AteParams(epsilon=5.0, nuisance="dp_ebm", quantile_bins=True), OBSERVATIONAL),
     ):
         block = kind.quote(params, domain)["coverage"]
         assert block["measured"] is None

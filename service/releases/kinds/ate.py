@@ -332,8 +332,10 @@ class AteKind:
 def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> dict[str, Any]:
     nuisance: str | None = None
     adjusted = False
-    if isinstance(mechanism, ate_strict.AteStrictParams):
-        nuisance, adjusted = mechanism.nuisance, mechanism.adjustment_columns is not None
+    if isinstance(mechanism, ate_strict.AteStrictParams) and checked.mode == "strict":
+        adjusted = mechanism.adjustment_columns is not None
+        if _preset_defaults(checked, domain, mechanism):
+            nuisance = mechanism.nuisance
     return ate_coverage(
         domain,
         mode=checked.mode,
@@ -342,6 +344,24 @@ def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> di
         epsilon=checked.epsilon,
         adjustment_set=adjusted,
     )
+
+
+def _preset_defaults(
+    checked: AteParams, domain: PublicDomain, mechanism: ate_strict.AteStrictParams
+) -> bool:
+    """Whether a strict aipw request is its nuisance preset's default request (whatever its
+    adjustment columns): the request the realistic studies' coverage was measured for."""
+    reference = to_mechanism_params(
+        AteParams(
+            epsilon=checked.epsilon,
+            nuisance=mechanism.nuisance,
+            adjustment_columns=(
+                None if mechanism.adjustment_columns is None else list(mechanism.adjustment_columns)
+            ),
+        ),
+        domain,
+    )
+    return reference == mechanism
 
 
 def _target_verdict(quoted: dict[str, Any], epsilon: float, target: float) -> dict[str, Any]:
