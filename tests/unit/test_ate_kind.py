@@ -257,16 +257,17 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     assert between["measured"]["within_measured_range"] is False
     assert between["measured"]["n_epsilon_low"] == 4000.0  # log(4000/3200) < log(3200/2500)
     assert "the nearest measured to your n * epsilon of 3,200" in between["message"]
-    # without an adjustment set the message says what declaring the confounders did
-    assert "Declaring the confounders" in small["message"]
+    # without an adjustment set, from n eps = 10^4 (where declaring one makes the default
+    # DP-EBM), the message says what declaring the confounders did; not below
+    assert "Declaring the confounders" not in small["message"]
     assert "from 82 % to 91 %" in mid["message"]
     declared = replace(OBSERVATIONAL, adjustment_set=(1,))
     for adjusted, params in (
-        (declared, AteParams(epsilon=1.0)),
-        (OBSERVATIONAL, AteParams(epsilon=1.0, adjustment_columns=[0])),
+        (declared, AteParams(epsilon=5.0)),
+        (OBSERVATIONAL, AteParams(epsilon=5.0, adjustment_columns=[0])),
     ):
         block = kind.quote(params, adjusted)["coverage"]
-        assert block["measured"]["nuisance"] == "dp_linear"
+        assert block["measured"]["nuisance"] == "dp_ebm"
         assert "Declaring the confounders" not in block["message"]
     # an explicit preset quotes its own measurement
     linear = kind.quote(AteParams(epsilon=5.0, nuisance="dp_linear"), OBSERVATIONAL)["coverage"]

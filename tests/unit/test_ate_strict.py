@@ -715,11 +715,26 @@ def test_kind_default_clip_is_adaptive_on_rct_and_declared_otherwise() -> None:
 
 def test_kind_default_nuisance_is_dp_linear_on_rct_and_by_n_epsilon_otherwise() -> None:
     rct = make_domain(n=4000, design=StudyDesign.RCT, p=0.5)
-    observational = make_domain(n=4000)
+    observational = make_domain(n=4000, q=36)
     assert to_mechanism_params(AteParams(epsilon=1.0), rct).nuisance == "dp_linear"
-    # observational: dp_linear below n epsilon = 2 * 10^4, DP-EBM from there
+    # observational, 36 covariates: dp_linear below n epsilon = 2 * 10^4, DP-EBM from there
     assert to_mechanism_params(AteParams(epsilon=4.5), observational).nuisance == "dp_linear"
     assert to_mechanism_params(AteParams(epsilon=5.0), observational).nuisance == "dp_ebm"
+    # at most 12 covariates seen (q, the declared set or the request's columns): from 10^4
+    few = make_domain(n=4000, q=2)
+    assert to_mechanism_params(AteParams(epsilon=2.4), few).nuisance == "dp_linear"
+    assert to_mechanism_params(AteParams(epsilon=2.5), few).nuisance == "dp_ebm"
+    declared = replace(observational, adjustment_set=tuple(range(12)))
+    assert to_mechanism_params(AteParams(epsilon=2.5), declared).nuisance == "dp_ebm"
+    assert to_mechanism_params(AteParams(epsilon=2.4), declared).nuisance == "dp_linear"
+    named = AteParams(epsilon=2.5, adjustment_columns=list(range(12)))
+    assert to_mechanism_params(named, observational).nuisance == "dp_ebm"
+    assert to_mechanism_params(AteParams(epsilon=2.5), observational).nuisance == "dp_linear"
+    # 24 covariates: halfway, n epsilon 15000
+    half = AteParams(epsilon=3.75, adjustment_columns=list(range(24)))
+    assert to_mechanism_params(half, observational).nuisance == "dp_ebm"
+    below = AteParams(epsilon=3.7, adjustment_columns=list(range(24)))
+    assert to_mechanism_params(below, observational).nuisance == "dp_linear"
     assert to_mechanism_params(AteParams(epsilon=20.0), rct).nuisance == "dp_linear"
     # a preset-only option names its preset
     binned = AteParams(epsilon=1.0, quantile_bins=True)
@@ -730,6 +745,15 @@ def test_kind_default_nuisance_is_dp_linear_on_rct_and_by_n_epsilon_otherwise() 
     assert to_mechanism_params(explicit, rct).nuisance == "dp_ebm"
     # the cross-fit rule is observational only: a trial keeps its (outcome, estimation) halves
     assert to_mechanism_params(AteParams(epsilon=2.0), rct).cross_fit is False
+
+
+def test_the_linear_nuisance_threshold_by_the_number_of_columns() -> None:
+    threshold = ate_strict.linear_nuisance_threshold
+    assert threshold(1) == threshold(12) == 10_000.0
+    assert threshold(24) == pytest.approx(15_000.0)
+    assert threshold(36) == threshold(500) == 20_000.0
+    values = [threshold(p) for p in range(1, 60)]
+    assert values == sorted(values)  # never falls as the models see more covariates
 
 
 @pytest.mark.parametrize("design", [StudyDesign.OBSERVATIONAL, StudyDesign.RCT])

@@ -36,8 +36,10 @@ MECHANISM = "ate_strict"
 # observational default folds (0.1, 0.4, 0.5) from n epsilon = 2 * 10^4 (issue 12); 5: DP-EBM
 # nuisance learning rates by n epsilon (issue 12); 6: DP quantile bins for the DP-EBM nuisances'
 # continuous covariates (issue 12); 7: adjustment_columns, the declared adjustment set (issue 12);
-# 8: dp_linear nuisances by default on observational designs below n epsilon = 2 * 10^4 (issue 12)
-VERSION = "8"
+# 8: dp_linear nuisances by default on observational designs below n epsilon = 2 * 10^4 (issue 12);
+# 9: that switch at n epsilon = 10^4 where the nuisance models see at most 12 covariates, linear
+# up to 2 * 10^4 at 36 (issue 12)
+VERSION = "9"
 
 
 Nuisance = Literal["dp_ebm", "dp_linear", "none"]
@@ -199,14 +201,38 @@ class AteStrictParams:
     adjustment_columns: tuple[int, ...] | None = None
 
 
-# Below this n epsilon the observational default's nuisances are dp_linear, from it DP-EBM (the
-# DP-EBM fold rule's switch too): on the realistic studies (bench/README.md, "The observational
-# default's nuisances by n epsilon") the DP-EBM nuisances fitted on a few hundred rows under
-# heavy noise moved the estimate by more than its interval (coverage 0.72 / 0.84 at n 1000,
-# eps 1 / 4, 200 releases, RMSE 2-3x dp_linear's); dp_linear had the smaller RMSE and the higher
-# coverage in every cell measured up to n eps = 10^4 (0.855-0.99), DP-EBM from 2 * 10^4, where
-# dp_linear's shrinkage bias shows (coverage 0.00-0.75).
+# Below this n epsilon the observational default's nuisances on 36 or more covariates are
+# dp_linear, from it DP-EBM (the DP-EBM fold rule's switch too): on the realistic studies
+# (bench/README.md, "The observational default's nuisances by n epsilon") the DP-EBM nuisances
+# fitted on a few hundred rows under heavy noise moved the estimate by more than its interval
+# (coverage 0.72 / 0.84 at n 1000, eps 1 / 4, 200 releases, RMSE 2-3x dp_linear's); dp_linear
+# had the smaller RMSE and the higher coverage in every cell measured up to n eps = 10^4
+# (0.855-0.99), DP-EBM from 2 * 10^4, where dp_linear's shrinkage bias shows (coverage
+# 0.00-0.75).
 LINEAR_NUISANCE_BELOW_N_EPSILON = 20_000.0
+# ... measured with the 36 covariates; with the studies' 12 declared confounders as the
+# adjustment set (bench/README.md, "The switch with a declared adjustment set"; 40 releases per
+# cell) DP-EBM's RMSE was 1.20-1.26x dp_linear's at n eps = 5000, 0.69-1.38x (geometric mean
+# 0.96) at 10^4 and 0.66-0.80x at 2 * 10^4, with coverage 0.80-0.95 against 0.575-0.95: the
+# models spread their budget over fewer features. So the switch is at n eps = 10^4 for an
+# adjustment set of at most LINEAR_NUISANCE_FEW_COLUMNS covariates, 2 * 10^4 from
+# LINEAR_NUISANCE_MANY_COLUMNS, linear in between (``linear_nuisance_threshold``); not
+# extrapolated outside the measured sizes.
+LINEAR_NUISANCE_BELOW_N_EPSILON_FEW = 10_000.0
+LINEAR_NUISANCE_FEW_COLUMNS = 12
+LINEAR_NUISANCE_MANY_COLUMNS = 36
+
+
+def linear_nuisance_threshold(columns: int) -> float:
+    """The n epsilon from which the observational default's nuisances are DP-EBM, for nuisance
+    models that see ``columns`` covariates (public: the schema's q or the adjustment set)."""
+    few, many = LINEAR_NUISANCE_FEW_COLUMNS, LINEAR_NUISANCE_MANY_COLUMNS
+    if columns <= few:
+        return LINEAR_NUISANCE_BELOW_N_EPSILON_FEW
+    if columns >= many:
+        return LINEAR_NUISANCE_BELOW_N_EPSILON
+    span = LINEAR_NUISANCE_BELOW_N_EPSILON - LINEAR_NUISANCE_BELOW_N_EPSILON_FEW
+    return LINEAR_NUISANCE_BELOW_N_EPSILON_FEW + span * (columns - few) / (many - few)
 
 
 def default_nuisance(
@@ -215,6 +241,7 @@ def default_nuisance(
     *,
     quantile_bins: bool | None = None,
     cross_fit: bool | None = None,
+    adjustment_columns: tuple[int, ...] | list[int] | None = None,
 ) -> Nuisance:
     """Public rule for an omitted strict nuisance: the preset a request's preset-only option
     needs (``quantile_bins: true``: ``dp_ebm``; ``cross_fit: true``: ``dp_linear``), else
@@ -222,15 +249,18 @@ def default_nuisance(
     the realistic trials of bench.realistic the DP linear outcome model gave CIs 1.0-1.8x
     narrower than DP-EBM's at every n and epsilon measured:
     bench/results/realistic-after-rct.json); on observational ones ``dp_linear`` below n epsilon
-    = ``LINEAR_NUISANCE_BELOW_N_EPSILON``, ``dp_ebm`` from there. Public n, the schema and the
-    request only."""
+    = ``linear_nuisance_threshold`` of the number of covariates the models see (the request's
+    ``adjustment_columns``, else the schema's declared adjustment set, else all q), ``dp_ebm``
+    from there. Public n, the schema and the request only."""
     if quantile_bins is True:
         return "dp_ebm"
     if cross_fit is True:
         return "dp_linear"
     if domain.design == StudyDesign.RCT:
         return "dp_linear"
-    small = float(domain.n) * float(epsilon) < LINEAR_NUISANCE_BELOW_N_EPSILON
+    columns = adjustment_columns if adjustment_columns is not None else domain.adjustment_set
+    seen = domain.q if columns is None else len(columns)
+    small = float(domain.n) * float(epsilon) < linear_nuisance_threshold(seen)
     return "dp_linear" if small else "dp_ebm"
 
 

@@ -169,7 +169,11 @@ class AteParams(KindParams):
 
 def _strict_nuisance(params: AteParams, domain: PublicDomain) -> ate_strict.Nuisance:
     value = params.nuisance or ate_strict.default_nuisance(
-        domain, params.epsilon, quantile_bins=params.quantile_bins, cross_fit=params.cross_fit
+        domain,
+        params.epsilon,
+        quantile_bins=params.quantile_bins,
+        cross_fit=params.cross_fit,
+        adjustment_columns=params.adjustment_columns,
     )
     if value == "dp_ebm" or value == "dp_linear" or value == "none":
         return value
