@@ -276,8 +276,8 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     for params, domain in (
         (AteParams(epsilon=1.0, estimator="ipw"), OBSERVATIONAL),
         (AteParams(epsilon=1.0, nuisance="none"), RCT),
-        (AteParams(epsilon=1.0), RCT),
         (AteParams(epsilon=1.0, estimator="ipw"), RCT),
+        (AteParams(epsilon=1.0, estimator="rct_difference"), RCT),
         # options other than the preset's defaults were not measured
         (AteParams(epsilon=1.0, clip="adaptive"), OBSERVATIONAL),
         (AteParams(epsilon=1.0, alpha=0.1), OBSERVATIONAL),
@@ -290,21 +290,49 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
         assert "Declaring the confounders" not in block["message"]
 
 
-def test_measured_bands_are_ordered_and_the_lookup_picks_the_containing_or_nearest() -> None:
-    from service.mechanisms.ate_coverage import MEASURED_BANDS, measured_band
+def test_a_trial_quotes_the_coverage_measured_on_the_realistic_trials() -> None:
+    """The randomised default (dp_linear outcome model) quotes the trials' band of its n eps,
+    next to the design's own guarantee; no hint about adjustment sets."""
+    kind = AteKind()
+    for epsilon, low, high in ((1.0, 500.0, 5000.0), (5.0, 10_000.0, 400_000.0)):
+        block = kind.quote(AteParams(epsilon=epsilon), RCT)["coverage"]
+        assert block["basis"] == "design"
+        measured = block["measured"]
+        assert measured["nuisance"] == "dp_linear"
+        assert (measured["n_epsilon_low"], measured["n_epsilon_high"]) == (low, high)
+        assert measured["within_measured_range"] is True
+        assert "Realistic trials" in measured["source"]
+        assert block["message"].startswith("Randomised design")
+        assert "On simulated trials with 36 covariates" in block["message"]
+        assert "Declaring the confounders" not in block["message"]
+    # between the bands (n eps 8000): the nearest, said so
+    between = kind.quote(AteParams(epsilon=2.0), RCT)["coverage"]
+    assert between["measured"]["within_measured_range"] is False
+    assert "the nearest measured to your n * epsilon of 8,000" in between["message"]
 
-    for nuisance, bands in MEASURED_BANDS.items():
-        for band in bands:
-            assert 0.0 <= band.coverage_low <= band.coverage_high <= 1.0
-            assert 0.0 < band.n_epsilon_low <= band.n_epsilon_high
-            assert band.cells >= 1
-            assert band.releases_per_cell >= 40
-            assert measured_band(nuisance, band.n_epsilon_low) == band
-            assert measured_band(nuisance, band.n_epsilon_high) == band
-        for index in range(1, len(bands)):
-            assert bands[index - 1].n_epsilon_high < bands[index].n_epsilon_low
+
+def test_measured_bands_are_ordered_and_the_lookup_picks_the_containing_or_nearest() -> None:
+    from service.mechanisms.ate_coverage import (
+        MEASURED_BANDS,
+        MEASURED_BANDS_RCT,
+        measured_band,
+    )
+
+    for table, randomised in ((MEASURED_BANDS, False), (MEASURED_BANDS_RCT, True)):
+        for nuisance, bands in table.items():
+            for band in bands:
+                assert 0.0 <= band.coverage_low <= band.coverage_high <= 1.0
+                assert 0.0 < band.n_epsilon_low <= band.n_epsilon_high
+                assert band.cells >= 1
+                assert band.releases_per_cell >= 40
+                for edge in (band.n_epsilon_low, band.n_epsilon_high):
+                    assert measured_band(nuisance, edge, randomised=randomised) == band
+            for index in range(1, len(bands)):
+                assert bands[index - 1].n_epsilon_high < bands[index].n_epsilon_low
     assert measured_band("dp_linear", 1.0) == MEASURED_BANDS["dp_linear"][0]
     assert measured_band("dp_linear", 1e9) == MEASURED_BANDS["dp_linear"][-1]
+    assert measured_band("dp_linear", 1e9, randomised=True) == MEASURED_BANDS_RCT["dp_linear"][-1]
+    assert measured_band("dp_ebm", 20_000.0, randomised=True) is None
     assert measured_band("none", 4000.0) is None
     assert measured_band(None, 4000.0) is None
     assert measured_band("dp_linear", 0.0) is None
