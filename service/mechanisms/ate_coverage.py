@@ -90,6 +90,13 @@ MEASURED_BANDS: dict[str, tuple[CoverageBand, ...]] = {
         CoverageBand(80_000.0, 100_000.0, 0.705, 0.815, 4, 200),
         CoverageBand(400_000.0, 400_000.0, 0.805, 0.875, 2, 200),
     ),
+    # the strict ipw default (its DP logistic propensity): realistic-ipw-quote.json
+    "ipw": (
+        CoverageBand(500.0, 1000.0, 0.905, 0.96, 4, 200),
+        CoverageBand(2500.0, 5000.0, 0.75, 0.855, 6, 200),
+        CoverageBand(10_000.0, 20_000.0, 0.865, 0.955, 6, 200),
+        CoverageBand(50_000.0, 400_000.0, 0.00, 0.60, 8, 200),
+    ),
 }
 
 
@@ -100,6 +107,12 @@ MEASURED_BANDS_RCT: dict[str, tuple[CoverageBand, ...]] = {
     "dp_linear": (
         CoverageBand(500.0, 5000.0, 0.94, 0.97, 10, 200),
         CoverageBand(10_000.0, 400_000.0, 0.935, 0.975, 14, 200),
+    ),
+    # the strict ipw default on the same trials: realistic-ipw-quote.json
+    "ipw": (
+        CoverageBand(500.0, 1000.0, 0.93, 0.955, 4, 200),
+        CoverageBand(2500.0, 5000.0, 0.84, 0.92, 6, 200),
+        CoverageBand(10_000.0, 400_000.0, 0.945, 0.985, 14, 200),
     ),
 }
 
@@ -130,13 +143,18 @@ _ADJUSTMENT_HINT = (
 )
 
 
-_PRESET_WORDS = {"dp_linear": "DP linear models", "dp_ebm": "DP-EBM models"}
+_PRESET_WORDS = {
+    "dp_linear": "DP linear models",
+    "dp_ebm": "DP-EBM models",
+    "ipw": "the ipw estimator's DP logistic propensity",
+}
 
 
 _SOURCES = {
     False: "bench/README.md, 'The observational default's nuisances by n*eps'",
     True: "bench/README.md, 'Realistic trials, 200 releases per cell: the strict default'",
 }
+_IPW_SOURCE = 'bench/README.md, "`ipw`\'s quote: the expected half-width at the assumed scale"'
 
 
 def _band_block(
@@ -152,7 +170,7 @@ def _band_block(
         "coverage_high": band.coverage_high,
         "cells": band.cells,
         "releases_per_cell": band.releases_per_cell,
-        "source": _SOURCES[randomised],
+        "source": _IPW_SOURCE if nuisance == "ipw" else _SOURCES[randomised],
     }
 
 
@@ -194,7 +212,8 @@ def ate_coverage(
     design (or a trial: ``MEASURED_BANDS_RCT``), ``measured`` is the coverage the realistic
     studies measured for its resolved ``nuisance`` preset in the band of n * ``epsilon`` that
     contains the request's (or the nearest band, ``within_measured_range: false``), and the
-    message quotes it; else None
+    message quotes it (for the strict ``ipw`` release the caller passes ``nuisance="ipw"``);
+    else None
     (also where the caller passes no ``nuisance``: a request whose other options are not its
     preset's defaults, which nothing measured).
     Without a declared or requested adjustment set (``adjustment_set`` false) the message of
@@ -206,14 +225,17 @@ def ate_coverage(
     measured: dict[str, Any] | None = None
     if not by_design:
         message = _NUISANCE_MESSAGE
-    strict_aipw = (mode, estimator) == ("strict", "aipw")
-    if strict_aipw and nuisance and epsilon is not None:
+    measured_kind = mode == "strict" and (
+        (estimator == "aipw" and nuisance != "ipw") or (estimator == "ipw" and nuisance == "ipw")
+    )
+    if measured_kind and nuisance and epsilon is not None:
         n_epsilon = float(domain.n) * float(epsilon)
         band = measured_band(nuisance, n_epsilon, randomised=randomised)
         if band is not None:
             measured = _band_block(nuisance, band, n_epsilon, randomised)
             message += _band_sentence(nuisance, band, n_epsilon, randomised)
-        if not (randomised or adjustment_set) and n_epsilon >= _ADJUSTMENT_HINT_MIN_N_EPSILON:
+        hinted = not (randomised or adjustment_set) and estimator == "aipw"
+        if hinted and n_epsilon >= _ADJUSTMENT_HINT_MIN_N_EPSILON:
             message += _ADJUSTMENT_HINT
     return {
         "basis": DESIGN if by_design else NUISANCE_MODELS,

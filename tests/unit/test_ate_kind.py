@@ -229,7 +229,7 @@ def test_dp_linear_cross_fits_by_a_public_rule_in_n_epsilon() -> None:
 def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     """Below n eps = 2 * 10^4 the observational default is dp_linear, from there DP-EBM: each
     block quotes the coverage measured for its own preset in the band of n * epsilon that
-    contains the request (or the nearest); ipw and trials quote none."""
+    contains the request (or the nearest); ipw its own; other options none."""
     kind = AteKind()
     small = kind.quote(AteParams(epsilon=1.0), OBSERVATIONAL)["coverage"]  # n eps 4000
     assert small["measured"] == {
@@ -273,10 +273,21 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     linear = kind.quote(AteParams(epsilon=5.0, nuisance="dp_linear"), OBSERVATIONAL)["coverage"]
     assert linear["measured"]["nuisance"] == "dp_linear"
     assert linear["measured"]["coverage_low"] == 0.0
+    # ipw's default request quotes ipw's own bands (observational and trials), no hint
+    for domain, low, high in ((OBSERVATIONAL, 0.75, 0.855), (RCT, 0.84, 0.92)):
+        ipw = kind.quote(AteParams(epsilon=1.0, estimator="ipw"), domain)["coverage"]
+        assert ipw["basis"] == "nuisance_models"
+        assert ipw["measured"]["nuisance"] == "ipw"
+        assert (ipw["measured"]["coverage_low"], ipw["measured"]["coverage_high"]) == (low, high)
+        assert "ipw" in ipw["measured"]["source"]
+        assert "the ipw estimator's DP logistic propensity" in ipw["message"]
+        assert "Declaring the confounders" not in ipw["message"]
+    large = replace(OBSERVATIONAL, n=100_000)
+    ipw_large = kind.quote(AteParams(epsilon=1.0, estimator="ipw"), large)["coverage"]
+    assert ipw_large["measured"]["coverage_high"] == 0.60
     for params, domain in (
-        (AteParams(epsilon=1.0, estimator="ipw"), OBSERVATIONAL),
+        (AteParams(epsilon=1.0, estimator="ipw", trim=0.2), OBSERVATIONAL),
         (AteParams(epsilon=1.0, nuisance="none"), RCT),
-        (AteParams(epsilon=1.0, estimator="ipw"), RCT),
         (AteParams(epsilon=1.0, estimator="rct_difference"), RCT),
         # options other than the preset's defaults were not measured
         (AteParams(epsilon=1.0, clip="adaptive"), OBSERVATIONAL),

@@ -340,6 +340,10 @@ def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> di
         adjusted = mechanism.adjustment_columns is not None
         if _preset_defaults(checked, domain, mechanism):
             nuisance = mechanism.nuisance
+    elif isinstance(mechanism, ate_ipw.AteIpwParams):
+        adjusted = mechanism.adjustment_columns is not None
+        if _preset_defaults(checked, domain, mechanism):
+            nuisance = "ipw"  # its own measured bands (ate_coverage)
     return ate_coverage(
         domain,
         mode=checked.mode,
@@ -351,21 +355,22 @@ def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> di
 
 
 def _preset_defaults(
-    checked: AteParams, domain: PublicDomain, mechanism: ate_strict.AteStrictParams
+    checked: AteParams,
+    domain: PublicDomain,
+    mechanism: ate_strict.AteStrictParams | ate_ipw.AteIpwParams,
 ) -> bool:
-    """Whether a strict aipw request is its nuisance preset's default request (whatever its
-    adjustment columns): the request the realistic studies' coverage was measured for."""
-    reference = to_mechanism_params(
-        AteParams(
-            epsilon=checked.epsilon,
-            nuisance=mechanism.nuisance,
-            adjustment_columns=(
-                None if mechanism.adjustment_columns is None else list(mechanism.adjustment_columns)
-            ),
-        ),
-        domain,
-    )
-    return reference == mechanism
+    """Whether a strict aipw request is its nuisance preset's default request, or a strict ipw
+    request ipw's default request (whatever its adjustment columns): the requests the realistic
+    studies' coverage was measured for."""
+    columns = mechanism.adjustment_columns
+    listed = None if columns is None else list(columns)
+    if isinstance(mechanism, ate_ipw.AteIpwParams):
+        default = AteParams(epsilon=checked.epsilon, estimator="ipw", adjustment_columns=listed)
+    else:
+        default = AteParams(
+            epsilon=checked.epsilon, nuisance=mechanism.nuisance, adjustment_columns=listed
+        )
+    return to_mechanism_params(default, domain) == mechanism
 
 
 def _target_verdict(quoted: dict[str, Any], epsilon: float, target: float) -> dict[str, Any]:
