@@ -208,14 +208,13 @@ def ate_coverage(
     ``basis`` is ``"design"`` where the nominal level rests on the randomisation alone (strict
     ``aipw`` or ``rct_difference`` on an RCT), else ``"nuisance_models"``;
     ``nuisance_error_covered`` says whether the interval accounts for the nuisance models'
-    error; ``message`` says it in words. For the strict ``aipw`` release on an observational
-    design (or a trial: ``MEASURED_BANDS_RCT``), ``measured`` is the coverage the realistic
-    studies measured for its resolved ``nuisance`` preset in the band of n * ``epsilon`` that
-    contains the request's (or the nearest band, ``within_measured_range: false``), and the
-    message quotes it (for the strict ``ipw`` release the caller passes ``nuisance="ipw"``);
-    else None
-    (also where the caller passes no ``nuisance``: a request whose other options are not its
-    preset's defaults, which nothing measured).
+    error; ``message`` says it in words. ``nuisance`` is the measured preset of a strict
+    request at that preset's defaults (the strict ``aipw`` release's resolved nuisance, or
+    ``"ipw"`` for the ``ipw`` default), None for any other request, which nothing measured.
+    With one, ``measured`` is the coverage the realistic studies (``MEASURED_BANDS``, on trials
+    ``MEASURED_BANDS_RCT``) measured for it in the band of n * ``epsilon`` that contains the
+    request's (or the nearest band, ``within_measured_range: false``), and the message quotes
+    it; else None.
     Without a declared or requested adjustment set (``adjustment_set`` false) the message of
     such a release also says what declaring the confounders did on those studies.
     """
@@ -225,10 +224,7 @@ def ate_coverage(
     measured: dict[str, Any] | None = None
     if not by_design:
         message = _NUISANCE_MESSAGE
-    measured_kind = mode == "strict" and (
-        (estimator == "aipw" and nuisance != "ipw") or (estimator == "ipw" and nuisance == "ipw")
-    )
-    if measured_kind and nuisance and epsilon is not None:
+    if nuisance and epsilon is not None:
         n_epsilon = float(domain.n) * float(epsilon)
         band = measured_band(nuisance, n_epsilon, randomised=randomised)
         if band is not None:

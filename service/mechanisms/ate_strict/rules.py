@@ -260,7 +260,11 @@ def default_nuisance(
         return "dp_linear"
     if domain.design == StudyDesign.RCT:
         return "dp_linear"
-    columns = adjustment_columns if adjustment_columns is not None else domain.adjustment_set
+    columns = (
+        adjustment_columns
+        if adjustment_columns is not None
+        else default_adjustment_columns(domain, None)
+    )
     seen = domain.q if columns is None else len(columns)
     small = float(domain.n) * float(epsilon) < linear_nuisance_threshold(seen)
     return "dp_linear" if small else "dp_ebm"

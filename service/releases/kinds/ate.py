@@ -336,14 +336,13 @@ class AteKind:
 def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> dict[str, Any]:
     nuisance: str | None = None
     adjusted = False
-    if isinstance(mechanism, ate_strict.AteStrictParams) and checked.mode == "strict":
+    if isinstance(mechanism, ate_strict.AteStrictParams | ate_ipw.AteIpwParams):
         adjusted = mechanism.adjustment_columns is not None
         if _preset_defaults(checked, domain, mechanism):
-            nuisance = mechanism.nuisance
-    elif isinstance(mechanism, ate_ipw.AteIpwParams):
-        adjusted = mechanism.adjustment_columns is not None
-        if _preset_defaults(checked, domain, mechanism):
-            nuisance = "ipw"  # its own measured bands (ate_coverage)
+            # the measured preset: ipw has its own bands (ate_coverage)
+            nuisance = (
+                mechanism.nuisance if isinstance(mechanism, ate_strict.AteStrictParams) else "ipw"
+            )
     return ate_coverage(
         domain,
         mode=checked.mode,
