@@ -352,39 +352,48 @@ def test_noise_path_adjustment_columns_compose_over_the_nuisances_only() -> None
         )
 
 
-@pytest.mark.parametrize(("epsilon", "rates"), [(40.0, (0.01, 0.01)), (50.0, (0.04, 0.02))])
+@pytest.mark.parametrize(("epsilon", "rates"), [(40.0, (0.01, 0.02)), (50.0, (0.04, 0.02))])
 def test_noise_path_ate_nuisances_draw_at_their_learning_rates(
     epsilon: float, rates: tuple[float, float]
 ) -> None:
     """The ate default's DP-EBM nuisances on either side of the learning-rate rule (n eps 8e4
     and 1e5 at n = 2000): every interpret draw is at the sd planned for its model's own rate
     (sqrt(E d) lr R / mu_tr), so a rate given to interpret but not to the calibration (less
-    noise than planned) would show here."""
-    from service.mechanisms import ate_strict
+    noise than planned) would show here. The regressor's R is the range its module measured
+    (proof ate_strict.md §16) and its mu the outcome module's own, smaller one."""
+    from service.mechanisms import ate_strict, outcome_range
+    from tests.audit.test_ate_adaptive_clip_audit import RecordingSampler
 
     n = 2000
     domain = _np_domain(StudyDesign.OBSERVATIONAL, n)
     params = ate_strict.AteStrictParams(epsilon=epsilon, delta=1e-6)
     state = ate_strict.make_plan(domain, params)
     assert state.learning_rates == rates
+    sampler = RecordingSampler()
     with _recording() as calls:
         ate_strict.run(
             _np_data(n),
             domain,
             params,
             rng=np.random.default_rng(4),
-            noise=OpenDPSampler(),
+            noise=sampler,
             progress=lambda f, s: None,
         )
-    acc = state.dp_ebm
+    acc, acc_outcome = state.dp_ebm, state.dp_ebm_outcome
     assert acc is not None
+    assert acc_outcome is not None
+    quantiles = [call["output"] for kind, call in sampler.calls if kind == "quantile"]
+    low, high = outcome_range.range_from_quantiles(*quantiles, domain.y_lower, domain.y_upper)
     rounds = dp_ebm.DP_EBM_MAX_ROUNDS
 
-    def boost_sd(d: int, rate: float, target_range: float) -> float:
-        return math.sqrt(rounds * d) * rate * target_range / acc.mu_boosting
+    def boost_sd(accounting: Any, d: int, rate: float, target_range: float) -> float:
+        return math.sqrt(rounds * d) * rate * target_range / accounting.mu_boosting
 
-    classifier = (math.sqrt(1) / acc.mu_binning, boost_sd(1, rates[0], 1.0))
-    regressor = (math.sqrt(2) / acc.mu_binning, boost_sd(2, rates[1], 10.0))
+    classifier = (math.sqrt(1) / acc.mu_binning, boost_sd(acc, 1, rates[0], 1.0))
+    regressor = (
+        math.sqrt(2) / acc_outcome.mu_binning,
+        boost_sd(acc_outcome, 2, rates[1], high - low),
+    )
     for model, sigmas, d in (("classifier", classifier, 1), ("regressor", regressor, 2)):
         binning = [v for s, v in calls if s == pytest.approx(sigmas[0], rel=1e-9)]
         boosting = [v for s, v in calls if s == pytest.approx(sigmas[1], rel=1e-9)]

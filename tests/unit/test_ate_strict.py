@@ -120,6 +120,45 @@ def test_record_observational_defaults() -> None:
     json.dumps(record.to_dict())  # serialisable
 
 
+def test_record_outcome_module_measures_its_range_from_the_threshold() -> None:
+    """proof §16: from n eps = 2 * 10^4 the DP-EBM outcome module spends SHARE of its epsilon
+    on two DP quantiles (delta 0) and the rest on the model, adding up exactly like the
+    propensity module; below it the declared range at the full module budget."""
+    threshold = ate_strict.OUTCOME_RANGE_MIN_N_EPSILON
+    below = plan(
+        make_domain(n=20_000),
+        AteStrictParams(epsilon=0.999 * threshold / 20_000, delta=1e-6, quantile_bins=False),
+    )
+    assert [e.module for e in below.events].count("outcome") == 1
+    record = plan(
+        make_domain(n=20_000),
+        AteStrictParams(epsilon=0.5 * threshold / 10_000, delta=1e-6, quantile_bins=False),
+    )
+    assert [event.type for event in record.events] == [
+        "gdp_module",
+        "exponential_quantile",
+        "exponential_quantile",
+        "gdp_module",
+        "gaussian",
+        "gaussian",
+    ]
+    epsilon = record.epsilon
+    propensity, low, high, outcome = record.events[:4]
+    assert {e.module for e in (low, high, outcome)} == {"outcome"}
+    assert [low.params["level"], high.params["level"]] == [0.02, 0.98]
+    assert low.delta == high.delta == 0.0
+    assert low.epsilon + high.epsilon == pytest.approx(0.1 * epsilon)
+    assert (outcome.epsilon, outcome.delta) == (pytest.approx(0.9 * epsilon), record.delta)
+    assert math.fsum(e.epsilon for e in (low, high, outcome)) == epsilon
+    assert outcome.params["target_range"] == "measured"
+    assert outcome.params["target_range_max"] == 5.0
+    assert (propensity.epsilon, propensity.delta) == (epsilon, record.delta)
+    for event, budget in ((propensity, epsilon), (outcome, outcome.epsilon)):
+        mu = float(event.params["mu"])
+        assert gdp_delta(budget, mu) <= record.delta  # replace-one guarantee of the DP-EBM fit
+        assert 0 < float(event.params["epsilon_p"]) < budget
+
+
 @pytest.mark.parametrize(
     ("big_r", "clip", "n", "epsilon", "s_theta", "s_2", "half_width"),
     [
@@ -275,10 +314,14 @@ def test_plan_rejects_bad_covariate_box() -> None:
         plan(domain, BASE)
 
 
+def _estimation_events(record: Any) -> list[Any]:
+    return [event for event in record.events if event.module == "estimation"]
+
+
 def test_valid_clip_and_k() -> None:
     domain = make_domain(min_clip=0.2)
     record = plan(domain, replace(BASE, propensity_clip=0.25, pseudo_outcome_clip=10.0))
-    assert record.events[2].params["bound"] == 10.0
+    assert _estimation_events(record)[0].params["bound"] == 10.0
 
 
 # ---- sensitivity (ate_ci.md §3.9) ----------------------------------------------------------
@@ -310,8 +353,9 @@ def test_replacing_one_row_by_a_box_vertex_respects_the_sensitivities(
     n2 = record.fold_sizes["estimation"]
     limit_theta = 2 * bound / n2
     limit_m2 = bound**2 / n2
-    calibrated_theta = float(record.events[2].params["sensitivity_l2"])
-    calibrated_m2 = float(record.events[3].params["sensitivity_l2"])
+    mean_event, second_event = _estimation_events(record)
+    calibrated_theta = float(mean_event.params["sensitivity_l2"])
+    calibrated_m2 = float(second_event.params["sensitivity_l2"])
     vertices = list(
         itertools.product((0.0, 1.0), (y_lo, y_hi), (c, 1 - c), (y_lo, y_hi), (y_lo, y_hi))
     )
@@ -403,6 +447,7 @@ ALLOWED_KEYS = {
     "clip",
     "bound_max",
     "quantile_bins",
+    "outcome_range",
     "adjustment_columns",
 }
 FORBIDDEN_FRAGMENTS = ("theta_hat", "m2_hat", "gamma", "fold_membership", "model", "assign")
@@ -802,12 +847,18 @@ def test_dp_ebm_default_folds_rule() -> None:
 def test_dp_ebm_learning_rate_rule_reaches_the_record_and_the_fits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """interpret's 0.01 below n eps = 10^5, (0.04, 0.02) from it: in the record's nuisance
-    events and in the fits the run makes (classifier, regressor)."""
+    """interpret's 0.01 below n eps = 10^5, (0.04, 0.02) from it; with the outcome model's
+    range measured the regressor's 0.02 from n eps = 2 * 10^4: in the record's nuisance events
+    and in the fits the run makes (classifier, regressor)."""
     rule = ate_strict.dp_ebm_learning_rates
     threshold = ate_strict.DP_EBM_FAST_LEARNING_MIN_N_EPSILON
+    measured = ate_strict.MEASURED_RANGE_FAST_REGRESSOR_MIN_N_EPSILON
     assert rule(10_000, 0.999 * threshold / 10_000) == (0.01, 0.01)
     assert rule(10_000, threshold / 10_000) == ate_strict.DP_EBM_FAST_LEARNING_RATES == (0.04, 0.02)
+    assert rule(10_000, threshold / 10_000, True) == (0.04, 0.02)
+    assert rule(10_000, 0.999 * threshold / 10_000, True) == (0.01, 0.02)
+    assert rule(10_000, measured / 10_000, True) == (0.01, 0.02)
+    assert rule(10_000, 0.999 * measured / 10_000, True) == (0.01, 0.01)
 
     def rates(state: Any) -> list[Any]:
         return [
@@ -816,11 +867,15 @@ def test_dp_ebm_learning_rate_rule_reaches_the_record_and_the_fits(
             if event.type == "gdp_module" or "learning_rate" in event.params
         ]
 
-    slow = ate_strict.make_plan(make_domain(n=10_000), AteStrictParams(epsilon=9.9, delta=1e-6))
+    declared = AteStrictParams(epsilon=9.9, delta=1e-6, outcome_range=False)
+    slow = ate_strict.make_plan(make_domain(n=10_000), declared)
     fast = ate_strict.make_plan(make_domain(n=10_000), AteStrictParams(epsilon=10.0, delta=1e-6))
+    middle = ate_strict.make_plan(make_domain(n=10_000), AteStrictParams(epsilon=9.9, delta=1e-6))
     assert (slow.learning_rates, fast.learning_rates) == ((0.01, 0.01), (0.04, 0.02))
+    assert middle.learning_rates == (0.01, 0.02)
     assert rates(slow)[:2] == [0.01, 0.01]
     assert rates(fast)[:2] == [0.04, 0.02]
+    assert rates(middle)[:2] == [0.01, 0.02]
     # dp_linear has no learning rate in its record
     linear = ate_strict.make_plan(
         make_domain(n=10_000), AteStrictParams(epsilon=10.0, delta=1e-6, nuisance="dp_linear")
@@ -848,6 +903,8 @@ def test_dp_ebm_learning_rate_rule_reaches_the_record_and_the_fits(
     assert seen == {"propensity": 0.04, "outcome": 0.02}
     _run(arrays, domain, AteStrictParams(epsilon=4.0, delta=1e-6), seed=6)
     assert seen == {"propensity": 0.01, "outcome": 0.01}
+    _run(arrays, domain, AteStrictParams(epsilon=10.0, delta=1e-6), seed=6)
+    assert seen == {"propensity": 0.01, "outcome": 0.02}
 
 
 def test_fitted_noise_check_reads_the_learning_rate() -> None:

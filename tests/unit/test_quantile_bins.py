@@ -132,9 +132,16 @@ def test_plan_charges_the_same_and_shrinks_only_the_nuisance_budget() -> None:
     assert estimation == [e for e in off.events if e.module == "estimation"]
     for module in ("propensity", "outcome"):
         events = [e for e in on.events if e.module == module]
-        assert [e.type for e in events] == ["gaussian", "gdp_module"]
-        histogram, fit = events
+        histogram, fit = events[0], events[-1]
+        assert (histogram.type, fit.type) == ("gaussian", "gdp_module")
         assert histogram.params["columns"] == 2
         assert histogram.params["cells"] == quantile_bins.CELLS
-        assert histogram.epsilon + fit.epsilon == 2.0
-        assert math.isclose(fit.epsilon, 2.0 * (1.0 - quantile_bins.SHARE))
+        assert math.fsum(e.epsilon for e in events) == 2.0
+        assert math.isclose(histogram.epsilon, 2.0 * quantile_bins.SHARE)
+    # the outcome module's measured range (proof §16) sits between its histograms and its fit
+    middle = [e.type for e in on.events if e.module == "outcome"][1:-1]
+    assert middle == ["exponential_quantile"] * 2
+    assert math.isclose(
+        [e for e in on.events if e.module == "propensity"][-1].epsilon,
+        2.0 * (1.0 - quantile_bins.SHARE),
+    )

@@ -33,6 +33,9 @@ Claim:
       its (epsilon, delta) buys Gaussian histograms of the fold's continuous covariates; the
       fit and its predictions use the released CDF values (post-processing). Within the module
       the two compose sequentially, so the module still costs (epsilon, delta).
+    * the measured outcome range (``outcome_range``; proof §16): the DP-EBM outcome module
+      spends a public share of its epsilon on two DP quantiles of its fold's outcomes and fits
+      the model, its noise calibrated, on that range; again sequential within the module.
 
 Nuisance presets:
     * ``"dp_ebm"`` (default): interpret DP-EBM classifier / regressor (proof §2);
@@ -132,10 +135,13 @@ from service.mechanisms.ate_strict.rules import (
     LINEAR_NUISANCE_FEW_COLUMNS,
     LINEAR_NUISANCE_MANY_COLUMNS,
     MAX_EPSILON,
+    MEASURED_RANGE_FAST_REGRESSOR_MIN_N_EPSILON,
+    MEASURED_RANGE_REGRESSOR_RATE,
     MECHANISM,
     MIN_EPSILON,
     MIN_NUISANCE_SHARE,
     NUISANCES,
+    OUTCOME_RANGE_MIN_N_EPSILON,
     SECOND_MOMENT_NOISE_LIMIT,
     VERSION,
     AteStrictParams,
@@ -177,6 +183,9 @@ __all__ = [
     "DEFAULT_FOLDS_OBSERVATIONAL_DP_LINEAR",
     "DP_EBM_FAST_LEARNING_MIN_N_EPSILON",
     "DP_EBM_FAST_LEARNING_RATES",
+    "MEASURED_RANGE_FAST_REGRESSOR_MIN_N_EPSILON",
+    "MEASURED_RANGE_REGRESSOR_RATE",
+    "OUTCOME_RANGE_MIN_N_EPSILON",
     "DP_EBM_OUTCOME_FOLDS_MIN_N_EPSILON",
     "DEFAULT_FOLDS_RCT",
     "DEFAULT_FOLDS_RCT_NO_NUISANCE",

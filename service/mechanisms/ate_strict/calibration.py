@@ -7,6 +7,7 @@ charged adaptive clipping is §13.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -14,11 +15,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from service.mechanisms import dp_linear
+from service.mechanisms import dp_linear, outcome_range
 from service.mechanisms.ate_strict.rules import (
     MAX_EPSILON,
     MECHANISM,
     MIN_EPSILON,
+    OUTCOME_RANGE_MIN_N_EPSILON,
     VERSION,
     AteStrictParams,
     Nuisance,
@@ -136,6 +138,10 @@ class Plan:
     learning_rates: tuple[float, float] = (DP_EBM_LEARNING_RATE, DP_EBM_LEARNING_RATE)
     # DP quantile bins of each DP-EBM module's continuous covariates (proof §14)
     quantile_bins: QuantileBins | None = None
+    # the DP-EBM outcome model's measured range (proof §16) and that model's accounting, which
+    # differs from the propensity model's ``dp_ebm`` by the range's share
+    outcome_range: outcome_range.OutcomeRange | None = None
+    dp_ebm_outcome: DpEbmAccounting | None = None
 
     @property
     def n2(self) -> int:
@@ -225,6 +231,14 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
         _, epsilon_ebm = split_share(epsilon, SHARE)
         _, delta_ebm = split_share(delta, SHARE)
     dp_ebm = solve_dp_ebm_epsilon_p(epsilon_ebm, delta_ebm) if nuisance == "dp_ebm" else None
+    # proof §16: the outcome model's module first spends a public share on its range.
+    measured_range = plan_outcome_range(
+        nuisance, params.outcome_range, epsilon_ebm, domain.n * epsilon
+    )
+    epsilon_ebm_outcome, dp_ebm_outcome = epsilon_ebm, dp_ebm
+    if measured_range is not None:
+        _, epsilon_ebm_outcome = split_share(epsilon_ebm, outcome_range.SHARE)
+        dp_ebm_outcome = solve_dp_ebm_epsilon_p(epsilon_ebm_outcome, delta_ebm)
     # proof step 8 (dp_linear, §10-§12): budgets of the linear nuisance fits.
     observational = domain.design == StudyDesign.OBSERVATIONAL
     epsilon_stat, delta_stat = epsilon, delta
@@ -271,7 +285,7 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
 
     events: list[NoiseEvent] = []
     q = domain.q
-    rate_pi, rate_mu = dp_ebm_learning_rates(domain.n, epsilon)
+    rate_pi, rate_mu = dp_ebm_learning_rates(domain.n, epsilon, measured_range is not None)
     if dp_ebm is not None:
         if "propensity" in modules:
             if bins is not None:
@@ -283,11 +297,27 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
             )
         if bins is not None:
             events.append(quantile_bins_event("outcome", bins))
-        events.append(
-            nuisance_event(
-                "outcome", epsilon_ebm, delta_ebm, dp_ebm, q + 1, big_r, learning_rate=rate_mu
+        if measured_range is not None and dp_ebm_outcome is not None:
+            events.extend(outcome_range_events(measured_range, domain))
+            events.append(
+                measured_range_nuisance_event(
+                    nuisance_event(
+                        "outcome",
+                        epsilon_ebm_outcome,
+                        delta_ebm,
+                        dp_ebm_outcome,
+                        q + 1,
+                        big_r,
+                        learning_rate=rate_mu,
+                    )
+                )
             )
-        )
+        else:
+            events.append(
+                nuisance_event(
+                    "outcome", epsilon_ebm, delta_ebm, dp_ebm, q + 1, big_r, learning_rate=rate_mu
+                )
+            )
     nuisance_module = "nuisance" if cross_fit else None
     if dp_logistic is not None:
         events.append(
@@ -368,7 +398,74 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
         quantile_epsilon=quantile_epsilon,
         learning_rates=(rate_pi, rate_mu),
         quantile_bins=bins,
+        outcome_range=measured_range,
+        dp_ebm_outcome=dp_ebm_outcome,
     )
+
+
+def plan_outcome_range(
+    nuisance: Nuisance, requested: bool | None, epsilon_model: float, n_epsilon: float
+) -> outcome_range.OutcomeRange | None:
+    """The DP-EBM outcome model's range measurement (proof §16), or None.
+
+    ``requested`` True asks for it (``dp_ebm`` needed), False refuses it, None applies the
+    public rule: on where a DP-EBM outcome model is fitted and the public ``n_epsilon`` (n times
+    the requested epsilon) is at least ``OUTCOME_RANGE_MIN_N_EPSILON``. ``epsilon_model`` is the
+    outcome module's epsilon left for the model after the quantile bins; the two quantiles take
+    ``outcome_range.SHARE`` of it, split equally (exact splits). Public inputs only.
+    """
+    if requested is not None and not isinstance(requested, bool):
+        raise InvalidParameters("outcome_range must be a boolean or null")
+    if requested is False:
+        return None
+    if nuisance != "dp_ebm":
+        if requested:
+            raise InvalidParameters("outcome_range needs nuisance='dp_ebm'")
+        return None
+    if requested is None and n_epsilon < OUTCOME_RANGE_MIN_N_EPSILON:
+        return None
+    epsilon_range, _ = split_share(epsilon_model, outcome_range.SHARE)
+    epsilon_low, epsilon_high = split_share(epsilon_range, 0.5)
+    return outcome_range.OutcomeRange(epsilon_low, epsilon_high)
+
+
+def outcome_range_events(
+    measured: outcome_range.OutcomeRange, domain: PublicDomain
+) -> tuple[NoiseEvent, NoiseEvent]:
+    """The two pure-DP quantiles of the outcome fold's outcomes (proof §16)."""
+    grid = outcome_range.candidates(domain.y_lower, domain.y_upper)
+    return tuple(  # type: ignore[return-value]
+        NoiseEvent(
+            type="exponential_quantile",
+            module="outcome",
+            epsilon=epsilon,
+            delta=0.0,
+            params={
+                "statistic": "quantile_outcome",
+                "sampler": "opendp make_private_quantile (replace-one, sized)",
+                "level": level,
+                "candidates": int(grid.size),
+                "candidate_min": float(grid[0]),
+                "candidate_max": float(grid[-1]),
+                "share_of_model_epsilon": outcome_range.SHARE,
+            },
+        )
+        for level, epsilon in (
+            (outcome_range.LEVEL, measured.epsilon_low),
+            (1.0 - outcome_range.LEVEL, measured.epsilon_high),
+        )
+    )
+
+
+def measured_range_nuisance_event(event: NoiseEvent) -> NoiseEvent:
+    """The outcome model's event with its target range marked as the measured one: interpret
+    calibrates the noise to that range, so mu (the privacy) is the event's either way."""
+    params = {
+        **event.params,
+        "target_range": "measured",
+        "target_range_max": event.params["target_range"],
+    }
+    return dataclasses.replace(event, params=params)
 
 
 def plan_quantile_bins(
@@ -555,6 +652,7 @@ def public_parameters(state: Plan) -> dict[str, Any]:
         "clip": "adaptive" if state.quantile_epsilon is not None else "declared",
         "bound_max": state.bound,
         "quantile_bins": state.quantile_bins is not None,
+        "outcome_range": state.outcome_range is not None,
         "adjustment_columns": None
         if params.adjustment_columns is None
         else sorted(params.adjustment_columns),

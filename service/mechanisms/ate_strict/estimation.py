@@ -149,6 +149,15 @@ def _dp_ebm(state: Plan) -> DpEbmAccounting:
     return state.dp_ebm
 
 
+def _dp_ebm_outcome(state: Plan) -> DpEbmAccounting:
+    """The outcome model's accounting (proof §16: less than the propensity model's by the
+    measured range's share)."""
+    accounting = state.dp_ebm_outcome or state.dp_ebm
+    if accounting is None:
+        raise ValueError("no DP-EBM accounting in this plan")
+    return accounting
+
+
 def _release(value: float, calibration: GaussianCalibration, noise: NoiseSampler) -> float:
     return float(release_gaussian(np.array([value], dtype=np.float64), calibration, noise)[0])
 
@@ -259,6 +268,10 @@ def _run(
         # midpoint (dp_ebm_learners.md §3.2, §7.4).
         mu_fold = folds["outcome"]
         x_fit, x_at, low_x, high_x = _binned(state, x[mu_fold], x2, lower, upper, noise)
+        # proof §16: the model's range, two DP quantiles of the fold's outcomes (or declared).
+        fit_low, fit_high = low, high
+        if state.outcome_range is not None:
+            fit_low, fit_high = state.outcome_range.measure(y[mu_fold], low, high, noise)
         mu0_hat, mu1_hat = outcome_predictions(
             x_fit,
             a[mu_fold],
@@ -266,9 +279,9 @@ def _run(
             x_at,
             low_x,
             high_x,
-            low,
-            high,
-            _dp_ebm(state),
+            fit_low,
+            fit_high,
+            _dp_ebm_outcome(state),
             learning_rate=state.learning_rates[1],
         )
         progress(0.75, "outcome")

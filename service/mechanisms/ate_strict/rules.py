@@ -38,8 +38,9 @@ MECHANISM = "ate_strict"
 # continuous covariates (issue 12); 7: adjustment_columns, the declared adjustment set (issue 12);
 # 8: dp_linear nuisances by default on observational designs below n epsilon = 2 * 10^4 (issue 12);
 # 9: that switch at n epsilon = 10^4 where the nuisance models see at most 12 covariates, linear
-# up to 2 * 10^4 at 36 (issue 12)
-VERSION = "9"
+# up to 2 * 10^4 at 36 (issue 12); 10: the DP-EBM outcome model's range measured by two charged
+# DP quantiles (issue 12)
+VERSION = "10"
 
 
 Nuisance = Literal["dp_ebm", "dp_linear", "none"]
@@ -98,6 +99,24 @@ DP_EBM_OUTCOME_FOLDS_MIN_N_EPSILON = 20_000.0
 # 2.2-2.9x at 2 * 10^4, where the noise dominates.
 DP_EBM_FAST_LEARNING_RATES = (0.04, 0.02)
 DP_EBM_FAST_LEARNING_MIN_N_EPSILON = 100_000.0
+# ... and with the outcome model's range measured (version 10, proof §16) the regressor's step
+# noise, which interpret scales with learning rate x target range, is about 2.6x smaller on the
+# realistic studies (range about 21 of the declared 65), so the regressor's faster rate pays from
+# n epsilon = 2 * 10^4: with the measured range, 0.02 against 0.01 gave RMSE (output noise
+# included) 0.72 against 0.79 at n 20000, eps 1 and 0.29 against 0.36 at n 50000, eps 1, bias
+# +0.29 / +0.13 against +0.44 / +0.25 (20 and 15 releases; bench/README.md, "The outcome
+# model's measured range"). The classifier's faster rate did not pay there (RMSE 1.13-1.17x).
+MEASURED_RANGE_REGRESSOR_RATE = 0.02
+MEASURED_RANGE_FAST_REGRESSOR_MIN_N_EPSILON = 20_000.0
+
+
+# The outcome model's measured range (proof §16) is on by default from this n * epsilon, where
+# the DP-EBM default's outcome fold (0.4 n) gives each quantile (epsilon / 20) at least 400
+# record-epsilons: on the realistic outcomes the released tail levels then fell in
+# [0.0006, 0.038] for the planned 0.02 (20 draws at 8000 rows, eps 0.05), while at 2500 rows they
+# drifted to the grid's ends (the declared range again, with a tenth of the budget spent). Below
+# it the DP-EBM outcome model keeps the declared range; a request may still ask for it.
+OUTCOME_RANGE_MIN_N_EPSILON = 20_000.0
 
 
 DEFAULT_FOLDS_RCT = (0.5, 0.5)  # outcome, estimation
@@ -181,6 +200,12 @@ class AteStrictParams:
         adjustment_columns: the covariate positions the nuisance models adjust for (proof
             §15: the mechanism runs on the records' projection onto them, a public row-wise
             map); None means every covariate. Increasing, validated by ``checked_columns``.
+        outcome_range: the measured outcome range (proof §16,
+            ``service.mechanisms.outcome_range``): the DP-EBM outcome model spends
+            ``outcome_range.SHARE`` of its epsilon on two DP quantiles of its fold's outcomes
+            and is fitted, with its noise calibrated, on that range instead of the declared
+            one (``dp_ebm`` only). None means the public rule: on where a DP-EBM outcome model
+            is fitted and n epsilon >= ``OUTCOME_RANGE_MIN_N_EPSILON``.
     """
 
     epsilon: float
@@ -199,6 +224,7 @@ class AteStrictParams:
     adaptive_clip: bool = False
     quantile_bins: bool | None = None
     adjustment_columns: tuple[int, ...] | None = None
+    outcome_range: bool | None = None
 
 
 # Below this n epsilon the observational default's nuisances on 36 or more covariates are
@@ -244,9 +270,11 @@ def default_nuisance(
     quantile_bins: bool | None = None,
     cross_fit: bool | None = None,
     adjustment_columns: tuple[int, ...] | list[int] | None = None,
+    outcome_range: bool | None = None,
 ) -> Nuisance:
     """Public rule for an omitted strict nuisance: the preset a request's preset-only option
-    needs (``quantile_bins: true``: ``dp_ebm``; ``cross_fit: true``: ``dp_linear``), else
+    needs (``quantile_bins: true`` or ``outcome_range: true``: ``dp_ebm``; ``cross_fit: true``:
+    ``dp_linear``), else
     ``dp_linear`` on randomised designs (the outcome model only reduces variance there, and on
     the realistic trials of bench.realistic the DP linear outcome model gave CIs 1.0-1.8x
     narrower than DP-EBM's at every n and epsilon measured:
@@ -254,7 +282,7 @@ def default_nuisance(
     = ``linear_nuisance_threshold`` of the number of covariates the models see (the request's
     ``adjustment_columns``, else the schema's declared adjustment set, else all q), ``dp_ebm``
     from there. Public n, the schema and the request only."""
-    if quantile_bins is True:
+    if quantile_bins is True or outcome_range is True:
         return "dp_ebm"
     if cross_fit is True:
         return "dp_linear"
@@ -376,12 +404,18 @@ def dp_ebm_outcome_folds(n: int) -> tuple[float, float, float] | None:
     return folds if min(fold_sizes(n, folds)) >= MIN_FOLD_SIZE else None
 
 
-def dp_ebm_learning_rates(n: int, epsilon: float) -> tuple[float, float]:
-    """The DP-EBM nuisances' (classifier, regressor) learning rates: a public function of n and
-    the requested epsilon (``DP_EBM_FAST_LEARNING_RATES`` from
-    ``DP_EBM_FAST_LEARNING_MIN_N_EPSILON``, interpret's default below)."""
+def dp_ebm_learning_rates(
+    n: int, epsilon: float, measured_range: bool = False
+) -> tuple[float, float]:
+    """The DP-EBM nuisances' (classifier, regressor) learning rates: a public function of n,
+    the requested epsilon and whether the outcome model's range is measured
+    (``DP_EBM_FAST_LEARNING_RATES`` from ``DP_EBM_FAST_LEARNING_MIN_N_EPSILON``; below it
+    interpret's default, but the regressor's ``MEASURED_RANGE_REGRESSOR_RATE`` from
+    ``MEASURED_RANGE_FAST_REGRESSOR_MIN_N_EPSILON`` when its range is measured)."""
     if n * epsilon >= DP_EBM_FAST_LEARNING_MIN_N_EPSILON:
         return DP_EBM_FAST_LEARNING_RATES
+    if measured_range and n * epsilon >= MEASURED_RANGE_FAST_REGRESSOR_MIN_N_EPSILON:
+        return (DP_EBM_LEARNING_RATE, MEASURED_RANGE_REGRESSOR_RATE)
     return (DP_EBM_LEARNING_RATE, DP_EBM_LEARNING_RATE)
 
 

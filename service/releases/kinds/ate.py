@@ -51,6 +51,7 @@ _FIELDS: dict[tuple[str, str], frozenset[str]] = {
             "clip",
             "quantile_bins",
             "adjustment_columns",
+            "outcome_range",
         }
     ),
     ("strict", "ipw"): frozenset(
@@ -117,6 +118,11 @@ class AteParams(KindParams):
     # None: the public rule (on where DP-EBM nuisances are fitted, the schema declares a numeric
     # covariate and the smallest DP-EBM fold is large enough for an accurate CDF).
     quantile_bins: StrictBool | None = None
+    # strict aipw with DP-EBM nuisances: a public share of the outcome model's budget buys two DP
+    # quantiles of its fold's outcomes, and the model is fitted (its noise calibrated) on that
+    # range instead of the declared one (proof ate_strict.md §16). None: the public rule (on
+    # where a DP-EBM outcome model is fitted and n epsilon >= 2 * 10^4).
+    outcome_range: StrictBool | None = None
     # strict aipw / ipw: 0-based covariate positions the nuisance models adjust for (the
     # analysis plan's adjustment set; proof ate_strict.md §15). None: the schema's declared
     # adjustment set (``"adjust_for": true``) where there is one, else every covariate.
@@ -172,6 +178,7 @@ def _strict_nuisance(params: AteParams, domain: PublicDomain) -> ate_strict.Nuis
         domain,
         params.epsilon,
         quantile_bins=params.quantile_bins,
+        outcome_range=params.outcome_range,
         cross_fit=params.cross_fit,
         adjustment_columns=params.adjustment_columns,
     )
@@ -252,6 +259,7 @@ def to_mechanism_params(
     return ate_strict.AteStrictParams(
         adaptive_clip=adaptive_clip,
         quantile_bins=params.quantile_bins,
+        outcome_range=params.outcome_range,
         epsilon=params.epsilon,
         delta=delta,
         alpha=params.alpha,
