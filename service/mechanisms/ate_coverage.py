@@ -17,7 +17,8 @@ fitted under privacy noise:
   ``MEASURED_BANDS`` holds the coverage per nuisance preset and band of n * epsilon (``dp_linear``,
   the default below n * epsilon = 2 * 10^4, covered 0.855-0.99 up to 10^4, where its shrinkage
   leaves most of the confounding hidden inside a wide interval; DP-EBM, the default from there,
-  0.725-0.845 where the interval is narrow), and each block quotes its request's band.
+  0.74-0.93 from 2 * 10^4 since ate_strict version 10, where the interval is narrow), and each
+  block quotes its request's band.
 
 Pure: reads the public design and request fields only.
 """
@@ -79,16 +80,18 @@ MEASURED_BANDS: dict[str, tuple[CoverageBand, ...]] = {
         CoverageBand(15_000.0, 15_000.0, 0.70, 0.80, 4, 40),
         CoverageBand(20_000.0, 80_000.0, 0.00, 0.745, 6, 200),
     ),
-    # realistic-obs-200-small.json, -20k.json, -100k-*.json (n 10^5 at eps 0.5, 1, 4); 8000-15000:
-    # realistic-obs-switch-*.json (40 releases)
+    # below n * epsilon = 2 * 10^4 (the declared outcome range): realistic-obs-200-small.json;
+    # 8000-15000: realistic-obs-switch-*.json (40 releases). From 2 * 10^4 (ate_strict version
+    # 10, the outcome model's measured range): realistic-obs-range-5k.json, -20k.json, -100k.json
+    # (200 releases) and -100k-eps.json (n 10^5 at eps 0.5 and 4, 100 releases).
     "dp_ebm": (
         CoverageBand(1000.0, 1000.0, 0.71, 0.72, 2, 200),
         CoverageBand(4000.0, 5000.0, 0.825, 0.89, 4, 200),
         CoverageBand(8000.0, 15_000.0, 0.675, 0.875, 8, 40),
-        CoverageBand(20_000.0, 20_000.0, 0.785, 0.845, 4, 200),
-        CoverageBand(50_000.0, 50_000.0, 0.765, 0.785, 2, 200),
-        CoverageBand(80_000.0, 100_000.0, 0.705, 0.815, 4, 200),
-        CoverageBand(400_000.0, 400_000.0, 0.805, 0.875, 2, 200),
+        CoverageBand(20_000.0, 20_000.0, 0.86, 0.915, 4, 200),
+        CoverageBand(50_000.0, 50_000.0, 0.92, 0.93, 2, 100),
+        CoverageBand(80_000.0, 100_000.0, 0.805, 0.92, 4, 200),
+        CoverageBand(400_000.0, 400_000.0, 0.74, 0.90, 2, 100),
     ),
     # the strict ipw default (its DP logistic propensity): realistic-ipw-quote.json
     "ipw": (
