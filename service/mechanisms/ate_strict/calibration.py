@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -434,26 +435,13 @@ def outcome_range_events(
 ) -> tuple[NoiseEvent, NoiseEvent]:
     """The two pure-DP quantiles of the outcome fold's outcomes (proof §16)."""
     grid = outcome_range.candidates(domain.y_lower, domain.y_upper)
-    return tuple(  # type: ignore[return-value]
-        NoiseEvent(
-            type="exponential_quantile",
-            module="outcome",
-            epsilon=epsilon,
-            delta=0.0,
-            params={
-                "statistic": "quantile_outcome",
-                "sampler": "opendp make_private_quantile (replace-one, sized)",
-                "level": level,
-                "candidates": int(grid.size),
-                "candidate_min": float(grid[0]),
-                "candidate_max": float(grid[-1]),
-                "share_of_model_epsilon": outcome_range.SHARE,
-            },
-        )
-        for level, epsilon in (
-            (outcome_range.LEVEL, measured.epsilon_low),
-            (1.0 - outcome_range.LEVEL, measured.epsilon_high),
-        )
+    extra = {"share_of_model_epsilon": outcome_range.SHARE}
+    low, high = outcome_range.LEVEL, 1.0 - outcome_range.LEVEL
+    return (
+        quantile_noise_event("outcome", "quantile_outcome", measured.epsilon_low, low, grid, extra),
+        quantile_noise_event(
+            "outcome", "quantile_outcome", measured.epsilon_high, high, grid, extra
+        ),
     )
 
 
@@ -578,21 +566,41 @@ def gaussian_event(
 
 def quantile_event(epsilon: float, bound: float, n2: int) -> NoiseEvent:
     """The pure-DP quantile of |Gamma| that sets the adaptive clip (proof §13)."""
-    grid = adaptive_clip_candidates(bound)
+    return quantile_noise_event(
+        "estimation",
+        "quantile_abs_pseudo_outcome",
+        epsilon,
+        ADAPTIVE_CLIP_LEVEL,
+        adaptive_clip_candidates(bound),
+        {
+            "inflation": adaptive_clip_inflation(n2),
+            "share_of_estimation_epsilon": ADAPTIVE_CLIP_SHARE,
+        },
+    )
+
+
+def quantile_noise_event(
+    module: str,
+    statistic: str,
+    epsilon: float,
+    level: float,
+    grid: NDArray[np.float64],
+    extra: Mapping[str, float | int | str],
+) -> NoiseEvent:
+    """An OpenDP quantile event (exponential mechanism, delta 0) on a public grid."""
     return NoiseEvent(
         type="exponential_quantile",
-        module="estimation",
+        module=module,
         epsilon=epsilon,
         delta=0.0,
         params={
-            "statistic": "quantile_abs_pseudo_outcome",
+            "statistic": statistic,
             "sampler": "opendp make_private_quantile (replace-one, sized)",
-            "level": ADAPTIVE_CLIP_LEVEL,
+            "level": level,
             "candidates": int(grid.size),
             "candidate_min": float(grid[0]),
             "candidate_max": float(grid[-1]),
-            "inflation": adaptive_clip_inflation(n2),
-            "share_of_estimation_epsilon": ADAPTIVE_CLIP_SHARE,
+            **extra,
         },
     )
 
