@@ -287,7 +287,7 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
     events: list[NoiseEvent] = []
     q = domain.q
     rate_pi, rate_mu = dp_ebm_learning_rates(domain.n, epsilon, measured_range is not None)
-    if dp_ebm is not None:
+    if dp_ebm is not None and dp_ebm_outcome is not None:  # both or neither (dp_ebm only)
         if "propensity" in modules:
             if bins is not None:
                 events.append(quantile_bins_event("propensity", bins))
@@ -298,27 +298,19 @@ def make_plan(domain: PublicDomain, params: AteStrictParams) -> Plan:
             )
         if bins is not None:
             events.append(quantile_bins_event("outcome", bins))
-        if measured_range is not None and dp_ebm_outcome is not None:
+        outcome_event = nuisance_event(
+            "outcome",
+            epsilon_ebm_outcome,
+            delta_ebm,
+            dp_ebm_outcome,
+            q + 1,
+            big_r,
+            learning_rate=rate_mu,
+        )
+        if measured_range is not None:
             events.extend(outcome_range_events(measured_range, domain))
-            events.append(
-                measured_range_nuisance_event(
-                    nuisance_event(
-                        "outcome",
-                        epsilon_ebm_outcome,
-                        delta_ebm,
-                        dp_ebm_outcome,
-                        q + 1,
-                        big_r,
-                        learning_rate=rate_mu,
-                    )
-                )
-            )
-        else:
-            events.append(
-                nuisance_event(
-                    "outcome", epsilon_ebm, delta_ebm, dp_ebm, q + 1, big_r, learning_rate=rate_mu
-                )
-            )
+            outcome_event = measured_range_nuisance_event(outcome_event)
+        events.append(outcome_event)
     nuisance_module = "nuisance" if cross_fit else None
     if dp_logistic is not None:
         events.append(

@@ -151,11 +151,10 @@ def _dp_ebm(state: Plan) -> DpEbmAccounting:
 
 def _dp_ebm_outcome(state: Plan) -> DpEbmAccounting:
     """The outcome model's accounting (proof §16: less than the propensity model's by the
-    measured range's share)."""
-    accounting = state.dp_ebm_outcome or state.dp_ebm
-    if accounting is None:
+    measured range's share; the same without the range)."""
+    if state.dp_ebm_outcome is None:
         raise ValueError("no DP-EBM accounting in this plan")
-    return accounting
+    return state.dp_ebm_outcome
 
 
 def _release(value: float, calibration: GaussianCalibration, noise: NoiseSampler) -> float:
