@@ -113,9 +113,11 @@ MEASURED_RANGE_FAST_REGRESSOR_MIN_N_EPSILON = 20_000.0
 # The outcome model's measured range (proof §16) is on by default from this n * epsilon, where
 # the DP-EBM default's outcome fold (0.4 n) gives each quantile (epsilon / 20) at least 400
 # record-epsilons: on the realistic outcomes the released tail levels then fell in
-# [0.0006, 0.038] for the planned 0.02 (20 draws at 8000 rows, eps 0.05), while at 2500 rows they
-# drifted to the grid's ends (the declared range again, with a tenth of the budget spent). Below
-# it the DP-EBM outcome model keeps the declared range; a request may still ask for it.
+# [0.0006, 0.038] for the planned 0.02 (20 draws at 8000 rows, eps 0.05); over 200 draws the
+# range was 19-24 wide in most (median 23.4 of the declared 65) but wider than 40 in 11 %, where
+# the upper quantile strays into the empty tail (a safe miss: towards the declared range). At 2500
+# rows they drifted to the grid's ends (the declared range again, with a tenth of the budget
+# spent). Below it the DP-EBM outcome model keeps the declared range; a request may still ask.
 OUTCOME_RANGE_MIN_N_EPSILON = 20_000.0
 
 
