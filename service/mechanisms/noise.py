@@ -105,6 +105,20 @@ class NoiseSampler(Protocol):
         mechanism whose noise is a public linear map of them (GP and Nystrom noise)."""
         ...
 
+    def top_k(
+        self,
+        scores: NDArray[np.float64],
+        *,
+        k: int,
+        scale: float,
+        sensitivity_linf: float,
+        epsilon: float,
+    ) -> tuple[int, ...]:
+        """Return the positions of ``k`` of ``scores``, an epsilon-DP noisy top k (report noisy
+        max k times without replacement) of scores whose replace-one L-infinity sensitivity is
+        ``sensitivity_linf``, at the public noise ``scale`` (``2 k sensitivity / epsilon``)."""
+        ...
+
 
 def lattice_exponent(noise_scale: float) -> int:
     """The public lattice exponent k for a noise scale: ``floor(log2(noise_scale)) - 30``.
@@ -384,6 +398,35 @@ class OpenDPSampler:
             raise ValueError("OpenDP charges more than the quantile calibration accounted for")
         return float(measurement(array.tolist()))
 
+    def top_k(
+        self,
+        scores: NDArray[np.float64],
+        *,
+        k: int,
+        scale: float,
+        sensitivity_linf: float,
+        epsilon: float,
+    ) -> tuple[int, ...]:
+        """OpenDP's ``make_noisy_top_k`` (exponential noise, pure DP; McKenna and Sheldon 2020)
+        on non-monotone scores under the L-infinity distance: OpenDP's map at
+        ``sensitivity_linf`` (``k * 2 * sensitivity / scale``) must not exceed ``epsilon``.
+
+        Raises:
+            ValueError: invalid arguments, or OpenDP charges more than ``epsilon``.
+        """
+        array = _check_top_k_args(scores, k, scale, sensitivity_linf, epsilon)
+        measurement = dp.m.make_noisy_top_k(
+            dp.vector_domain(dp.atom_domain(T=float, nan=False), size=int(array.size)),
+            dp.linf_distance(T=float, monotonic=False),
+            dp.max_divergence(),
+            k=k,
+            scale=scale,
+        )
+        charged = float(measurement.map(sensitivity_linf))  # type: ignore[no-untyped-call]
+        if charged > epsilon * (1.0 + _MAP_RTOL):
+            raise ValueError("OpenDP charges more than the top-k calibration accounted for")
+        return tuple(int(j) for j in measurement(array.tolist()))
+
     def standard_normal(self, size: int) -> NDArray[np.float64]:
         """Unit normals from OpenDP's exact discrete Gaussian (sd 1 on ``2^-30 Z``).
 
@@ -413,6 +456,18 @@ def _check_quantile_args(
         raise ValueError("level must be in (0, 1)")
     _check_scale(epsilon, "epsilon")
     return array, grid
+
+
+def _check_top_k_args(
+    scores: NDArray[np.float64], k: int, scale: float, sensitivity_linf: float, epsilon: float
+) -> NDArray[np.float64]:
+    array = _as_finite_vector(scores)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= array.size:
+        raise ValueError("k must be an integer in [1, len(scores)]")
+    _check_scale(scale, "scale")
+    _check_sensitivity(sensitivity_linf, "sensitivity_linf")
+    _check_scale(epsilon, "epsilon")
+    return array
 
 
 def quantile_scale(epsilon: float) -> float:
@@ -477,6 +532,22 @@ class SeededSampler:
         utility = -np.abs(below - level * array.size)
         score = epsilon * utility / 2.0 + self._rng.gumbel(size=grid.size)
         return float(grid[int(np.argmax(score))])
+
+    def top_k(
+        self,
+        scores: NDArray[np.float64],
+        *,
+        k: int,
+        scale: float,
+        sensitivity_linf: float,
+        epsilon: float,
+    ) -> tuple[int, ...]:
+        """Report noisy max k times without replacement with Gumbel noise of ``scale`` (the
+        Gumbel top-k trick: the exponential mechanism at epsilon / k per pick, utility
+        sensitivity ``scale * epsilon / (2 k)``), from the seeded generator."""
+        array = _check_top_k_args(scores, k, scale, sensitivity_linf, epsilon)
+        noisy = array + self._rng.gumbel(0.0, scale, size=array.size)
+        return tuple(int(j) for j in np.argsort(-noisy, kind="stable")[:k])
 
     def standard_normal(self, size: int) -> NDArray[np.float64]:
         """``size`` unit normals from the seeded generator."""

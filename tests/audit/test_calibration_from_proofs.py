@@ -193,3 +193,35 @@ def test_recorded_noise_is_calibrated_to_the_proof_sensitivity(
             assert float(event.params["scale"]) >= proof / event.epsilon
         checked += 1
     assert checked, "no sampler-drawn event with a fixed scale in this case"
+
+
+def test_effect_screen_events_are_calibrated_to_the_proof_sensitivity() -> None:
+    """ebm_cate's effect-modifier screen (proof step 9), on a schema wide enough to run it (12
+    covariates, the last two continuous): the histograms at sqrt(2 J) (J = 2), the top-k at
+    L-infinity sensitivity 2 K with scale 2 k Delta / epsilon."""
+    q = 12
+    domain = PublicDomain(
+        x_lower=np.zeros(q),
+        x_upper=np.concatenate([np.ones(q - 2), [50.0, 50.0]]),
+        y_lower=Y_LOW,
+        y_upper=Y_HIGH,
+        n=20_000,
+        x_codes=tuple([(0, 1)] * (q - 2) + [None, None]),
+    )
+    kind = REGISTRY["ebm_cate"]
+    request = kind.Params.model_validate({"epsilon": 2.0})
+    record = kind.record(request, domain)
+    clip_k = float(kind.quote(request, domain)["pseudo_outcome_clip"])
+    effect = [e for e in record.events if e.module == "effect"]
+    top_k = next(e for e in effect if e.type == "noisy_top_k")
+    proof = 2.0 * clip_k
+    assert proof <= float(top_k.params["sensitivity_linf"]) <= proof * (1.0 + 1e-3)
+    k = int(top_k.params["k"])
+    assert float(top_k.params["scale"]) >= 2.0 * k * proof / top_k.epsilon
+    histograms = next(
+        e for e in effect if e.params.get("statistic") == "continuous_covariate_histograms"
+    )
+    proof_l2 = math.sqrt(2.0 * 2)
+    assert proof_l2 <= float(histograms.params["sensitivity_l2"]) <= proof_l2 * (1.0 + 1e-3)
+    floor = calibrate_gaussian(histograms.epsilon, histograms.delta, proof_l2, dim=_dim(histograms))
+    assert float(histograms.params["sigma"]) >= floor.sigma

@@ -4,8 +4,9 @@ Each strict kind whose noise goes through the service's ``NoiseSampler`` is run 
 real adapter (``REGISTRY[kind].run``) with a recording sampler that wraps the production
 ``OpenDPSampler``. Every draw must match one event of the release's mechanism record, which is
 what the ledger charged: a Gaussian at exactly the event's sigma and L2 sensitivity with the
-event's dimension, a Laplace at exactly its scale and L1 sensitivity, a quantile at its epsilon;
-and every such event must be drawn. So a code path that halves a noise scale after planning
+event's dimension, a Laplace at exactly its scale and L1 sensitivity, a quantile at its epsilon,
+a noisy top-k (ebm_cate's effect-modifier screen) at its k, scale, L-infinity sensitivity and
+epsilon; and every such event must be drawn. So a code path that halves a noise scale after planning
 (in ``noise.release_gaussian``, a mechanism's own call, or a sensitivity passed at run time)
 draws at a scale no event has, and this test turns red.
 
@@ -75,6 +76,28 @@ class RecordingSampler:
         self.draws.append({"type": "standard_normal", "dim": size})
         return self.inner.standard_normal(size)
 
+    def top_k(
+        self,
+        scores: NDArray[np.float64],
+        *,
+        k: int,
+        scale: float,
+        sensitivity_linf: float,
+        epsilon: float,
+    ) -> tuple[int, ...]:
+        self.draws.append(
+            {
+                "type": "noisy_top_k",
+                "scale": scale,
+                "sensitivity": sensitivity_linf,
+                "epsilon": epsilon,
+                "dim": k,
+            }
+        )
+        return self.inner.top_k(
+            scores, k=k, scale=scale, sensitivity_linf=sensitivity_linf, epsilon=epsilon
+        )
+
 
 def _domain(design: StudyDesign) -> PublicDomain:
     return PublicDomain(
@@ -103,6 +126,13 @@ def _matches(draw: dict[str, Any], event: NoiseEvent) -> bool:
         return False
     if draw["type"] == "exponential_quantile":
         return bool(draw["epsilon"] == event.epsilon)
+    if draw["type"] == "noisy_top_k":
+        return bool(
+            draw["epsilon"] == event.epsilon
+            and draw["scale"] == params["scale"]
+            and draw["sensitivity"] == params["sensitivity_linf"]
+            and draw["dim"] == params["k"]
+        )
     if draw["type"] == "gaussian" and params.get("bound") == "adaptive":
         # the scale follows the released clip K (ate_strict proof §13): the draw must be the
         # event's own calibration at the draw's sensitivity, and at most the planned maximum
@@ -122,7 +152,7 @@ def _matches(draw: dict[str, Any], event: NoiseEvent) -> bool:
     )
 
 
-SAMPLER_EVENT_TYPES = ("gaussian", "laplace", "exponential_quantile")
+SAMPLER_EVENT_TYPES = ("gaussian", "laplace", "exponential_quantile", "noisy_top_k")
 
 CASES = [
     ("ate", {"epsilon": 1.0, "nuisance": "dp_linear"}, StudyDesign.OBSERVATIONAL),
@@ -177,13 +207,16 @@ CASES = [
 def test_every_draw_is_a_planned_event_and_every_event_is_drawn(
     kind: str, params: dict[str, Any], design: StudyDesign
 ) -> None:
-    domain = _domain(design)
+    _check_draws(kind, params, _domain(design), _arrays(design))
+
+
+def _check_draws(kind: str, params: dict[str, Any], domain: PublicDomain, arrays: Arrays) -> None:
     release_kind = REGISTRY[kind]
     request = release_kind.Params.model_validate(params)
     record: MechanismRecord = release_kind.record(request, domain)
     sampler = RecordingSampler()
     release_kind.run(
-        _arrays(design),
+        arrays,
         domain,
         request,
         rng=np.random.default_rng(3),
@@ -204,6 +237,44 @@ def test_every_draw_is_a_planned_event_and_every_event_is_drawn(
         twins = [e for e in planned if all(_matches(d, e) for d in drawn)] if drawn else [event]
         expected = sum(int(e.params.get("parallel_folds", 1)) for e in twins)
         assert len(drawn) == expected, (kind, params, event.params.get("statistic"))
+
+
+WIDE = 12  # more covariates than ebm_cate's effect-modifier screen keeps (proof step 9)
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "design"),
+    [
+        ("ebm_cate", {"epsilon": 2.0}, StudyDesign.OBSERVATIONAL),
+        ("ebm_cate", {"epsilon": 4.0}, StudyDesign.RCT),
+        # n eps / q >= 1500: the estimator rule runs the screened ebm_cate default
+        ("cate_vector", {"epsilon": 8.0, "points": [[0.5] * WIDE]}, StudyDesign.OBSERVATIONAL),
+    ],
+)
+def test_the_effect_screens_draws_are_planned(
+    kind: str, params: dict[str, Any], design: StudyDesign
+) -> None:
+    """The screen's histograms (two continuous covariates) and its top-k on a schema wide
+    enough to run it: every draw planned, every planned event drawn."""
+    domain = PublicDomain(
+        x_lower=np.zeros(WIDE),
+        x_upper=np.ones(WIDE),
+        y_lower=0.0,
+        y_upper=10.0,
+        n=N,
+        design=design,
+        treatment_probability=0.5 if design == StudyDesign.RCT else None,
+        x_codes=tuple([(0, 1)] * (WIDE - 2) + [None, None]),
+    )
+    rng = np.random.default_rng(19)
+    x = np.column_stack(
+        [rng.binomial(1, 0.5, (N, WIDE - 2)), rng.uniform(0.0, 1.0, (N, 2))]
+    ).astype(np.float64)
+    a = rng.binomial(1, 0.5, N).astype(np.float64)
+    y = np.clip(2.0 + 2.0 * x[:, 1] + a * (1.0 + x[:, -1]) + rng.gamma(1.5, 0.8, N), 0, 10)
+    record = REGISTRY[kind].record(REGISTRY[kind].Params.model_validate(params), domain)
+    assert "noisy_top_k" in [e.type for e in record.events]
+    _check_draws(kind, params, domain, Arrays(x=x, a=a, y=y))
 
 
 def test_a_halved_scale_is_caught() -> None:

@@ -74,7 +74,8 @@ def test_the_effect_event_counts_the_effect_columns_only() -> None:
 
 def test_rounds_rule() -> None:
     """200 effect rounds below n eps per effect-model covariate 10^4, 400 from there; through
-    the kind the width is the request's effect columns; an explicit max_rounds wins."""
+    the kind the width is the request's effect columns, else the screen's 8 columns where it
+    runs, else q; an explicit max_rounds wins."""
     from service.releases.kinds.ebm_cate import EbmCateKind, EbmCateRequest
 
     rich = ec.DR_RICH_N_EPSILON_PER_COVARIATE
@@ -87,7 +88,11 @@ def test_rounds_rule() -> None:
         record = kind.record(request, domain(n, q=36))
         return int({e.module: e.params for e in record.events}["effect"]["max_rounds"])
 
-    assert rounds(EbmCateRequest(epsilon=1.0), 100_000) == 200  # 2778 per covariate
+    unscreened = EbmCateRequest(epsilon=1.0, effect_screen=False)
+    assert rounds(unscreened, 100_000) == 200  # 2778 per covariate
+    # the default screens 8 of the 36 (proof step 9): 12 500 per effect-model covariate
+    assert rounds(EbmCateRequest(epsilon=1.0), 100_000) == 400
+    assert rounds(EbmCateRequest(epsilon=1.0), 20_000) == 200  # 2500
     assert rounds(EbmCateRequest(epsilon=4.0), 100_000) == 400  # 11 111
     modifiers = list(range(7))
     assert rounds(EbmCateRequest(epsilon=1.0, effect_columns=modifiers), 100_000) == 400

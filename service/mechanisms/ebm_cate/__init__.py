@@ -37,6 +37,11 @@ Claim (strict learners S and DR):
     (``adjustment_columns``, step 8; by default the schema's ``adjust_for`` covariates): the
     nuisance DP-EBMs are fitted on, and predict from, the records projected onto those public
     columns, a row-wise public map, so neighbouring folds stay neighbours and the claim holds.
+    The effect-modifier screen (``effect_screen``, step 9, version 6; on by default for the
+    anchored DR learner without effect columns): a public share of the effect model's epsilon
+    buys a DP top-k choice (OpenDP's noisy top-k, pure DP) of the covariates, scored by the
+    centred targets' covariance with each on the fitting rows; the effect model then runs on
+    the chosen columns at the rest: sequential composition on those rows, same charge.
 
     Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
 
@@ -120,8 +125,11 @@ from service.mechanisms.ebm_cate.rules import (
     rct_anchor_share,
     resolved_fractions,
     resolved_shrinkage,
+    screen_rule,
     service_defaults,
 )
+from service.mechanisms.effect_screen import COLUMNS as SCREEN_COLUMNS
+from service.mechanisms.effect_screen import SHARE as SCREEN_SHARE
 
 __all__ = [
     "CALIBRATION_FRACTION",
@@ -151,6 +159,8 @@ __all__ = [
     "Plan",
     "Progress",
     "RCT_USEFUL_ANCHOR_SHARE",
+    "SCREEN_COLUMNS",
+    "SCREEN_SHARE",
     "SMALL_N_EPSILON_WARNING",
     "Shrinkage",
     "VERSION",
@@ -181,5 +191,6 @@ __all__ = [
     "resolved_shrinkage",
     "run",
     "run_plan",
+    "screen_rule",
     "service_defaults",
 ]

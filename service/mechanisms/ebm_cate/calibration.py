@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from service.mechanisms import ate_strict
+from service.mechanisms import ate_strict, quantile_bins
+from service.mechanisms import effect_screen as screening
 from service.mechanisms.anchor import (
     AnchorPlan,
     AteAnchorPlan,
@@ -17,6 +18,7 @@ from service.mechanisms.anchor import (
     plan_anchor,
     plan_ate_anchor,
 )
+from service.mechanisms.ate_strict.calibration import quantile_bins_event
 from service.mechanisms.calibration import (
     public_propensity,
     validate_delta,
@@ -51,13 +53,16 @@ from service.mechanisms.ebm_cate.rules import (
     rct_anchor_share,
     resolved_fractions,
     resolved_shrinkage,
+    screen_rule,
 )
+from service.mechanisms.effect_screen import EffectScreen
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
 from service.mechanisms.noise import GaussianCalibration, calibrate_gaussian
 from service.mechanisms.partition import (
     MIN_FOLD_SIZE,
     fold_sizes,
 )
+from service.mechanisms.quantile_bins import QuantileBins
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 
@@ -80,6 +85,8 @@ class Plan:
     calibration_size: int = 0
     # randomised designs (proof step 6.1): the strict ATE release that is the anchor, on all n
     rct_anchor: AteAnchorPlan | None = None
+    # proof step 9: the effect-modifier screen on the effect fold's fitting rows
+    screen: EffectScreen | None = None
 
     @property
     def effect_fit_size(self) -> int:
@@ -134,7 +141,6 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if adjustment != params.adjustment_columns:
         params = replace(params, adjustment_columns=adjustment)
     width_nuisance = adjustment_width(domain.q, params)
-    width_effect = effect_width(domain.q, params)
     fractions = resolved_fractions(domain, learner, params.fold_fractions)
     names = modules(domain, learner)
     sizes = fold_sizes(domain.n, fractions)
@@ -155,6 +161,18 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
                 "rows); use shrinkage 'none' or a larger fold"
             )
         shrinkage = "none"  # the default on a too small effect fold (public n only)
+    # proof step 9: the effect-modifier screen (public rule; resolved into the params so that
+    # effect_width and the record read it)
+    screen_on = screen_rule(
+        domain.q, learner, shrinkage, params.effect_columns, params.effect_screen
+    )
+    if screen_on != params.effect_screen:
+        params = replace(params, effect_screen=screen_on)
+    width_effect = effect_width(domain.q, params)
+    # The anchor shares (steps 6.1, 6.2) read the covariates the analyst or owner named, else
+    # all q: a screened model's 8 columns are a DP guess that at small n epsilon misses the
+    # modifiers, so the screen does not move budget from the anchor to the effect model.
+    width_anchor = domain.q if screen_on else width_effect
     delta = validate_delta(params.delta, n_min=min((*sizes, calibration_size or sizes[0])))
     big_r = domain.outcome_range
     propensity, clip = public_propensity(domain, params.propensity_clip)
@@ -181,16 +199,16 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if shrinkage == "ate" and domain.design == StudyDesign.RCT:
         # proof step 6.1 (RCT): the strict ATE release on all n at the anchor's share, then the
         # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
-        chosen = rct_anchor_share(domain, epsilon, delta, width_effect)
+        chosen = rct_anchor_share(domain, epsilon, delta, width_anchor)
         if chosen is None:
             raise no_room_for_anchor()
         share = chosen
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
         rct_anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
-        effect_accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
         # every DR module runs at the rest (sequential composition with the anchor)
-        epsilon, delta, accounting = effect_epsilon, effect_delta, effect_accounting
+        epsilon, delta = effect_epsilon, effect_delta
+        accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
         calibration = calibrate_gaussian(
             effect_epsilon,
             effect_delta,
@@ -198,7 +216,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             dim=CALIBRATION_STATISTICS,
         )
     elif shrinkage == "ate":
-        share = ebm_anchor_share(domain.n, epsilon, width_effect)
+        share = ebm_anchor_share(domain.n, epsilon, width_anchor)
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
         anchor, planned = plan_anchor(
@@ -214,13 +232,24 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             replace(event, module="effect", params={**event.params, "rows": "effect fold"})
             for event in planned
         ]
-        effect_accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
         calibration = calibrate_gaussian(
             effect_epsilon,
             effect_delta,
             ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
             dim=CALIBRATION_STATISTICS,
         )
+    # proof step 9: the screen and the effect model share the fitting rows' budget
+    # (sequential; exact split); the calibration rows keep the whole of it (disjoint rows).
+    screen: EffectScreen | None = None
+    model_epsilon, model_delta = effect_epsilon, effect_delta
+    if screen_on:
+        screen = plan_screen(
+            domain, effect_epsilon, effect_delta, clip_k, sizes[-1] - calibration_size
+        )
+        model_epsilon = effect_epsilon - screen_epsilon_of(screen)
+        model_delta = effect_delta - screen_delta_of(screen)
+    if shrinkage == "ate":
+        effect_accounting = solve_dp_ebm_epsilon_p(model_epsilon, model_delta)
     for name in names:
         if name == "propensity":
             events.append(
@@ -255,11 +284,13 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             )
         else:
             events.extend(anchor_events)
+            if screen is not None:
+                events.extend(screen_events(screen, domain.q))
             events.append(
                 dp_ebm_event(
                     name,
-                    effect_epsilon,
-                    effect_delta,
+                    model_epsilon,
+                    model_delta,
                     effect_accounting,
                     n_features=width_effect,
                     target_range=2.0 * clip_k,
@@ -323,6 +354,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         calibration=calibration,
         calibration_size=calibration_size,
         rct_anchor=rct_anchor,
+        screen=screen,
     )
 
 
@@ -415,6 +447,68 @@ def _calibration_event(calibration: GaussianCalibration, clip_k: float, rows: in
     )
 
 
+def plan_screen(
+    domain: PublicDomain, epsilon: float, delta: float, clip_k: float, rows: int
+) -> EffectScreen:
+    """proof step 9: the screen's public plan at ``effect_screen.SHARE`` of the effect model's
+    (epsilon, delta) (exact splits): ``HISTOGRAM_SHARE`` of it (and that share of delta) for
+    the continuous covariates' histograms, the rest of its epsilon for the top-k (delta 0); the
+    whole share to the top-k where no covariate is continuous."""
+    screen_epsilon, _ = ate_strict.split_share(epsilon, screening.SHARE)
+    continuous = quantile_bins.continuous_columns(domain)
+    if not continuous:
+        return EffectScreen(screen_epsilon, screening.COLUMNS, clip_k, rows)
+    bins_epsilon, topk_epsilon = ate_strict.split_share(screen_epsilon, screening.HISTOGRAM_SHARE)
+    bins_delta, _ = ate_strict.split_share(delta, screening.SHARE * screening.HISTOGRAM_SHARE)
+    bins = QuantileBins.plan(continuous, bins_epsilon, bins_delta)
+    return EffectScreen(topk_epsilon, screening.COLUMNS, clip_k, rows, bins)
+
+
+def screen_epsilon_of(screen: EffectScreen) -> float:
+    """The screen's whole epsilon (top-k plus histograms; an exact split of the share)."""
+    return screen.epsilon + (0.0 if screen.bins is None else screen.bins.calibration.epsilon)
+
+
+def screen_delta_of(screen: EffectScreen) -> float:
+    return 0.0 if screen.bins is None else screen.bins.calibration.delta
+
+
+def screen_events(screen: EffectScreen, q: int) -> list[NoiseEvent]:
+    """The screen's events on the effect fold's fitting rows: the histograms (if any), then the
+    top-k."""
+    events: list[NoiseEvent] = []
+    if screen.bins is not None:
+        histograms = quantile_bins_event("effect", screen.bins)
+        rows = "fitting rows of the effect fold (the screen's CDF scaling)"
+        share = screening.SHARE * screening.HISTOGRAM_SHARE
+        params = {**histograms.params, "rows": rows, "share_of_module": share}
+        events.append(replace(histograms, params=params))
+    events.append(_screen_event(screen, q))
+    return events
+
+
+def _screen_event(screen: EffectScreen, q: int) -> NoiseEvent:
+    return NoiseEvent(
+        type="noisy_top_k",
+        module="effect",
+        epsilon=screen.epsilon,
+        delta=0.0,
+        params={
+            "statistic": "|sum r z_j| per covariate: the centred pseudo-outcomes' covariance "
+            "with each covariate scaled to [-1, 1] (coded: public box; continuous: DP CDF)",
+            "sampler": "opendp make_noisy_top_k (exponential noise, max divergence)",
+            "rows": "fitting rows of the effect fold (the effect model's)",
+            "candidates": q,
+            "k": screen.columns,
+            "bound": screen.bound,
+            "sensitivity_linf_nominal": 2.0 * screen.bound,
+            "sensitivity_linf": screen.sensitivity,
+            "scale": screen.scale,
+            "share_of_effect_epsilon": screening.SHARE,
+        },
+    )
+
+
 def plan(domain: PublicDomain, params: EbmCateParams) -> MechanismRecord:
     """The mechanism record (cost) of a request; raises ``InvalidParameters`` before a charge."""
     return make_plan(domain, params).record
@@ -445,4 +539,5 @@ def public_parameters(state: Plan, domain: PublicDomain) -> dict[str, Any]:
             if state.params.adjustment_columns is None
             else list(state.params.adjustment_columns)
         ),
+        "effect_screen": state.screen is not None,
     }

@@ -284,8 +284,12 @@ def _run_anchored(
     fit, held = slice(0, state.effect_fit_size), slice(state.effect_fit_size, None)
     lower = np.asarray(domain.x_lower, dtype=np.float64)
     upper = np.asarray(domain.x_upper, dtype=np.float64)
-    # proof step 7: the effect model sees the effect columns only (all q by default).
-    cols = effect_columns(state, domain.q)
+    # proof step 7: the effect model sees the effect columns only (all q by default); step 9:
+    # or the screen's DP choice of them, made on the fitting rows' centred targets.
+    if state.screen is not None:
+        cols = list(state.screen.select(targets[fit], x2[fit], lower, upper, noise))
+    else:
+        cols = effect_columns(state, domain.q)
     effect_model, offset = fit_regressor(
         x2[fit][:, cols],
         targets[fit],
@@ -320,8 +324,10 @@ def _run_anchored(
     shapes = safe.shape_functions()
     for shape in shapes:
         shape["values"] = [factor * float(v) for v in shape["values"]]
+    screened = {} if state.screen is None else {"screened_columns": [int(j) for j in cols]}
     return {
         **public_parameters(state, domain),
+        **screened,
         "ate": anchor,
         "ate_anchor": anchor,
         "shrinkage_factor": factor,
@@ -329,7 +335,7 @@ def _run_anchored(
         "model": {
             "kind": "effect",
             "effect": safe.to_dict(),
-            **_columns_field(state),
+            **_columns_field(state, cols),
             "shrinkage": {
                 "anchor": anchor,
                 "factor": factor,
@@ -349,9 +355,11 @@ def effect_columns(state: Plan, q: int) -> list[int]:
     return list(range(q)) if columns is None else list(columns)
 
 
-def _columns_field(state: Plan) -> dict[str, Any]:
-    """The stored model's ``columns`` (the effect columns), only where they are a subset, so
-    a default release's model reads as before."""
+def _columns_field(state: Plan, chosen: list[int] | None = None) -> dict[str, Any]:
+    """The stored model's ``columns`` (the effect columns, or the screen's ``chosen`` ones),
+    only where they are a subset, so a release on every covariate reads as before."""
+    if state.screen is not None and chosen is not None:
+        return {"columns": [int(j) for j in chosen]}
     columns = state.params.effect_columns
     return {} if columns is None else {"columns": list(columns)}
 

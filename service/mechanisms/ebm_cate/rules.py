@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from service.mechanisms import effect_screen as screening
 from service.mechanisms.anchor import (
     ANCHOR_SHARE,
     ANCHOR_SHARE_NOISY,
@@ -19,6 +20,7 @@ from service.mechanisms.dp_ebm import (
     DP_EBM_MAX_BINS,
     DP_EBM_MAX_ROUNDS,
 )
+from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.partition import (
     at_least_min_fold,
     checked_fractions,
@@ -28,8 +30,10 @@ from service.mechanisms.partition import (
 MECHANISM = "ebm_cate"
 # 2: shrinkage "ate" (the anchored DR default, proof step 6); 3: RCT anchor (6.1); 4: effect
 # columns (step 7) and 400 default effect rounds from n eps per effect-model covariate 10^4;
-# 5: adjustment columns, the nuisance models on the declared adjustment set (step 8)
-VERSION = "5"
+# 5: adjustment columns, the nuisance models on the declared adjustment set (step 8); 6: the
+# effect-modifier screen (step 9): without declared effect columns the anchored DR learner
+# spends a public share of the effect model's budget on a DP choice of the covariates it fits
+VERSION = "6"
 
 Learner = Literal["dr", "r", "s"]
 Shrinkage = Literal["ate", "none"]
@@ -141,6 +145,12 @@ class EbmCateParams:
             declared set (``default_adjustment_columns``). The nuisances are fitted on the
             records projected onto these columns, a public row-wise map (proof step 8).
             None: every covariate.
+        effect_screen: the effect-modifier screen (proof step 9,
+            ``service.mechanisms.effect_screen``): the anchored DR learner spends
+            ``effect_screen.SHARE`` of the effect model's epsilon on a DP top-``COLUMNS`` choice
+            of covariates by the covariance of the centred pseudo-outcomes with each, and fits
+            the effect model on those. None: the public rule ``screen_rule`` (on where no
+            effect columns are named and the schema has more than ``COLUMNS`` covariates).
     """
 
     epsilon: float
@@ -154,6 +164,35 @@ class EbmCateParams:
     shrinkage: Shrinkage | None = None
     effect_columns: tuple[int, ...] | None = None
     adjustment_columns: tuple[int, ...] | None = None
+    effect_screen: bool | None = None
+
+
+def screen_rule(
+    q: int,
+    learner: Learner,
+    shrinkage: Shrinkage | None,
+    effect_columns: tuple[int, ...] | list[int] | None,
+    requested: bool | None,
+) -> bool:
+    """Whether the effect model's covariates are screened (proof step 9): the request's
+    ``effect_screen``, else on for the anchored DR learner where no effect columns are named and
+    the schema has more than ``effect_screen.COLUMNS`` covariates. ``true`` where the screen
+    cannot run is a 422. Public request and schema only.
+
+    On the realistic studies (q = 36, 7 modifiers) the screen cut the default's PEHE at
+    n = 10^5, eps = 1 (bench/README.md, "The effect-modifier screen")."""
+    if requested is not None and not isinstance(requested, bool):
+        raise InvalidParameters("effect_screen must be a boolean or null")
+    anchored_dr = learner == "dr" and shrinkage in (None, "ate")
+    possible = anchored_dr and effect_columns is None and screening.screened(q)
+    if requested is True and not possible:
+        raise InvalidParameters(
+            "effect_screen needs the anchored DR learner (shrinkage 'ate'), no effect_columns "
+            f"and more than {screening.COLUMNS} covariates"
+        )
+    if requested is False:
+        return False
+    return possible
 
 
 def default_adjustment_columns(domain: PublicDomain, learner: Learner) -> tuple[int, ...] | None:
@@ -169,8 +208,11 @@ def adjustment_width(q: int, params: EbmCateParams) -> int:
 
 
 def effect_width(q: int, params: EbmCateParams) -> int:
-    """The number of covariates of the effect model: ``len(effect_columns)``, else q."""
-    return q if params.effect_columns is None else len(params.effect_columns)
+    """The number of covariates of the effect model: ``len(effect_columns)``, the screen's
+    ``COLUMNS`` where it runs (``effect_screen`` true: ``make_plan`` resolves it), else q."""
+    if params.effect_columns is not None:
+        return len(params.effect_columns)
+    return screening.COLUMNS if params.effect_screen is True else q
 
 
 def resolved_shrinkage(params: EbmCateParams) -> Shrinkage:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, StrictFloat, StrictInt
+from pydantic import Field, StrictBool, StrictFloat, StrictInt
 
 from service.mechanisms import ebm_cate, versus_ate
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
@@ -65,6 +65,15 @@ class EbmCateRequest(KindParams):
         "covariate list (DR and R learners); omitted: the schema's declared adjustment set, "
         "else every covariate",
     )
+    # The effect-modifier screen (proof ebm_cate.md step 9): without named effect columns the
+    # anchored DR learner spends a public share of the effect model's budget on a DP choice of
+    # the covariates the effect model is fitted on. None: on where it can run (more than
+    # ebm_cate's screen COLUMNS covariates); false: the effect model sees every covariate.
+    effect_screen: StrictBool | None = Field(
+        default=None,
+        description="DP screen of the effect modifiers (anchored DR learner without "
+        "effect_columns); omitted: on where the schema has more covariates than it keeps",
+    )
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -83,6 +92,10 @@ def effect_columns_of(
 def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cate.EbmCateParams:
     columns = effect_columns_of(params.effect_columns, domain, params.learner)
     width = None if columns is None else len(set(columns))
+    if params.effect_screen is not False and ebm_cate.screen_rule(
+        domain.q, params.learner, params.shrinkage, columns, None
+    ):
+        width = ebm_cate.SCREEN_COLUMNS  # the effect model's covariates (proof step 9)
     defaults = ebm_cate.service_defaults(domain, params.learner, params.epsilon, width)
     given = params.model_dump(exclude_none=True)
     resolved = {key: given.get(key, value) for key, value in defaults.items()}
@@ -102,6 +115,7 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
         shrinkage=params.shrinkage,
         effect_columns=None if columns is None else tuple(columns),
         adjustment_columns=adjustment,
+        effect_screen=params.effect_screen,
         **resolved,
     )
 
@@ -166,6 +180,8 @@ PUBLIC_FIELDS = (
     "shrinkage_factor",
     "effect_columns",
     "adjustment_columns",
+    "effect_screen",
+    "screened_columns",
 )
 
 
@@ -341,6 +357,12 @@ def _as_params(params: Any) -> EbmCateRequest:
 
 
 def noise_sd(request: EbmCateRequest, domain: PublicDomain) -> float:
-    """Public per-prediction privacy-noise sd of a request (``prediction_noise_sd``)."""
+    """Public per-prediction privacy-noise sd of a request (``prediction_noise_sd``). A
+    screened default (proof step 9) is quoted as the model on every covariate: which 8 columns
+    the DP screen keeps is not known before the release, and at small n epsilon it misses the
+    modifiers (bench/README.md, "The effect-modifier screen"), so the quote does not promise
+    the 8-column model's smaller noise."""
+    if request.effect_screen is None and request.effect_columns is None:
+        request = request.model_copy(update={"effect_screen": False})
     quoted = ebm_cate.quote(domain, to_mechanism_params(request, domain))
     return ebm_cate.prediction_noise_sd(domain, quoted)
