@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 from service.mechanisms import ate_strict, dp_ebm, outcome_range
 from service.mechanisms.ate_strict import AteStrictParams
 from service.mechanisms.noise import OpenDPSampler
+from tests.audit.clopper_pearson import events_epsilon_lower_bound
 from tests.audit.test_ate_adaptive_clip_audit import RecordingSampler
 from tests.audit.test_quantile_bins_audit import _observational
 
@@ -71,17 +71,7 @@ def _events(pairs: NDArray[np.float64]) -> list[NDArray[np.bool_]]:
 
 def _epsilon_lower_bound(first: NDArray[np.float64], second: NDArray[np.float64]) -> float:
     """Largest CP lower bound on log P(S) / P'(S) over the events, both directions."""
-    events_first, events_second = _events(first), _events(second)
-    level = FAMILY_LEVEL / (2 * 2 * len(events_first))
-    best = 0.0
-    for one, other in ((events_first, events_second), (events_second, events_first)):
-        for event_p, event_q in zip(one, other, strict=True):
-            p, q = int(event_p.sum()), int(event_q.sum())
-            p_low = float(stats.beta.ppf(level, p, RUNS - p + 1)) if p > 0 else 0.0
-            q_high = float(stats.beta.ppf(1 - level, q + 1, RUNS - q)) if q < RUNS else 1.0
-            if p_low > 0.0:
-                best = max(best, math.log(p_low / q_high))
-    return best
+    return events_epsilon_lower_bound(_events(first), _events(second), FAMILY_LEVEL)
 
 
 def test_range_channel_audit_and_power() -> None:

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 from service.mechanisms import dp_ebm, ebm_cate, effect_screen
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.effect_screen import EffectScreen
 from service.mechanisms.noise import OpenDPSampler, SeededSampler
 from service.releases.kinds.ebm_cate import EbmCateRequest, to_mechanism_params
+from tests.audit.clopper_pearson import events_epsilon_lower_bound
 
 FAMILY_LEVEL = 1e-6
 RUNS = 3000
@@ -63,16 +63,7 @@ def _epsilon_lower_bound(first: NDArray[np.int64], second: NDArray[np.int64]) ->
     complements, both directions."""
     events_first = [first == j for j in range(3)] + [first != j for j in range(3)]
     events_second = [second == j for j in range(3)] + [second != j for j in range(3)]
-    level = FAMILY_LEVEL / (2 * 2 * len(events_first))
-    best = 0.0
-    for one, other in ((events_first, events_second), (events_second, events_first)):
-        for event_p, event_q in zip(one, other, strict=True):
-            p, q = int(event_p.sum()), int(event_q.sum())
-            p_low = float(stats.beta.ppf(level, p, RUNS - p + 1)) if p > 0 else 0.0
-            q_high = float(stats.beta.ppf(1 - level, q + 1, RUNS - q)) if q < RUNS else 1.0
-            if p_low > 0.0:
-                best = max(best, math.log(p_low / q_high))
-    return best
+    return events_epsilon_lower_bound(events_first, events_second, FAMILY_LEVEL)
 
 
 def test_selection_channel_audit_and_power() -> None:
