@@ -36,6 +36,7 @@ Pure: no I/O; the noise comes from the caller's sampler.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,9 +70,14 @@ def scaled_covariates(x: FloatArray, lower: FloatArray, upper: FloatArray) -> Fl
 
 
 def scores(targets: FloatArray, x: FloatArray, lower: FloatArray, upper: FloatArray) -> FloatArray:
-    """``|S_j| = |sum_i r_i z_ij|`` per covariate (``targets`` already in [-K, K])."""
+    """``|S_j| = |sum_i r_i z_ij|`` per covariate (``targets`` already in [-K, K]).
+
+    Each sum is ``math.fsum`` of the rounded products (correctly rounded), so a replaced row
+    moves a computed score by at most ``2 K (1 + u) + 2 u n K`` (u = 2^-53), inside
+    ``sensitivity``'s float slack; a BLAS dot product's error bound grows like n^2 u K."""
     z = scaled_covariates(x, lower, upper)
-    sums = np.asarray(targets, dtype=np.float64) @ z
+    products = np.asarray(targets, dtype=np.float64)[:, None] * z
+    sums = np.array([math.fsum(products[:, j].tolist()) for j in range(z.shape[1])])
     return np.asarray(np.abs(sums), dtype=np.float64)
 
 
