@@ -294,3 +294,32 @@ def test_the_screen_leaves_the_anchor_shares_as_for_every_covariate() -> None:
             to_mechanism_params(EbmCateRequest(epsilon=1.0, effect_columns=list(range(8))), dom),
         )
         assert named.anchor_share != plain.anchor_share  # named columns do move it
+
+
+def test_screened_anchor_share_switches_at_its_own_threshold() -> None:
+    """n eps per schema covariate 1111 (n 40 000, eps 1, q 36): below the unscreened 1500, above
+    the screened 900. The screened release gives the anchor the useful share, observationally
+    and in a trial; unscreened keeps the noisy share."""
+    assert (
+        ebm_cate.SCREENED_USEFUL_N_EPSILON_PER_COVARIATE
+        < ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    )
+    for design in (StudyDesign.OBSERVATIONAL, StudyDesign.RCT):
+        dom = PublicDomain(
+            x_lower=np.zeros(36),
+            x_upper=np.ones(36),
+            y_lower=0.0,
+            y_upper=10.0,
+            n=40_000,
+            design=design,
+            treatment_probability=0.5 if design == StudyDesign.RCT else None,
+        )
+        screened = ebm_cate.make_plan(dom, to_mechanism_params(EbmCateRequest(epsilon=1.0), dom))
+        plain = ebm_cate.make_plan(
+            dom, to_mechanism_params(EbmCateRequest(epsilon=1.0, effect_screen=False), dom)
+        )
+        assert screened.anchor_share < plain.anchor_share
+        if design == StudyDesign.OBSERVATIONAL:
+            assert screened.anchor_share == ebm_cate.ebm_anchor_share(40_000, 1.0, 8)
+        else:
+            assert screened.anchor_share == ebm_cate.RCT_USEFUL_ANCHOR_SHARE

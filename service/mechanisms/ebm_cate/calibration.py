@@ -169,9 +169,9 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if screen_on != params.effect_screen:
         params = replace(params, effect_screen=screen_on)
     width_effect = effect_width(domain.q, params)
-    # The anchor shares (steps 6.1, 6.2) read the covariates the analyst or owner named, else
-    # all q: a screened model's 8 columns are a DP guess that at small n epsilon misses the
-    # modifiers, so the screen does not move budget from the anchor to the effect model.
+    # The anchor shares (steps 6.1, 6.2) read the covariates the analyst or owner named; with
+    # the screen, all q at its own threshold (rules.SCREENED_USEFUL_N_EPSILON_PER_COVARIATE):
+    # a screened model's 8 columns are a DP guess that at small n epsilon misses the modifiers.
     width_anchor = domain.q if screen_on else width_effect
     delta = validate_delta(params.delta, n_min=min((*sizes, calibration_size or sizes[0])))
     big_r = domain.outcome_range
@@ -199,7 +199,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if shrinkage == "ate" and domain.design == StudyDesign.RCT:
         # proof step 6.1 (RCT): the strict ATE release on all n at the anchor's share, then the
         # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
-        chosen = rct_anchor_share(domain, epsilon, delta, width_anchor)
+        chosen = rct_anchor_share(domain, epsilon, delta, width_anchor, screen_on)
         if chosen is None:
             raise no_room_for_anchor()
         share = chosen
@@ -216,7 +216,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             dim=CALIBRATION_STATISTICS,
         )
     elif shrinkage == "ate":
-        share = ebm_anchor_share(domain.n, epsilon, width_anchor)
+        share = ebm_anchor_share(domain.n, epsilon, width_anchor, screen_on)
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
         anchor, planned = plan_anchor(

@@ -79,6 +79,15 @@ DEVIATION_BOUND_OF_K = 0.25
 # 0.41-0.51 / 1.42-1.52 / 5.7-6.5 (2 fits each). On the realistic studies (q = 36) the switch is
 # unchanged: n * epsilon >= 54 000, as before only n 20 000, eps 4 of the grid.
 EBM_USEFUL_N_EPSILON_PER_COVARIATE = 1_500.0
+# With the effect-modifier screen (proof step 9) the effect model learns from fewer records per
+# covariate: the anchor gets the useful share from this n epsilon per schema covariate (q, not
+# the screen's 8). Realistic studies, eps 1, q 36, strong heterogeneity (probes on the same
+# samples, bench/README.md, "The effect-modifier screen"): at n 35 000 (972 per covariate) the
+# screened default's PEHE was 3.05 with the noisy share (the constant DP ATE: 3.13) and 2.26
+# with the useful one; at n 50 000 (1389) 3.01 against 2.03; at n 20 000 (556) the useful share
+# gained nothing (3.05). Without heterogeneity at n 50 000 the useful share was no worse (PEHE
+# 0.137 against 0.262; the constant DP ATE 0.222).
+SCREENED_USEFUL_N_EPSILON_PER_COVARIATE = 900.0
 # Randomised designs where the effect model can learn: the whole-data anchor's share. Niu et
 # al.'s Setup B declared as an RCT (q = 6, n 16 000, eps 1): CATE MSE 1.27 at 0.8 (factor 0),
 # 1.04 at 0.5, 0.61-0.74 at 0.35, 0.44-0.60 at 0.2 (2 fits each; unanchored v1: 0.34); the
@@ -325,16 +334,30 @@ def resolved_fractions(
     return checked_fractions(domain.n, names, fractions)
 
 
-def ebm_anchor_share(n: int, epsilon: float, q: int) -> float:
+def useful_threshold(screened: bool) -> float:
+    """n epsilon per covariate from which the effect model counts as learning (the anchor's
+    useful share): ``SCREENED_USEFUL_N_EPSILON_PER_COVARIATE`` with the screen (per schema
+    covariate), else ``EBM_USEFUL_N_EPSILON_PER_COVARIATE`` (per effect-model covariate)."""
+    if screened:
+        return SCREENED_USEFUL_N_EPSILON_PER_COVARIATE
+    return EBM_USEFUL_N_EPSILON_PER_COVARIATE
+
+
+def ebm_anchor_share(n: int, epsilon: float, q: int, screened: bool = False) -> float:
     """The observational anchor's public share of the effect fold's budget (see
     ``EBM_USEFUL_N_EPSILON_PER_COVARIATE``): public n, epsilon and the number q of the effect
-    model's covariates (``effect_width``) only."""
-    useful = n * epsilon / q >= EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    model's covariates (``effect_width``; with the screen, the schema's q and
+    ``SCREENED_USEFUL_N_EPSILON_PER_COVARIATE``) only."""
+    useful = n * epsilon / q >= useful_threshold(screened)
     return ANCHOR_SHARE if useful else ANCHOR_SHARE_NOISY
 
 
 def rct_anchor_share(
-    domain: PublicDomain, epsilon: float, delta: float, width: int | None = None
+    domain: PublicDomain,
+    epsilon: float,
+    delta: float,
+    width: int | None = None,
+    screened: bool = False,
 ) -> float | None:
     """Randomised designs (proof step 6.1): the whole-data anchor's public share of (epsilon,
     delta): ``RCT_USEFUL_ANCHOR_SHARE`` where the effect model can learn (n epsilon per
@@ -346,5 +369,5 @@ def rct_anchor_share(
     if shared is None:
         return None
     covariates = domain.q if width is None else width
-    useful = domain.n * epsilon / covariates >= EBM_USEFUL_N_EPSILON_PER_COVARIATE
+    useful = domain.n * epsilon / covariates >= useful_threshold(screened)
     return min(shared, RCT_USEFUL_ANCHOR_SHARE) if useful else shared
