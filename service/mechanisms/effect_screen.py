@@ -104,6 +104,16 @@ class EffectScreen:
         return sensitivity(self.bound, self.rows)
 
     @property
+    def total_epsilon(self) -> float:
+        """The whole screen's epsilon: the top-k's plus the histograms' (an exact split)."""
+        return self.epsilon + (0.0 if self.bins is None else self.bins.calibration.epsilon)
+
+    @property
+    def total_delta(self) -> float:
+        """The whole screen's delta: the histograms' (the top-k is pure DP)."""
+        return 0.0 if self.bins is None else self.bins.calibration.delta
+
+    @property
     def scale(self) -> float:
         """OpenDP's noise scale: ``2 k Delta / epsilon`` (the map ``k 2 Delta / scale``)."""
         return 2.0 * self.columns * self.sensitivity / self.epsilon

@@ -26,9 +26,10 @@ from numpy.typing import NDArray
 from service.mechanisms import dp_ebm, ebm_cate, effect_screen
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.effect_screen import EffectScreen
-from service.mechanisms.noise import OpenDPSampler, SeededSampler
+from service.mechanisms.noise import OpenDPSampler
 from service.releases.kinds.ebm_cate import EbmCateRequest, to_mechanism_params
 from tests.audit.clopper_pearson import events_epsilon_lower_bound
+from tests.audit.test_end_to_end_noise import RecordingSampler
 
 FAMILY_LEVEL = 1e-6
 RUNS = 3000
@@ -75,45 +76,6 @@ def test_selection_channel_audit_and_power() -> None:
     assert bound_wrong > EPSILON, bound_wrong
 
 
-class _Recording(SeededSampler):
-    def __init__(self, rng: np.random.Generator) -> None:
-        super().__init__(rng)
-        self.gaussians: list[dict[str, Any]] = []
-        self.top_ks: list[dict[str, Any]] = []
-
-    def gaussian(
-        self, values: NDArray[np.float64], *, sigma: float, sensitivity_l2: float
-    ) -> NDArray[np.float64]:
-        self.gaussians.append(
-            {"size": int(np.size(values)), "sigma": sigma, "sens": sensitivity_l2}
-        )
-        return super().gaussian(values, sigma=sigma, sensitivity_l2=sensitivity_l2)
-
-    def top_k(
-        self,
-        scores: NDArray[np.float64],
-        *,
-        k: int,
-        scale: float,
-        sensitivity_linf: float,
-        epsilon: float,
-    ) -> tuple[int, ...]:
-        chosen = super().top_k(
-            scores, k=k, scale=scale, sensitivity_linf=sensitivity_linf, epsilon=epsilon
-        )
-        self.top_ks.append(
-            {
-                "q": int(np.size(scores)),
-                "k": k,
-                "scale": scale,
-                "sens": sensitivity_linf,
-                "epsilon": epsilon,
-                "chosen": chosen,
-            }
-        )
-        return chosen
-
-
 def test_release_screens_on_the_fitting_rows_and_fits_the_chosen_columns(monkeypatch: Any) -> None:
     q, n = 12, 8000
     rng = np.random.default_rng(11)
@@ -149,7 +111,7 @@ def test_release_screens_on_the_fitting_rows_and_fits_the_chosen_columns(monkeyp
         return original(*args, **kwargs)
 
     monkeypatch.setattr("service.mechanisms.ebm_cate.estimation.fit_regressor", spy)
-    sampler = _Recording(np.random.default_rng(12))
+    sampler = RecordingSampler()
     out = ebm_cate.run_plan(
         Arrays(x=x, a=a, y=y),
         domain,
@@ -160,18 +122,20 @@ def test_release_screens_on_the_fitting_rows_and_fits_the_chosen_columns(monkeyp
         noise=sampler,
     )
     # one top-k at the plan's k, scale and epsilon over all q covariates
-    assert len(sampler.top_ks) == 1
-    call = sampler.top_ks[0]
-    assert (call["q"], call["k"]) == (q, effect_screen.COLUMNS)
-    assert (call["scale"], call["sens"], call["epsilon"]) == (
+    top_ks = [d for d in sampler.draws if d["type"] == "noisy_top_k"]
+    assert len(top_ks) == 1
+    call = top_ks[0]
+    assert (call["candidates"], call["dim"]) == (q, effect_screen.COLUMNS)
+    assert (call["scale"], call["sensitivity"], call["epsilon"]) == (
         screen.scale,
         screen.sensitivity,
         screen.epsilon,
     )
     # the histograms of the two continuous covariates at the plan's calibration
-    histograms = [g for g in sampler.gaussians if g["size"] == 2 * 32]
+    gaussians = [d for d in sampler.draws if d["type"] == "gaussian"]
+    histograms = [g for g in gaussians if g["dim"] == 2 * 32]
     assert len(histograms) == 1
-    assert histograms[0]["sigma"] == screen.bins.calibration.sigma
+    assert histograms[0]["scale"] == screen.bins.calibration.sigma
     assert screen.rows == state.effect_fit_size
     # the effect model: the chosen columns, the fitting rows, the rest's accounting
     effect_fit = fits[-1]

@@ -85,6 +85,9 @@ class RecordingSampler:
         sensitivity_linf: float,
         epsilon: float,
     ) -> tuple[int, ...]:
+        chosen = self.inner.top_k(
+            scores, k=k, scale=scale, sensitivity_linf=sensitivity_linf, epsilon=epsilon
+        )
         self.draws.append(
             {
                 "type": "noisy_top_k",
@@ -92,11 +95,11 @@ class RecordingSampler:
                 "sensitivity": sensitivity_linf,
                 "epsilon": epsilon,
                 "dim": k,
+                "candidates": int(np.size(scores)),
+                "chosen": chosen,
             }
         )
-        return self.inner.top_k(
-            scores, k=k, scale=scale, sensitivity_linf=sensitivity_linf, epsilon=epsilon
-        )
+        return chosen
 
 
 def _domain(design: StudyDesign) -> PublicDomain:

@@ -269,23 +269,29 @@ def test_request_field_validates() -> None:
     assert record.version == "6"
 
 
+def _wide_plans(n: int, design: StudyDesign) -> tuple[ebm_cate.Plan, ebm_cate.Plan, PublicDomain]:
+    """The default (screened) and the unscreened plan at eps 1 on 36 covariates."""
+    dom = PublicDomain(
+        x_lower=np.zeros(36),
+        x_upper=np.ones(36),
+        y_lower=0.0,
+        y_upper=10.0,
+        n=n,
+        design=design,
+        treatment_probability=0.5 if design == StudyDesign.RCT else None,
+    )
+    screened = ebm_cate.make_plan(dom, to_mechanism_params(EbmCateRequest(epsilon=1.0), dom))
+    plain = ebm_cate.make_plan(
+        dom, to_mechanism_params(EbmCateRequest(epsilon=1.0, effect_screen=False), dom)
+    )
+    return screened, plain, dom
+
+
 def test_the_screen_leaves_the_anchor_shares_as_for_every_covariate() -> None:
     """n eps = 2 * 10^4 on 36 covariates: 556 per covariate (the noisy anchor share), 2500 per
     screened column. The anchor keeps the share of the 36, observationally and in a trial."""
     for design in (StudyDesign.OBSERVATIONAL, StudyDesign.RCT):
-        dom = PublicDomain(
-            x_lower=np.zeros(36),
-            x_upper=np.ones(36),
-            y_lower=0.0,
-            y_upper=10.0,
-            n=20_000,
-            design=design,
-            treatment_probability=0.5 if design == StudyDesign.RCT else None,
-        )
-        screened = ebm_cate.make_plan(dom, to_mechanism_params(EbmCateRequest(epsilon=1.0), dom))
-        plain = ebm_cate.make_plan(
-            dom, to_mechanism_params(EbmCateRequest(epsilon=1.0, effect_screen=False), dom)
-        )
+        screened, plain, dom = _wide_plans(20_000, design)
         assert screened.screen is not None
         assert plain.screen is None
         assert screened.anchor_share == plain.anchor_share
@@ -305,19 +311,7 @@ def test_screened_anchor_share_switches_at_its_own_threshold() -> None:
         < ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
     )
     for design in (StudyDesign.OBSERVATIONAL, StudyDesign.RCT):
-        dom = PublicDomain(
-            x_lower=np.zeros(36),
-            x_upper=np.ones(36),
-            y_lower=0.0,
-            y_upper=10.0,
-            n=40_000,
-            design=design,
-            treatment_probability=0.5 if design == StudyDesign.RCT else None,
-        )
-        screened = ebm_cate.make_plan(dom, to_mechanism_params(EbmCateRequest(epsilon=1.0), dom))
-        plain = ebm_cate.make_plan(
-            dom, to_mechanism_params(EbmCateRequest(epsilon=1.0, effect_screen=False), dom)
-        )
+        screened, plain, _ = _wide_plans(40_000, design)
         assert screened.anchor_share < plain.anchor_share
         if design == StudyDesign.OBSERVATIONAL:
             assert screened.anchor_share == ebm_cate.ebm_anchor_share(40_000, 1.0, 8)

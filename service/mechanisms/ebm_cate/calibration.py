@@ -246,8 +246,8 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         screen = plan_screen(
             domain, effect_epsilon, effect_delta, clip_k, sizes[-1] - calibration_size
         )
-        model_epsilon = effect_epsilon - screen_epsilon_of(screen)
-        model_delta = effect_delta - screen_delta_of(screen)
+        model_epsilon = effect_epsilon - screen.total_epsilon
+        model_delta = effect_delta - screen.total_delta
     if shrinkage == "ate":
         effect_accounting = solve_dp_ebm_epsilon_p(model_epsilon, model_delta)
     for name in names:
@@ -462,15 +462,6 @@ def plan_screen(
     bins_delta, _ = ate_strict.split_share(delta, screening.SHARE * screening.HISTOGRAM_SHARE)
     bins = QuantileBins.plan(continuous, bins_epsilon, bins_delta)
     return EffectScreen(topk_epsilon, screening.COLUMNS, clip_k, rows, bins)
-
-
-def screen_epsilon_of(screen: EffectScreen) -> float:
-    """The screen's whole epsilon (top-k plus histograms; an exact split of the share)."""
-    return screen.epsilon + (0.0 if screen.bins is None else screen.bins.calibration.epsilon)
-
-
-def screen_delta_of(screen: EffectScreen) -> float:
-    return 0.0 if screen.bins is None else screen.bins.calibration.delta
 
 
 def screen_events(screen: EffectScreen, q: int) -> list[NoiseEvent]:
