@@ -34,6 +34,15 @@ release (DP-EBM nuisances, the outcome-heavy folds from n·epsilon = 2·10^4) pe
   interpret's equal-width bins of the declared range at the full module budget), the default
   before ate_strict version 6. (Commit 886dbb3 emulated the charged bins as ``dpq:<share>``;
   ``results/nuisance_dpq.json``.)
+* ``arm_outcome``: the outcome model as one DP-EBM regressor per arm of the outcome fold (a
+  T-learner) instead of one regressor additive in A (which cannot represent a CATE that varies
+  with X). Each arm model at the fold's accounting: a replacement inside one arm is a
+  replace-one neighbour of that arm's fit only, one that moves a record across arms is an
+  add/remove neighbour of each (sqrt 2 of the add/remove mu by GDP composition, below the
+  replace-one 2 mu), so the pair costs what the one model did;
+* ``interaction_outcome``: one DP-EBM regressor on (A, X, X_treated), X_treated = X for the
+  treated and the covariates' public lower bounds for the controls, so each covariate's shape
+  may differ by arm (2q + 1 features at the fold's accounting).
 
 The oracle, ``recalibrated`` and ``quantile_bins`` variants are diagnoses, not releases. A cell
 at epsilon = 100 shows the nuisances' bias without their privacy noise. Figures per variant:
@@ -55,6 +64,12 @@ intervals covering the true ATE. All variants run on the same samples.
     python -m bench.nuisance_oracle --cells 100000:4,100000:1,100000:0.5,50000:4,20000:4 \\
         --variants default,uniform_bins --reps 24 --workers 2 --seed 20261311 \\
         --name nuisance_quantile_bins
+    python -m bench.nuisance_oracle --cells 20000:1,20000:4,100000:1,5000:4 \\
+        --variants default,arm_outcome --reps 20 --workers 2 --seed 20261501 \\
+        --name nuisance_outcome_arms
+    python -m bench.nuisance_oracle --cells 20000:1,20000:4,100000:1 \\
+        --variants default,interaction_outcome --reps 20 --workers 2 --seed 20261501 \\
+        --name nuisance_outcome_interactions
     python -m bench.nuisance_oracle --quick       # CI smoke: n 2000, eps 4, none, 1 rep
 """
 
@@ -93,6 +108,8 @@ VARIANTS = (
     "outcome_clip",
     "shared_fold",
     "recalibrated",
+    "arm_outcome",
+    "interaction_outcome",
     "quantile_bins",
     "uniform_bins",
     "confounders",
@@ -205,6 +222,18 @@ def variant(name: str, study: Study) -> Iterator[None]:
             propensity_scores=at_rate(propensity, classifier_rate),
             outcome_predictions=at_rate(outcome, regressor_rate),
         )
+    elif name == "arm_outcome":
+
+        def arm_outcome(*args: Any, **kwargs: Any) -> tuple[FloatArray, FloatArray]:
+            return arm_outcome_predictions(*args, **kwargs)
+
+        patches["outcome_predictions"] = arm_outcome
+    elif name == "interaction_outcome":
+
+        def interaction_outcome(*args: Any, **kwargs: Any) -> tuple[FloatArray, FloatArray]:
+            return interaction_outcome_predictions(*args, **kwargs)
+
+        patches["outcome_predictions"] = interaction_outcome
     elif name == "recalibrated":
         pseudo_outcomes: Callable[..., Any] = estimation.pseudo_outcomes
 
@@ -222,6 +251,67 @@ def variant(name: str, study: Study) -> Iterator[None]:
         for attribute, replacement in patches.items():
             stack.enter_context(mock.patch.object(estimation, attribute, replacement))
         yield
+
+
+def arm_outcome_predictions(
+    x_fit: FloatArray,
+    a_fit: FloatArray,
+    y_fit: FloatArray,
+    x_predict: FloatArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    y_lower: float,
+    y_upper: float,
+    accounting: dp_ebm.DpEbmAccounting,
+    **kwargs: Any,
+) -> tuple[FloatArray, FloatArray]:
+    """``arm_outcome``: one DP regressor per arm of the outcome fold (a T-learner), each at the
+    fold's accounting, instead of one regressor additive in A."""
+    predictions = []
+    for arm in (0.0, 1.0):
+        rows = a_fit == arm
+        model, midpoint = dp_ebm.fit_regressor(
+            x_fit[rows], y_fit[rows], lower, upper, y_lower, y_upper, accounting, **kwargs
+        )
+        raw = np.asarray(model.predict(x_predict), np.float64) + midpoint
+        predictions.append(np.clip(np.nan_to_num(raw, nan=midpoint), y_lower, y_upper))
+    return predictions[0], predictions[1]
+
+
+def interaction_outcome_predictions(
+    x_fit: FloatArray,
+    a_fit: FloatArray,
+    y_fit: FloatArray,
+    x_predict: FloatArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    y_lower: float,
+    y_upper: float,
+    accounting: dp_ebm.DpEbmAccounting,
+    **kwargs: Any,
+) -> tuple[FloatArray, FloatArray]:
+    """``interaction_outcome``: one DP regressor on (A, X, X_treated), X_treated = X for the
+    treated and the covariates' lower bounds for the controls, so each covariate's effect may
+    differ by arm; at the fold's accounting (2q + 1 features)."""
+    treated_x = np.where(a_fit[:, None] >= 0.5, x_fit, lower[None, :])
+    model, midpoint = dp_ebm.fit_regressor(
+        np.column_stack([a_fit, x_fit, treated_x]),
+        y_fit,
+        np.concatenate([[0.0], lower, lower]),
+        np.concatenate([[1.0], upper, upper]),
+        y_lower,
+        y_upper,
+        accounting,
+        **kwargs,
+    )
+    ones = np.ones(x_predict.shape[0])
+    at_lower = np.broadcast_to(lower, x_predict.shape)
+    raw1 = model.predict(np.column_stack([ones, x_predict, x_predict])) + midpoint
+    raw0 = model.predict(np.column_stack([0.0 * ones, x_predict, at_lower])) + midpoint
+    return (
+        np.clip(np.nan_to_num(np.asarray(raw0, np.float64), nan=midpoint), y_lower, y_upper),
+        np.clip(np.nan_to_num(np.asarray(raw1, np.float64), nan=midpoint), y_lower, y_upper),
+    )
 
 
 def recalibrated_propensity(a: FloatArray, pi_hat: FloatArray) -> FloatArray:
