@@ -222,18 +222,11 @@ def variant(name: str, study: Study) -> Iterator[None]:
             propensity_scores=at_rate(propensity, classifier_rate),
             outcome_predictions=at_rate(outcome, regressor_rate),
         )
-    elif name == "arm_outcome":
-
-        def arm_outcome(*args: Any, **kwargs: Any) -> tuple[FloatArray, FloatArray]:
-            return arm_outcome_predictions(*args, **kwargs)
-
-        patches["outcome_predictions"] = arm_outcome
-    elif name == "interaction_outcome":
-
-        def interaction_outcome(*args: Any, **kwargs: Any) -> tuple[FloatArray, FloatArray]:
-            return interaction_outcome_predictions(*args, **kwargs)
-
-        patches["outcome_predictions"] = interaction_outcome
+    elif name in ("arm_outcome", "interaction_outcome"):
+        structure = "arms" if name == "arm_outcome" else "interactions"
+        patches["outcome_predictions"] = functools.partial(
+            structured_outcome_predictions, structure
+        )
     elif name == "recalibrated":
         pseudo_outcomes: Callable[..., Any] = estimation.pseudo_outcomes
 
@@ -244,7 +237,7 @@ def variant(name: str, study: Study) -> Iterator[None]:
 
         patches["pseudo_outcomes"] = recalibrated
     elif name not in ("default", "quantile_bins", "uniform_bins", "confounders") and not (
-        name.startswith("folds:")
+        name.startswith(("folds:", "pclip:"))
     ):
         raise ValueError(f"unknown variant {name}")
     with ExitStack() as stack:
@@ -253,7 +246,8 @@ def variant(name: str, study: Study) -> Iterator[None]:
         yield
 
 
-def arm_outcome_predictions(
+def structured_outcome_predictions(
+    structure: str,
     x_fit: FloatArray,
     a_fit: FloatArray,
     y_fit: FloatArray,
@@ -265,53 +259,43 @@ def arm_outcome_predictions(
     accounting: dp_ebm.DpEbmAccounting,
     **kwargs: Any,
 ) -> tuple[FloatArray, FloatArray]:
-    """``arm_outcome``: one DP regressor per arm of the outcome fold (a T-learner), each at the
-    fold's accounting, instead of one regressor additive in A."""
-    predictions = []
-    for arm in (0.0, 1.0):
-        rows = a_fit == arm
+    """``(mu0_hat, mu1_hat)`` of ``arm_outcome`` (``structure="arms"``: one DP regressor per arm
+    of the outcome fold, a T-learner, each at the fold's accounting) or ``interaction_outcome``
+    (``"interactions"``: one DP regressor on (A, X, X_treated), X_treated = X for the treated and
+    the covariates' lower bounds for the controls, 2q + 1 features at the fold's accounting),
+    instead of the service's one regressor additive in A."""
+    raw: list[FloatArray] = []
+    midpoint = (y_lower + y_upper) / 2.0
+    if structure == "arms":
+        for arm in (0.0, 1.0):
+            rows = a_fit == arm
+            model, midpoint = dp_ebm.fit_regressor(
+                x_fit[rows], y_fit[rows], lower, upper, y_lower, y_upper, accounting, **kwargs
+            )
+            raw.append(np.asarray(model.predict(x_predict), np.float64))
+    elif structure == "interactions":
+        treated_x = np.where(a_fit[:, None] >= 0.5, x_fit, lower[None, :])
         model, midpoint = dp_ebm.fit_regressor(
-            x_fit[rows], y_fit[rows], lower, upper, y_lower, y_upper, accounting, **kwargs
+            np.column_stack([a_fit, x_fit, treated_x]),
+            y_fit,
+            np.concatenate([[0.0], lower, lower]),
+            np.concatenate([[1.0], upper, upper]),
+            y_lower,
+            y_upper,
+            accounting,
+            **kwargs,
         )
-        raw = np.asarray(model.predict(x_predict), np.float64) + midpoint
-        predictions.append(np.clip(np.nan_to_num(raw, nan=midpoint), y_lower, y_upper))
-    return predictions[0], predictions[1]
-
-
-def interaction_outcome_predictions(
-    x_fit: FloatArray,
-    a_fit: FloatArray,
-    y_fit: FloatArray,
-    x_predict: FloatArray,
-    lower: FloatArray,
-    upper: FloatArray,
-    y_lower: float,
-    y_upper: float,
-    accounting: dp_ebm.DpEbmAccounting,
-    **kwargs: Any,
-) -> tuple[FloatArray, FloatArray]:
-    """``interaction_outcome``: one DP regressor on (A, X, X_treated), X_treated = X for the
-    treated and the covariates' lower bounds for the controls, so each covariate's effect may
-    differ by arm; at the fold's accounting (2q + 1 features)."""
-    treated_x = np.where(a_fit[:, None] >= 0.5, x_fit, lower[None, :])
-    model, midpoint = dp_ebm.fit_regressor(
-        np.column_stack([a_fit, x_fit, treated_x]),
-        y_fit,
-        np.concatenate([[0.0], lower, lower]),
-        np.concatenate([[1.0], upper, upper]),
-        y_lower,
-        y_upper,
-        accounting,
-        **kwargs,
+        ones = np.ones(x_predict.shape[0])
+        at_lower = np.broadcast_to(lower, x_predict.shape)
+        for indicator, treated in ((0.0 * ones, at_lower), (ones, x_predict)):
+            features = np.column_stack([indicator, x_predict, treated])
+            raw.append(np.asarray(model.predict(features), np.float64))
+    else:
+        raise ValueError(f"unknown outcome structure {structure}")
+    mu0, mu1 = (
+        np.clip(np.nan_to_num(values + midpoint, nan=midpoint), y_lower, y_upper) for values in raw
     )
-    ones = np.ones(x_predict.shape[0])
-    at_lower = np.broadcast_to(lower, x_predict.shape)
-    raw1 = model.predict(np.column_stack([ones, x_predict, x_predict])) + midpoint
-    raw0 = model.predict(np.column_stack([0.0 * ones, x_predict, at_lower])) + midpoint
-    return (
-        np.clip(np.nan_to_num(np.asarray(raw0, np.float64), nan=midpoint), y_lower, y_upper),
-        np.clip(np.nan_to_num(np.asarray(raw1, np.float64), nan=midpoint), y_lower, y_upper),
-    )
+    return mu0, mu1
 
 
 def recalibrated_propensity(a: FloatArray, pi_hat: FloatArray) -> FloatArray:
@@ -355,6 +339,8 @@ def variant_params(name: str, epsilon: float) -> AteParams:
     """The request of a variant: the default's with DP-EBM nuisances named (what the variants
     patch; the service's default from n epsilon = 2 * 10^4, where every committed cell lies, and
     ``dp_linear`` below), or with given fold fractions (``folds:``)."""
+    if name.startswith("pclip:"):
+        return AteParams(epsilon=epsilon, nuisance="dp_ebm", propensity_clip=float(name[6:]))
     if name.startswith("folds:"):
         fractions = tuple(float(v) for v in name[6:].split(":"))
         return AteParams(epsilon=epsilon, nuisance="dp_ebm", fold_fractions=fractions)
@@ -414,7 +400,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         cells = ((2000, 4.0),)
     variants = tuple(args.variants.split(","))
-    known = set(VARIANTS) | {name for name in variants if name.startswith(("lr:", "folds:"))}
+    known = set(VARIANTS) | {
+        name for name in variants if name.startswith(("lr:", "folds:", "pclip:"))
+    }
     if variants[0] != "default" or not set(variants) <= known:
         parser.error(f"--variants: 'default' first, then any of {', '.join(VARIANTS[1:])}")
     hets = ("none",) if args.quick else tuple(args.het.split(","))
