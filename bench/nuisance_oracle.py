@@ -115,6 +115,8 @@ VARIANTS = (
     "confounders",
     "confounders_propensity",
 )
+# Parametrised variants that change only the request (``variant_params``), not the estimation.
+REQUEST_VARIANT_PREFIXES = ("folds:", "pclip:")
 CLIP_LEVEL = 0.01
 CALIBRATION_BINS = 20
 CELLS = ((20000, 1.0), (20000, 4.0), (5000, 4.0))
@@ -237,7 +239,7 @@ def variant(name: str, study: Study) -> Iterator[None]:
 
         patches["pseudo_outcomes"] = recalibrated
     elif name not in ("default", "quantile_bins", "uniform_bins", "confounders") and not (
-        name.startswith(("folds:", "pclip:"))
+        name.startswith(REQUEST_VARIANT_PREFIXES)
     ):
         raise ValueError(f"unknown variant {name}")
     with ExitStack() as stack:
@@ -401,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
         cells = ((2000, 4.0),)
     variants = tuple(args.variants.split(","))
     known = set(VARIANTS) | {
-        name for name in variants if name.startswith(("lr:", "folds:", "pclip:"))
+        name for name in variants if name.startswith(("lr:", *REQUEST_VARIANT_PREFIXES))
     }
     if variants[0] != "default" or not set(variants) <= known:
         parser.error(f"--variants: 'default' first, then any of {', '.join(VARIANTS[1:])}")
