@@ -19,6 +19,10 @@ randomised ``rct_none``, ``rct_strong``), the same training samples and test sam
   ``adjustment_partition=true`` on an observational design, ``cate_function_given_anchor``:
   ``cate_function`` anchored at the constant DP ATE release, 2 epsilon in all), the constant
   true ATE and the constant DP ATE (``bench.realistic.ate_release``, ``AteParams(epsilon)``).
+  Named only: ``bench.realistic``'s comparator kinds, its ``ebm_cate@<settings>`` kinds (the
+  default with request settings, e.g. ``ebm_cate@eps100+bins64``), and ``additive_oracle``
+  (not a release: interpret's non-private EBM without interactions, 16 bins, fitted to the
+  training rows' true tau, the floor of an additive effect model).
 
 Figures per row: PEHE = sqrt(mean((tau_hat(x) - tau(x))^2)) on ``--test-n`` fresh test rows; its
 ratio to DRLearner's PEHE and to the constant DP ATE's PEHE; wall seconds and their ratio to
@@ -108,6 +112,27 @@ def drlearner(arrays: Arrays, x_test: FloatArray, *, seed: int) -> tuple[FloatAr
     return tau, fitted, _clock() - started
 
 
+# Not a release: the best additive model of the true CATE, interpret's non-private EBM without
+# interactions (16 bins, the DR learner's default max_bins) fitted to the training rows' true
+# tau. The floor of any additive effect model (the DP-EBM effect model is one) with those bins:
+# no pseudo-outcome noise, no privacy noise (bench/README.md, "What limits ebm_cate").
+ADDITIVE_ORACLE = "additive_oracle"
+ADDITIVE_ORACLE_BINS = 16
+
+
+def additive_oracle(
+    arrays: Arrays, tau: FloatArray, x_test: FloatArray, *, seed: int
+) -> FloatArray:
+    """tau_hat at x_test of the EBM without interactions fitted to the true tau (no noise)."""
+    from interpret.glassbox import ExplainableBoostingRegressor
+
+    model = ExplainableBoostingRegressor(
+        interactions=0, max_bins=ADDITIVE_ORACLE_BINS, outer_bags=1, random_state=seed
+    )
+    model.fit(arrays.x, tau)
+    return np.asarray(model.predict(x_test), np.float64)
+
+
 def run_cell(
     study: Study,
     het_index: int,
@@ -126,7 +151,7 @@ def run_cell(
     effect_sec: list[float] = []
     skip: dict[str, str] = {}
     for rep in range(reps):
-        arrays, _ = study.sample(n, _sample_seed(het_index, n, rep))
+        arrays, tau_train = study.sample(n, _sample_seed(het_index, n, rep))
         test, _ = study.sample(test_n, _seed(3, het_index, n, round(epsilon * 1000), rep))
         truth = study.tau_true(test.x)
         figures["constant_true_ate"]["pehe"].append(pehe(np.full(test_n, study.true_ate), truth))
@@ -149,7 +174,10 @@ def run_cell(
                 continue
             started = _clock()
             try:
-                estimate = cate_release(kind, arrays, domain, epsilon, test.x, dp_ate)
+                if kind == ADDITIVE_ORACLE:
+                    estimate = additive_oracle(arrays, tau_train, test.x, seed=rep)
+                else:
+                    estimate = cate_release(kind, arrays, domain, epsilon, test.x, dp_ate)
                 figures[kind]["pehe"].append(pehe(estimate, truth))
             except Exception as exc:
                 figures[kind]["errors"].append(_error(exc))
@@ -260,8 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     hets = _names(args.het, FULL_HET) if args.het else default_hets
     reps = args.reps if args.reps is not None else 1
     default_kinds = ("uplift_table",) if quick else CATE_KINDS
-    allowed = CATE_KINDS + EXTRA_CATE_KINDS
-    kinds = _names(args.kinds, allowed) if args.kinds is not None else default_kinds
+    allowed = (*CATE_KINDS, *EXTRA_CATE_KINDS, ADDITIVE_ORACLE)
+    kinds = (
+        _names(args.kinds, allowed, configured=True) if args.kinds is not None else default_kinds
+    )
 
     import econml  # fail early (and outside the timings) when the bench extra is missing
     import sklearn

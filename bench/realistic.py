@@ -140,7 +140,41 @@ MODIFIER_SETS = {
         j for j in studies.EFFECT_MODIFIERS if j != studies.CREATININE
     ),
 }
+# ebm_cate@<settings>: the ebm_cate default with request settings joined by "+" (a probe of what
+# limits the DR learner, bench/README.md "What limits ebm_cate at n = 10^5"): eps<E> releases at
+# epsilon E instead of the cell's, bins<B> sets max_bins, rounds<R> max_rounds, k<F> the
+# pseudo-outcome clip F x R_Y, unshrunk the shrinkage "none". Example: ebm_cate@eps100+bins64.
+CONFIGURED_EBM = "ebm_cate@"
 FloatArray = NDArray[np.float64]
+
+
+def ebm_settings(kind: str) -> dict[str, Any]:
+    """The request settings of an ``ebm_cate@<settings>`` kind (see ``CONFIGURED_EBM``); the
+    clip as ``k_of_range`` (a multiple of R_Y). Raises ``ValueError`` on an unknown setting."""
+    settings: dict[str, Any] = {}
+    for item in kind.removeprefix(CONFIGURED_EBM).split("+"):
+        if item == "unshrunk":
+            settings["shrinkage"] = "none"
+        elif item.startswith("eps"):
+            settings["epsilon"] = float(item[3:])
+        elif item.startswith("bins"):
+            settings["max_bins"] = int(item[4:])
+        elif item.startswith("rounds"):
+            settings["max_rounds"] = int(item[6:])
+        elif item.startswith("k"):
+            settings["k_of_range"] = float(item[1:])
+        else:
+            raise ValueError(f"unknown ebm_cate setting {item!r} in {kind!r}")
+    return settings
+
+
+def configured_ebm_request(kind: str, epsilon: float, domain: PublicDomain) -> EbmCateRequest:
+    """The request of an ``ebm_cate@<settings>`` kind at the cell's ``epsilon``."""
+    settings = {"epsilon": epsilon, **ebm_settings(kind)}
+    fraction = settings.pop("k_of_range", None)
+    if fraction is not None:
+        settings["pseudo_outcome_clip"] = fraction * domain.outcome_range
+    return EbmCateRequest(**settings)
 
 
 def _quiet(_fraction: float, _stage: str) -> None:
@@ -274,6 +308,11 @@ def cate_release(
             max_rounds=ebm_cate.DR_DEFAULT_MAX_ROUNDS if kind == "ebm_cate_rounds200" else None,
         )
         out = EbmCateKind().run(arrays, domain, ebm_request, **options)
+        return ebm_cate.predict(out, x_test)
+    if kind.startswith(CONFIGURED_EBM):
+        out = EbmCateKind().run(
+            arrays, domain, configured_ebm_request(kind, epsilon, domain), **options
+        )
         return ebm_cate.predict(out, x_test)
     if kind.endswith("_confounders"):
         adjusted = dataclasses.replace(domain, adjustment_set=studies.CONFOUNDERS)
@@ -558,13 +597,21 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(",") if v)
 
 
-def _names(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    """Comma-separated names from ``allowed``; "" or "none" is the empty list unless "none" is
-    itself a name (the heterogeneity level: ``--het none`` is that level)."""
+def _names(text: str, allowed: tuple[str, ...], configured: bool = False) -> tuple[str, ...]:
+    """Comma-separated names from ``allowed`` (with ``configured``, also ``ebm_cate@<settings>``
+    kinds); "" or "none" is the empty list unless "none" is itself a name (the heterogeneity
+    level: ``--het none`` is that level)."""
     if text == "" or (text == "none" and "none" not in allowed):
         return ()
     names = tuple(v for v in text.split(",") if v)
     unknown = set(names) - set(allowed)
+    for name in sorted(unknown):
+        if configured and name.startswith(CONFIGURED_EBM):
+            try:
+                ebm_settings(name)
+            except ValueError as exc:
+                raise SystemExit(str(exc)) from exc
+            unknown.discard(name)
     if unknown:
         raise SystemExit(f"unknown names {sorted(unknown)}; choose from {list(allowed)}")
     return names
@@ -622,7 +669,9 @@ def main(argv: list[str] | None = None) -> None:
     reps = args.reps if args.reps is not None else (6 if quick else 200)
     cate_reps = args.cate_reps if args.cate_reps is not None else (1 if quick else 5)
     kinds = (
-        _names(args.kinds, CATE_KINDS + EXTRA_CATE_KINDS) if args.kinds is not None else CATE_KINDS
+        _names(args.kinds, CATE_KINDS + EXTRA_CATE_KINDS, configured=True)
+        if args.kinds is not None
+        else CATE_KINDS
     )
     estimators = (
         _names(args.estimators, tuple(ALL_ATE_ESTIMATORS))

@@ -35,6 +35,8 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
         "--name",
         "uplift-declared",
     ),
+    # a configured ebm_cate kind (bench.realistic.CONFIGURED_EBM: request settings by name)
+    ("bench.drlearner", "--kinds", "ebm_cate@eps100+bins24+k0.5", "--name", "ebm-configured"),
     "bench.cate_basis",
     "bench.ebm_noise",
 )
