@@ -90,7 +90,9 @@ def plan_anchor(
     plan = AnchorPlan(bound, epsilon_q, epsilon_mean, delta_anchor, propensity_clip=anchor_clip)
     worst = ate_strict.mean_calibration(epsilon_mean, delta_anchor, bound, n2)
     events = [
-        ate_strict.quantile_event(epsilon_q, bound, n2),
+        ate_strict.quantile_event(
+            epsilon_q, bound, n2, ("share_of_anchor_epsilon", ANCHOR_QUANTILE_SHARE)
+        ),
         ate_strict.adaptive_gaussian_event("anchor_ate_mean", "2 K / n2", worst, bound),
     ]
     return plan, events

@@ -64,3 +64,20 @@ def test_the_anchor_plan_is_the_ate_default_and_reports_what_cannot_run() -> Non
     assert sum(plan.fold_sizes().values()) == 5000
     with pytest.raises(InvalidParameters, match="anchor"):
         anchor.plan_ate_anchor(domain, 0.8, 0.5)  # delta far above 1 / n
+
+
+def test_the_effect_fold_anchors_quantile_event_states_its_own_share_and_epsilon() -> None:
+    """The observational anchor's quantile takes ANCHOR_QUANTILE_SHARE of the anchor's epsilon;
+    its ledger event says so (not the ate module's adaptive-clip share) and charges exactly it."""
+    plan, events = anchor.plan_anchor(
+        "dr", 0.4, 1e-7, outcome_range=60.0, propensity_clip=0.05, dr_bound=18.0, n2=5000
+    )
+    quantile, _ = events
+    assert quantile.type == "exponential_quantile"
+    assert quantile.params["share_of_anchor_epsilon"] == anchor.ANCHOR_QUANTILE_SHARE
+    assert "share_of_estimation_epsilon" not in quantile.params
+    assert quantile.epsilon == pytest.approx(0.4 * anchor.ANCHOR_QUANTILE_SHARE)
+    assert plan.quantile_epsilon == quantile.epsilon
+    assert quantile.epsilon + plan.epsilon == pytest.approx(0.4)
+    estimation = ate_strict.quantile_event(0.1, 18.0, 5000)
+    assert estimation.params["share_of_estimation_epsilon"] == ate_strict.ADAPTIVE_CLIP_SHARE

@@ -556,18 +556,20 @@ def gaussian_event(
     )
 
 
-def quantile_event(epsilon: float, bound: float, n2: int) -> NoiseEvent:
-    """The pure-DP quantile of |Gamma| that sets the adaptive clip (proof §13)."""
+def quantile_event(
+    epsilon: float, bound: float, n2: int, share: tuple[str, float] | None = None
+) -> NoiseEvent:
+    """The pure-DP quantile of |Gamma| that sets the adaptive clip (proof §13). ``share``: the
+    event's (label, share) of its caller's budget; None: the estimation module's
+    ``ADAPTIVE_CLIP_SHARE``."""
+    label, value = share or ("share_of_estimation_epsilon", ADAPTIVE_CLIP_SHARE)
     return quantile_noise_event(
         "estimation",
         "quantile_abs_pseudo_outcome",
         epsilon,
         ADAPTIVE_CLIP_LEVEL,
         adaptive_clip_candidates(bound),
-        {
-            "inflation": adaptive_clip_inflation(n2),
-            "share_of_estimation_epsilon": ADAPTIVE_CLIP_SHARE,
-        },
+        {"inflation": adaptive_clip_inflation(n2), label: value},
     )
 
 

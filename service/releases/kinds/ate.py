@@ -106,7 +106,7 @@ class AteParams(KindParams):
     # None: the public rule ate_strict.default_cross_fit (dp_linear, no fold_fractions:
     # cross-fit when n epsilon > 5000 on observational designs, > 10000 on randomised ones).
     cross_fit: StrictBool | None = None
-    # None: the public rule clip(25000 / (n epsilon), 0.05, 0.5) (cross_fit only).
+    # None: the public rule clip(50000 / (n epsilon), 0.05, 0.5) (cross_fit only).
     nuisance_share: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     regularization: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     # strict aipw: "declared" clips the pseudo-outcome at the bound from the declared schema (or
