@@ -1,19 +1,27 @@
 """Anchoring a CATE release at a DP ATE, and shrinking it towards that ATE (pure numerics).
 
 A CATE whose privacy noise exceeds the heterogeneity it estimates is worse than the constant
-ATE. The strict CATE kinds therefore (docs/proofs/cate_vector.md step 7,
-docs/proofs/cate_function.md §7):
+ATE. The strict CATE kinds therefore spend a public share of their budget on a DP ATE, the
+*anchor*, fit the CATE to targets centred at it (so regularisation shrinks towards the ATE, not
+towards zero: a row-wise map with a DP constant, adaptive sequential composition) and release
+``anchor + lambda * deviation``. This module holds:
 
-1. spend a public share of the estimation budget on a DP ATE of the estimation fold, the
-   *anchor* (``plan_anchor`` / ``draw_anchor``: a pure-DP quantile of the anchor
-   pseudo-outcomes sets the clip K, then a lattice Gaussian mean calibrated at 2K / n2, as in
-   ``ate_strict``'s adaptive clipping, proof §13 there);
-2. fit the CATE to targets centred at the anchor, so regularisation shrinks towards the ATE,
-   not towards zero (a row-wise map with a DP constant: adaptive sequential composition);
-3. release ``anchor + lambda * deviation``, where the factor lambda (``james_stein_factor``) is
-   computed from DP outputs and public noise covariances only (post-processing): lambda = 0
-   unless the released deviations' spread exceeds the 0.99 quantile of what the noise alone
-   would give.
+1. the effect-fold anchor (``plan_anchor`` / ``draw_anchor``, ``anchor_pseudo_outcomes``), used
+   by ``ebm_cate`` on observational designs (docs/proofs/ebm_cate.md step 6.1): a DP ATE of its
+   effect fold at ``ebm_cate``'s share (``ANCHOR_SHARE`` or ``ANCHOR_SHARE_NOISY``) of that
+   fold's budget; a pure-DP quantile of the anchor pseudo-outcomes sets the clip K, then a
+   lattice Gaussian mean calibrated at 2K / n2, as in ``ate_strict``'s adaptive clipping (proof
+   §13 there).
+2. the whole-data anchor (``AteAnchorPlan``, ``plan_ate_anchor`` / ``draw_ate_anchor``): the
+   strict ``ate`` kind's default release on all n rows at the public share ``ate_anchor_share``
+   of (epsilon, delta), composed sequentially with the CATE's own folds; used by
+   ``cate_vector`` and ``cate_function`` (docs/proofs/cate_vector.md step 7,
+   docs/proofs/cate_function.md §7, where the share rule is stated) and by ``ebm_cate`` in
+   randomised designs (its step 6.1).
+3. ``james_stein_factor``: the factor lambda, computed from DP outputs and public noise
+   covariances only (post-processing): lambda = 0 unless the released deviations' spread
+   exceeds the 0.99 quantile of what the noise alone would give (cate_vector, cate_function,
+   uplift_table; ebm_cate calibrates its own factor).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.stats import chi2
 
-from service.mechanisms import ate_strict, versus_ate
+from service.mechanisms import ate_strict
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
@@ -44,14 +52,6 @@ ANCHOR_SHARE_NOISY = 0.8
 ANCHOR_QUANTILE_SHARE = 0.25
 ANCHOR_PROPENSITY_CLIP = 0.1
 JAMES_STEIN_LEVEL = 0.99  # pure noise keeps lambda = 0 with probability about 0.99
-
-
-def anchor_share(noise_sd_at_default_share: float, outcome_range: float) -> float:
-    """The public anchor share: ANCHOR_SHARE, or ANCHOR_SHARE_NOISY where the CATE's public
-    per-prediction noise sd at ANCHOR_SHARE is at least WORTH_IT_RATIO times R_Y / 24."""
-    heterogeneity = outcome_range / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
-    noisy = noise_sd_at_default_share >= versus_ate.WORTH_IT_RATIO * heterogeneity
-    return ANCHOR_SHARE_NOISY if noisy else ANCHOR_SHARE
 
 
 @dataclass(frozen=True)

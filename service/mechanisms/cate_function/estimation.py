@@ -259,7 +259,7 @@ def reference_points(state: Plan) -> tuple[NDArray[np.int64], FloatArray]:
 
 
 def shrink(fitted: FittedFunction, state: Plan, anchor: float, noise: NoiseSampler) -> None:
-    """proof §7 step 3: read the released deviation ``g(x) + noise`` at the public reference
+    """proof §7 step 4: read the released deviation ``g(x) + noise`` at the public reference
     points, and set ``fitted.shrink`` to the James–Stein factor against its public noise
     covariance ``Sigma`` (post-processing of the DP function). For the exact basis the GP path is
     drawn there now and kept as the function's first answers (``fitted.reference``)."""

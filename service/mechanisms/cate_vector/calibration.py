@@ -52,7 +52,7 @@ MAX_EPSILON = 100.0
 MAX_POINTS = 5_000
 MAX_FEATURES = 1_000
 FEATURE_NORM = 2.0  # C: ||phi(x)||^2 <= 1 + 1 + 2 (module docstring)
-# Float margin on Delta_theta: a backward-stable solve of the (D+1)-square SPD system with
+# Float margin on Delta_theta: a backward-stable solve of the (D+1+q)-square SPD system with
 # condition number <= (C^2 + lambda) / lambda perturbs theta by far less than 2^-20 ||theta||
 # for the public ranges of lambda and D allowed here (docs/proofs/cate_vector.md, step 5).
 _SOLVE_SLACK = 2.0**-20
@@ -204,7 +204,7 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
     validate_finite_positive(params.lengthscale, "lengthscale")
     big_r = validate_finite_positive(domain.outcome_range, "outcome range")
     propensity, clip = public_propensity(domain, params.propensity_clip)
-    # proof step 1: the public bound on the second-stage targets.
+    # proof, strict mechanism item 3: the public bound B on the second-stage targets.
     if params.learner == "r":
         bound_r = big_r
     else:

@@ -68,8 +68,8 @@ DEVIATION_BOUND_OF_K = 0.25
 # realistic studies (bench/README.md, "ebm_cate and uplift_table anchored") the DR effect model
 # beat the constant ATE only at n * epsilon = 80000 (n 20000, eps 4; PEHE 2.1-2.3 against 3.15);
 # at 20000 and below its deviations were noise (factor 0), so the release is the anchor and the
-# anchor should get the budget. anchor.anchor_share's switch reads the public per-prediction
-# noise scale, which for this kind is too rough (prediction_noise_sd: about 2x the deviations'
+# anchor should get the budget. A switch on the public per-prediction noise scale (an earlier
+# rule, since removed) was too rough for this kind (prediction_noise_sd: about 2x the deviations'
 # sd at the data at n 20000, eps 4, so it would have chosen the noisy share there too).
 # The switch reads n * epsilon per covariate: DP-EBM spends its budget over every feature's
 # shape, so a model on 6 covariates learns at an n * epsilon that leaves one on 36 noise. A

@@ -39,7 +39,8 @@ class CateFunctionParams(KindParams):
     learner: Literal["r", "dr"] = "r"
     bandwidth: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     # None: the public rule (mech.DEFAULT_LAMBDA0_GRID): the smallest lambda0 whose pointwise
-    # noise sd is at most 0.2 R_Y. lambda_convention applies to an explicit value only.
+    # noise sd is at most 0.2 R_Y without shrinkage, 0.5 R_Y / 24 with shrinkage "ate" (the
+    # strict default); else the largest. lambda_convention applies to an explicit value only.
     regularization: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     lambda_convention: Literal["normalised", "unnormalised"] = "normalised"
     propensity_clip: StrictFloat = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
@@ -57,9 +58,9 @@ class CateFunctionParams(KindParams):
     batch_max: StrictInt = Field(default=1000, ge=1, le=mech.MAX_BATCH)
     jitter: StrictFloat = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
     nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
-    # None: "ate" in strict mode (a DP anchor ATE, the strict ate default on all rows at 20 %
-    # of the budget, 80 % where the function's noise would swamp the heterogeneity; the release
-    # is shrunk towards it unless heterogeneity is detectable; proof §7), "none" in paper mode.
+    # None: "ate" in strict mode (a DP anchor ATE, the strict ate default on all rows at the
+    # public share anchor.ate_anchor_share of the budget, 0.2-0.95; the release is shrunk
+    # towards it unless heterogeneity is detectable; proof §7), "none" in paper mode.
     shrinkage: Literal["ate", "none"] | None = None
     # shrinkage "ate": anchor at this public value instead of buying a DP anchor (e.g. the
     # estimate of an ATE release you already have; no extra cost, the function gets the budget)
@@ -92,8 +93,9 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
     """The public basis rule (values only, so a stored request resolves alike): the one asked
     for, else ``"ebm"`` where the request leaves every kernel field at its default, the
     ebm_cate default release is anchored and ``ebm_cate.preferred`` holds (observational:
-    always; RCT: the DP-EBM effect model learns, ``n epsilon / q`` at least
-    ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``); else ``"exact"``.
+    always; RCT: the DP-EBM effect model learns, ``n epsilon / q'`` at least
+    ``ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE``, q' the schema's declared effect modifiers,
+    else q); else ``"exact"``.
 
     Raises:
         ValidationFailed: ``"ebm"`` asked for together with a kernel field.
