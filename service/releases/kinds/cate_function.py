@@ -46,8 +46,9 @@ class CateFunctionParams(KindParams):
     propensity_clip: StrictFloat = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
     fold_fractions: tuple[StrictFloat, ...] | None = Field(default=None, min_length=1, max_length=3)
     # None: the public rule ``basis_for`` ("ebm", the strict ebm_cate default release as the
-    # function, where n epsilon per covariate reaches ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE
-    # and every field of the kernel learner below is at its default; else "exact").
+    # function, where every field of the kernel learner below is at its default, the release is
+    # anchored and, in a trial, n epsilon per declared modifier (else per covariate) reaches
+    # ebm_cate.EBM_USEFUL_N_EPSILON_PER_COVARIATE; else "exact").
     basis: Basis | None = None
     # The ebm basis's pre-specified effect modifiers (ebm_cate's effect_columns: 0-based
     # positions in the schema's covariate list); given, the basis is "ebm".
