@@ -574,8 +574,9 @@ def _evaluate_exact(
         if locked.t + len(new_index) > locked.t_max:
             session.rollback()
             raise FunctionCapacityReached(
-                f"this function answers at most {locked.t_max} distinct points; "
-                "points already answered are still served"
+                f"this function answers at most {locked.t_max} distinct points and this batch's "
+                "new points would pass that; nothing was stored (a batch of points it has "
+                "already answered is still served)"
             )
         rows = list(new_index.values())
         new_codes = codes[rows]

@@ -63,8 +63,12 @@ class ReleaseRead(BaseModel):
     principal_id: str
     kind: str
     status: str = Field(description="queued, running, done or failed")
-    progress: float
-    stage: str
+    progress: float = Field(
+        description="0 while queued; while running a public function of the time since the job "
+        "started, 0.99 t / (t + 10 s), never the job's own progress (a timing side channel); 1 "
+        "once finished and visible"
+    )
+    stage: str = Field(description="queued, running, done or failed (as status)")
     guarantee: str
     epsilon: float
     delta: float
@@ -75,4 +79,8 @@ class ReleaseRead(BaseModel):
     cached: bool = False
     created_at: str
     started_at: str | None = None
-    finished_at: str | None = None
+    finished_at: str | None = Field(
+        default=None,
+        description="The padded completion time (the next public latency bucket after the "
+        "start), not the job's real finish",
+    )

@@ -6,6 +6,7 @@ import hashlib
 import json
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -254,7 +255,7 @@ def readable(session: Session, *, caller: Caller, release_id: str) -> Release:
     if release is None:
         raise NotFound("release not found")
     datasets.readable(session, caller=caller, dataset_id=release.dataset_id)
-    if caller.role == Role.CLIENT and release.status != "done":
+    if caller.role == Role.CLIENT and shown_status(release) != "done":
         raise NotFound("release not found")
     return release
 
@@ -264,6 +265,9 @@ def listing(session: Session, *, caller: Caller, dataset_id: str) -> list[Releas
     query = select(Release).where(Release.dataset_id == dataset_id).order_by(Release.created_at)
     if caller.role == Role.CLIENT:
         query = query.where(Release.status == "done")
+        # a client sees a release from its padded completion time on, as everyone else does
+        now = time.time()
+        return [r for r in session.execute(query).scalars() if shown_status(r, now=now) == "done"]
     return list(session.execute(query).scalars())
 
 
@@ -277,13 +281,44 @@ def shown_status(release: Release, *, now: float | None = None) -> str:
     return release.status
 
 
+# While a job runs, readers see a progress that is a public function of the time since it
+# started, never the job's own: the pace of its progress and the moments its stage changes
+# would reveal how long each step takes on these data (docs/privacy.md, "Side channels").
+PROGRESS_HALF_SECONDS = 10.0
+
+
+def public_progress(elapsed: float) -> float:
+    """The shown progress ``elapsed`` seconds after the start: 0.99 e / (e + 10 s), so 0.5
+    after 10 s and below 0.99 until the result is visible."""
+    elapsed = max(0.0, elapsed)
+    return 0.99 * elapsed / (elapsed + PROGRESS_HALF_SECONDS)
+
+
+def _seconds_since(iso: str, now: float) -> float:
+    return now - datetime.fromisoformat(iso).timestamp()
+
+
 def view(release: Release, *, cached: bool = False, now: float | None = None) -> ReleaseRead:
-    """The client's view. A finished job stays 'running' until its padded completion time."""
-    status, progress, stage = shown_status(release, now=now), release.progress, release.stage
+    """The reader's view. A finished job stays 'running' until its padded completion time, its
+    progress and stage are public functions of the time since it started (``public_progress``),
+    and its ``finished_at`` is the padded completion time, so nothing shown reveals how long the
+    job really took."""
+    now = time.time() if now is None else now
+    status = shown_status(release, now=now)
     finished = status in ("done", "failed")
-    if status != release.status:  # padded: finished, not visible yet
-        stage = "running"
-        progress = min(progress, 0.99)
+    if finished:
+        progress, stage = 1.0, status
+    elif status == "running" and release.started_at is not None:
+        progress, stage = public_progress(_seconds_since(release.started_at, now)), "running"
+    else:
+        progress, stage = 0.0, "queued"
+    finished_at = None
+    if finished:
+        finished_at = (
+            release.finished_at
+            if release.visible_at is None
+            else datetime.fromtimestamp(release.visible_at, UTC).isoformat(timespec="microseconds")
+        )
     error = None
     if finished and status == "failed":
         error = ReleaseError(
@@ -298,8 +333,8 @@ def view(release: Release, *, cached: bool = False, now: float | None = None) ->
         principal_id=release.principal_id,
         kind=release.kind,
         status=status,
-        progress=1.0 if finished else progress,
-        stage=status if finished else stage,
+        progress=progress,
+        stage=stage,
         guarantee=release.guarantee,
         epsilon=amounts.epsilon_value(release.epsilon),
         delta=amounts.delta_value(release.delta),
@@ -310,5 +345,5 @@ def view(release: Release, *, cached: bool = False, now: float | None = None) ->
         cached=cached,
         created_at=release.created_at,
         started_at=release.started_at,
-        finished_at=release.finished_at if finished else None,
+        finished_at=finished_at,
     )

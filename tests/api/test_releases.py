@@ -221,6 +221,53 @@ def test_clients_cannot_spend_and_see_only_done_releases(
     )
 
 
+def test_no_reader_learns_a_finished_jobs_real_duration(
+    api: Api, client: TestClient, rct: Any
+) -> None:
+    """Until its padded completion time a finished release reads as running to the analyst
+    (public progress, stage "running", no finish time) and does not exist for a client (GET 404,
+    absent from the listing); then everyone sees it, with the padded finish time."""
+    owner, analyst, ds = rct
+    cl = api.principal("client")
+    api.grant(owner["api_key"], ds["id"], cl["id"])
+    client.app.state.runner.stop()  # type: ignore[attr-defined]
+    rel = post_release(client, analyst["api_key"], ds["id"], FAST).json()
+    from sqlalchemy import update
+
+    from service.db.engine import get_sessionmaker
+    from service.db.models import Release
+    from service.jobs.runner import JobRunner
+
+    factory = get_sessionmaker()
+    runner = JobRunner(factory, workers=1, latency_buckets=(3600.0,))
+    assert runner.claim_next() == rel["id"]
+    runner.execute(rel["id"])
+    with factory() as s:
+        stored = s.get(Release, rel["id"])
+        assert stored is not None
+        assert stored.status == "done"
+        real_finish, visible_at = stored.finished_at, stored.visible_at
+    assert visible_at is not None
+    seen = client.get(f"/v1/releases/{rel['id']}", headers=Api.auth(analyst["api_key"])).json()
+    assert (seen["status"], seen["stage"], seen["finished_at"]) == ("running", "running", None)
+    assert seen["result"] is None
+    assert 0.0 <= seen["progress"] < 0.99
+    cl_auth = Api.auth(cl["api_key"])
+    problem(client.get(f"/v1/releases/{rel['id']}", headers=cl_auth), 404, "not-found")
+    listed = client.get(f"/v1/datasets/{ds['id']}/releases", headers=cl_auth)
+    assert listed.status_code == 200
+    assert listed.json() == []
+    with factory() as s:  # the bucket passes
+        s.execute(update(Release).where(Release.id == rel["id"]).values(visible_at=1.0))
+        s.commit()
+    got = client.get(f"/v1/releases/{rel['id']}", headers=cl_auth).json()
+    assert (got["status"], got["stage"], got["progress"]) == ("done", "done", 1.0)
+    assert got["finished_at"] != real_finish
+    assert [
+        r["id"] for r in client.get(f"/v1/datasets/{ds['id']}/releases", headers=cl_auth).json()
+    ] == [rel["id"]]
+
+
 def test_quote_costs_nothing(client: TestClient, rct: Any) -> None:
     owner, analyst, ds = rct
     r = client.post(

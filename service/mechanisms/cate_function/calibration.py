@@ -275,7 +275,9 @@ def _check_int(value: object, name: str, low: int, high: int) -> int:
 
 # Default regularisation (public rule, used when the request omits ``regularization``): the
 # smallest lambda0 (unnormalised k0 convention) on this grid whose public pointwise noise sd is at
-# most DEFAULT_NOISE_SD_FRACTION * R_Y, else the largest. The paper's normalised lambda = 1 gives
+# most DEFAULT_NOISE_SD_FRACTION * R_Y without shrinkage (with shrinkage "ate", the strict
+# default: versus_ate.WORTH_IT_RATIO times the default heterogeneity R_Y / 24), else the largest.
+# The paper's normalised lambda = 1 gives
 # lambda0 = 1 / c_q, which grows like (sqrt(2 pi) h)^q: 2.1 at q = 2, 1.3e5 at q = 10, 2.9e22 at
 # q = 30, i.e. a release that is the zero function (PEHE 1.00-1.08 against 0.59-0.65 for this
 # rule's 0.1 at n = 4000, eps = 1, R_Y = 5 on the bench.functions DGP, 6 releases each).
