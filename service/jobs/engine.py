@@ -98,7 +98,11 @@ def make_app(
     @app.task(name="recover", queue=queue.QUEUE, queueing_lock="recover", pass_context=True)
     async def recover(context: procrastinate.JobContext, timestamp: int) -> None:
         await asyncio.to_thread(
-            execute.recover_stale, factory, stale_after=stale_after, enqueue=queue.enqueue
+            execute.recover_stale,
+            factory,
+            stale_after=stale_after,
+            enqueue=queue.enqueue,
+            buckets=buckets,
         )
         await asyncio.to_thread(queue.enqueue_orphans, factory)
         manager = context.app.job_manager

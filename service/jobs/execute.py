@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -376,11 +377,14 @@ def recover_stale(
     *,
     stale_after: float = STALE_AFTER_SECONDS,
     enqueue: Callable[[Session, str], None] | None = None,
+    buckets: tuple[float, ...] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Releases whose worker stopped beating: re-queue those that had not read the rows
     (``enqueue`` defers their job again, in the same transaction), fail the others keeping
     their charge. Returns (requeued, failed) ids. Safe to run from any number of processes:
-    each row changes by one conditional update."""
+    each row changes by one conditional update. A failed release becomes visible at the public
+    latency bucket (``buckets``) after its start that its detection falls in, as a finished job
+    does, so the failure's timing shows no more than the bucket; None: at once."""
     cutoff = time.time() - stale_after
     requeued: list[str] = []
     with factory() as session:
@@ -420,8 +424,19 @@ def recover_stale(
                 progress=1.0,
                 visible_at=time.time(),
             )
-            .returning(Release.id)
+            .returning(Release.id, Release.started_at)
         ).all()
+        if buckets:
+            now = time.time()
+            for release_id, started_iso in failed_rows:
+                if started_iso is None:
+                    continue
+                started = datetime.fromisoformat(started_iso).timestamp()
+                session.execute(
+                    update(Release)
+                    .where(Release.id == release_id)
+                    .values(visible_at=started + padded(max(0.0, now - started), buckets))
+                )
         session.commit()
     for release_id in requeued:
         logger.warning("release %s re-queued: its worker stopped before reading rows", release_id)

@@ -149,7 +149,7 @@ class JobRunner:
     def recover_stale(self) -> tuple[list[str], list[str]]:
         """Re-queue or fail (charge kept) releases whose worker stopped beating."""
         return execute.recover_stale(
-            self.factory, stale_after=self.stale_after, enqueue=queue.enqueue
+            self.factory, stale_after=self.stale_after, enqueue=queue.enqueue, buckets=self.buckets
         )
 
 

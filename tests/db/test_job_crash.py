@@ -77,6 +77,7 @@ def test_killed_job_fails_keeps_charge_and_never_reruns(
     sweeper = JobRunner(get_sessionmaker(), workers=1, latency_buckets=(0.01,), stale_after=0.0)
     assert sweeper.recover_stale() == ([], [release_id])  # it had read the rows: failed
     assert sweeper.claim_next() is None  # never re-run
+    time.sleep(0.05)  # past its padded visibility (buckets of 0.01 s from its start)
     body = client.get(f"/v1/releases/{release_id}", headers=api.auth(analyst["api_key"])).json()
     assert body["status"] == "failed"
     assert body["result"] is None
@@ -93,6 +94,48 @@ def test_killed_job_fails_keeps_charge_and_never_reruns(
     assert again.status_code == 200
     assert again.json()["id"] == release_id
     assert client.get(f"/v1/datasets/{ds['id']}/budget", headers=h).json()["epsilon_spent"] == 1.0
+
+
+def test_a_lost_workers_failure_shows_only_its_bucket(api: Api, client: TestClient) -> None:
+    """A worker that died after reading the rows is found by its stale heartbeat; the failure
+    becomes visible at the latency bucket after the job's start its detection falls in, not at
+    the moment of detection (which follows the moment it died)."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from service.db.engine import get_sessionmaker
+    from service.jobs import execute
+
+    owner, analyst, ds, r = _queued_release(api, client, "ate")
+    release_id = r.json()["id"]
+    factory = get_sessionmaker()
+    started = time.time() - 2.0
+    with factory() as s:  # as a worker leaves it when killed inside the fit
+        s.execute(
+            update(Release)
+            .where(Release.id == release_id)
+            .values(
+                status="running",
+                stage="estimation",
+                started_at=datetime.fromtimestamp(started, UTC).isoformat(),
+                data_read_at=started + 0.1,
+                heartbeat_at=started + 0.5,
+                claimed_by="dead-worker",
+            )
+        )
+        s.commit()
+    assert execute.recover_stale(factory, stale_after=0.0, buckets=(1.0, 600.0)) == (
+        [],
+        [release_id],
+    )
+    with factory() as s:
+        stored = s.get(Release, release_id)
+        assert stored is not None
+        assert stored.status == "failed"
+        assert stored.visible_at == pytest.approx(started + 600.0, abs=1e-3)
+    body = client.get(f"/v1/releases/{release_id}", headers=api.auth(analyst["api_key"])).json()
+    assert (body["status"], body["stage"], body["error"]) == ("running", "running", None)
 
 
 def test_job_cut_off_before_reading_rows_is_requeued_and_released_once(
