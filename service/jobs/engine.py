@@ -84,15 +84,20 @@ def make_app(
             return "invalid"
         before, after = pause
         if before > 0:
-            return _paused_run(factory, job.release_id, worker, buckets, heartbeats, pause)
-        return execute.execute_release_job(
-            factory,
-            job.release_id,
-            worker=worker,
-            buckets=buckets,
-            heartbeats=heartbeats,
-            run_hook=hook(after),
-        )
+            outcome = _paused_run(factory, job.release_id, worker, buckets, heartbeats, pause)
+        else:
+            outcome = execute.execute_release_job(
+                factory,
+                job.release_id,
+                worker=worker,
+                buckets=buckets,
+                heartbeats=heartbeats,
+                run_hook=hook(after),
+            )
+        if outcome in ("done", "failed"):
+            # the worker's slot frees at the padded completion time (execute.hold_until_visible)
+            execute.hold_until_visible(factory, job.release_id, _sleep)
+        return outcome
 
     @app.periodic(cron=f"* * * * * */{max(1, int(recovery_seconds))}", periodic_id="recover")
     @app.task(name="recover", queue=queue.QUEUE, queueing_lock="recover", pass_context=True)

@@ -179,6 +179,25 @@ def execute_release_job(
             heartbeats.discard(release_id)
 
 
+def hold_until_visible(
+    factory: sessionmaker[Session],
+    release_id: str,
+    wait: Callable[[float], object] = time.sleep,
+) -> None:
+    """Keep the calling worker's slot until the release's padded completion time.
+
+    The next job a worker takes starts (and shows its readers ``running``) when the slot is
+    free; were it freed at the real finish, the next job's start would tell its readers, on any
+    dataset, when this one really finished. Held, the slot frees at the public bucket only.
+    ``wait(seconds)`` sleeps (a stop event's ``wait`` ends early on shutdown)."""
+    with factory() as session:
+        visible_at = session.execute(
+            select(Release.visible_at).where(Release.id == release_id)
+        ).scalar_one_or_none()
+    if visible_at is not None and visible_at > time.time():
+        wait(visible_at - time.time())
+
+
 def _run_claimed(
     factory: sessionmaker[Session],
     release_id: str,

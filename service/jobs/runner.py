@@ -90,7 +90,9 @@ class JobRunner:
                 continue
             if self.pause[0] > 0:
                 threading.Event().wait(self.pause[0])
-            self.execute(release_id, run_hook=self._after_read_pause())
+            outcome = self.execute(release_id, run_hook=self._after_read_pause())
+            if outcome in ("done", "failed"):
+                execute.hold_until_visible(self.factory, release_id, self._stop.wait)
 
     def _sweep_loop(self) -> None:
         while not self._stop.wait(execute.beat_interval(self.stale_after)):

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -186,14 +186,19 @@ def _charge_and_record(
 
 
 def _reusable(session: Session, dataset_id: str, principal_id: str, digest: str) -> Release | None:
-    """The newest release of this request (fresh or not) that has not failed."""
+    """The newest release of this request (fresh or not) that has not failed as its readers see
+    it: one that failed before its padded completion time still answers (as ``running``), so an
+    identical request cannot learn of the failure, or when it happened, before the bucket."""
     return session.execute(
         select(Release)
         .where(
             Release.dataset_id == dataset_id,
             Release.principal_id == principal_id,
             Release.request_hash == digest,
-            Release.status != "failed",
+            or_(
+                Release.status != "failed",
+                Release.visible_at > time.time(),
+            ),
         )
         .order_by(Release.created_at.desc())
         .limit(1)

@@ -268,6 +268,47 @@ def test_no_reader_learns_a_finished_jobs_real_duration(
     ] == [rel["id"]]
 
 
+def test_an_identical_request_cannot_learn_of_a_failure_before_its_bucket(
+    client: TestClient, rct: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a failed release waits for its padded completion time, an identical request is
+    answered by it (running, no charge), exactly as by a release still running; once the
+    failure is visible, an identical request is a new, charged release."""
+    from sqlalchemy import update
+
+    from service.db.engine import get_sessionmaker
+    from service.db.models import Release
+    from service.jobs.runner import JobRunner
+    from service.releases.kinds import REGISTRY
+
+    owner, analyst, ds = rct
+
+    def explode(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise ValueError("a data-dependent failure")
+
+    monkeypatch.setattr(type(REGISTRY["ate"]), "run", explode)
+    client.app.state.runner.stop()  # type: ignore[attr-defined]
+    first = post_release(client, analyst["api_key"], ds["id"], FAST)
+    assert first.status_code == 202
+    factory = get_sessionmaker()
+    runner = JobRunner(factory, workers=1, latency_buckets=(3600.0,))
+    assert runner.claim_next() == first.json()["id"]
+    assert runner.execute(first.json()["id"]) == "failed"
+    budget = f"/v1/datasets/{ds['id']}/budget"
+    spent = client.get(budget, headers=Api.auth(owner["api_key"])).json()["epsilon_spent"]
+    again = post_release(client, analyst["api_key"], ds["id"], FAST)
+    assert again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert (again.json()["status"], again.json()["error"]) == ("running", None)
+    assert client.get(budget, headers=Api.auth(owner["api_key"])).json()["epsilon_spent"] == spent
+    with factory() as s:  # the bucket passes
+        s.execute(update(Release).where(Release.id == first.json()["id"]).values(visible_at=1.0))
+        s.commit()
+    third = post_release(client, analyst["api_key"], ds["id"], FAST)
+    assert third.status_code == 202
+    assert third.json()["id"] != first.json()["id"]
+
+
 def test_quote_costs_nothing(client: TestClient, rct: Any) -> None:
     owner, analyst, ds = rct
     r = client.post(

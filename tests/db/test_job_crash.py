@@ -198,3 +198,45 @@ def test_function_state_that_cannot_be_stored_fails_the_release_at_once(
     assert fn.status_code == 404
     h = api.auth(owner["api_key"])
     assert client.get(f"/v1/datasets/{ds['id']}/budget", headers=h).json()["epsilon_spent"] == 1.0
+
+
+def test_a_worker_takes_its_next_job_only_at_the_last_ones_bucket(
+    api: Api, client: TestClient
+) -> None:
+    """The next job's start (shown to its own readers) must not reveal when the previous job on
+    the same worker really finished: the worker holds its slot until the padded completion."""
+    from datetime import datetime
+
+    from service.db.engine import get_sessionmaker
+    from service.jobs.runner import JobRunner
+
+    owner, analyst, ds, first = _queued_release(api, client, "ate")
+    second = client.post(
+        f"/v1/datasets/{ds['id']}/releases",
+        json={"kind": "ate", "params": {"epsilon": 0.5, "nuisance": "none"}},
+        headers=api.auth(analyst["api_key"]) | {"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert second.status_code == 202, second.text
+    factory = get_sessionmaker()
+    runner = JobRunner(factory, workers=1, latency_buckets=(1.5,), poll_seconds=0.02)
+    runner.start()
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with factory() as s:
+                rows = {r.id: r for r in s.execute(select(Release)).scalars()}
+                ids = (first.json()["id"], second.json()["id"])
+                if all(rows[i].status in ("done", "failed") for i in ids):
+                    break
+            time.sleep(0.05)
+    finally:
+        runner.stop()
+    a, b = (rows[i] for i in ids)
+    assert a.status == b.status == "done"
+    assert a.visible_at is not None
+    assert a.finished_at is not None
+    assert b.started_at is not None
+    first_finish = datetime.fromisoformat(a.finished_at).timestamp()
+    second_start = datetime.fromisoformat(b.started_at).timestamp()
+    assert first_finish < a.visible_at - 0.5  # the first job took well under its bucket
+    assert second_start >= a.visible_at - 0.01  # the worker waited for it
