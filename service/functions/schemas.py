@@ -6,13 +6,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
+from service.mechanisms.cate_function import MAX_BATCH
+
 
 class EvaluateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     points: list[list[StrictFloat]] = Field(
-        description="Points in the dataset's covariate units, each inside the public box.",
+        description="Points in the dataset's covariate units, each inside the public box; at "
+        "most the function's batch_max (itself at most 1000).",
         examples=[[[50.0, 0.5, 1.0]]],
+        max_length=MAX_BATCH,
     )
 
 

@@ -291,3 +291,43 @@ def test_categorical_value_outside_its_codes_names_the_column(api: Api) -> None:
     r = api.upload(owner["api_key"], "\n".join(rows) + "\n", SCHEMA)
     body = problem(r, 422, "invalid-csv")
     assert "missing or non-finite value in column 'sex'" in body["detail"]
+
+
+def test_json_bodies_are_capped_below_the_upload_limit_before_any_key_is_read(
+    client: TestClient,
+) -> None:
+    """FastAPI parses a JSON body before the route reads the caller's key, so every body but a
+    dataset upload is capped at JSON_BODY_LIMIT: an anonymous 65 MiB evaluation is refused
+    from its Content-Length, before a byte is read; an upload keeps the larger limit."""
+    from service.config import get_settings
+    from service.main import JSON_BODY_LIMIT, body_limit
+
+    upload_limit = get_settings().max_upload_bytes
+    assert JSON_BODY_LIMIT < upload_limit
+    assert body_limit("POST", "/v1/datasets", upload_limit) == upload_limit
+    assert body_limit("POST", "/v1/datasets/", upload_limit) == upload_limit
+    for method, path in (
+        ("POST", "/v1/functions/f/evaluate"),
+        ("POST", "/v1/datasets/d/releases"),
+        ("PUT", "/v1/datasets/d/budget"),
+    ):
+        assert body_limit(method, path, upload_limit) == JSON_BODY_LIMIT
+
+    def never_read() -> Iterator[bytes]:
+        raise AssertionError("the body was read")
+        yield b""  # pragma: no cover
+
+    r = client.post(
+        "/v1/functions/f/evaluate",
+        content=never_read(),
+        headers={"content-type": "application/json", "content-length": str(65 * 1024 * 1024)},
+    )
+    assert problem(r, 413, "payload-too-large")["detail"] == f"the limit is {JSON_BODY_LIMIT} bytes"
+
+
+def test_an_evaluation_of_more_points_than_any_batch_allows_is_422(client: TestClient) -> None:
+    from service.mechanisms.cate_function import MAX_BATCH
+
+    body = {"points": [[0.0]] * (MAX_BATCH + 1)}
+    r = client.post("/v1/functions/f/evaluate", json=body)
+    assert r.status_code == 422, r.text
