@@ -29,7 +29,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -42,7 +41,7 @@ from service.db.models import Dataset, Release
 from service.functions import service as functions
 from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.ledger.chain import canonical_json
-from service.ledger.service import now_iso
+from service.ledger.service import iso_seconds, now_iso
 from service.mechanisms.domain import Arrays
 from service.mechanisms.noise import OpenDPSampler, secure_rng
 from service.releases.kinds import REGISTRY
@@ -73,6 +72,12 @@ def padded(elapsed: float, buckets: tuple[float, ...]) -> float:
             return bucket
     last = buckets[-1]
     return last * (int(elapsed // last) + 1)
+
+
+def visible_time(started: float, now: float, buckets: tuple[float, ...]) -> float:
+    """When a job started at ``started`` and settled at ``now`` becomes visible: the first public
+    bucket after its start that covers its run."""
+    return started + padded(max(0.0, now - started), buckets)
 
 
 class Heartbeats:
@@ -280,8 +285,7 @@ def _run_claimed(
         # Operators see the exception type only: its text may contain data.
         logger.warning("release %s failed (%s)", release_id, type(exc).__name__)
         outcome = {"status": "failed", "failure": "run-failed"}
-    elapsed = time.time() - started
-    visible_at = started + padded(elapsed, buckets)
+    visible_at = visible_time(started, time.time(), buckets)
     try:
         _finish(factory, release_id, token, dataset_id, outcome, secret, visible_at)
     except Exception as exc:
@@ -450,11 +454,10 @@ def recover_stale(
             for release_id, started_iso in failed_rows:
                 if started_iso is None:
                     continue
-                started = datetime.fromisoformat(started_iso).timestamp()
                 session.execute(
                     update(Release)
                     .where(Release.id == release_id)
-                    .values(visible_at=started + padded(max(0.0, now - started), buckets))
+                    .values(visible_at=visible_time(iso_seconds(started_iso), now, buckets))
                 )
         session.commit()
     for release_id in requeued:

@@ -46,6 +46,16 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
+def iso_seconds(text: str) -> float:
+    """Seconds since the epoch of a time written by ``now_iso``."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+def seconds_iso(seconds: float) -> str:
+    """A time in seconds since the epoch, written as ``now_iso`` writes one."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="microseconds")
+
+
 @dataclass(frozen=True)
 class Charged:
     seq: int

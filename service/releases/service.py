@@ -6,7 +6,6 @@ import hashlib
 import json
 import time
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -299,10 +298,6 @@ def public_progress(elapsed: float) -> float:
     return 0.99 * elapsed / (elapsed + PROGRESS_HALF_SECONDS)
 
 
-def _seconds_since(iso: str, now: float) -> float:
-    return now - datetime.fromisoformat(iso).timestamp()
-
-
 def view(release: Release, *, cached: bool = False, now: float | None = None) -> ReleaseRead:
     """The reader's view. A finished job stays 'running' until its padded completion time, its
     progress and stage are public functions of the time since it started (``public_progress``),
@@ -314,16 +309,14 @@ def view(release: Release, *, cached: bool = False, now: float | None = None) ->
     if finished:
         progress, stage = 1.0, status
     elif status == "running" and release.started_at is not None:
-        progress, stage = public_progress(_seconds_since(release.started_at, now)), "running"
+        progress = public_progress(now - ledger.iso_seconds(release.started_at))
+        stage = "running"
     else:
         progress, stage = 0.0, "queued"
     finished_at = None
     if finished:
-        finished_at = (
-            release.finished_at
-            if release.visible_at is None
-            else datetime.fromtimestamp(release.visible_at, UTC).isoformat(timespec="microseconds")
-        )
+        padded = release.visible_at
+        finished_at = release.finished_at if padded is None else ledger.seconds_iso(padded)
     error = None
     if finished and status == "failed":
         error = ReleaseError(
