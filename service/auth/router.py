@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from sqlalchemy import select
 
-from service.auth.service import CurrentCaller, Role, create_principal, require
+from service.auth.service import (
+    KEY_PREFIX_SHOWN,
+    CurrentCaller,
+    Role,
+    create_principal,
+    require,
+    rotate_key,
+)
 from service.db.engine import SessionDep
 from service.db.models import Principal
-from service.problems import Forbidden, Unauthenticated, ValidationFailed, responses
+from service.problems import Forbidden, NotFound, Unauthenticated, ValidationFailed, responses
 
 router = APIRouter(prefix="/v1/principals", tags=["principals"])
 
@@ -21,12 +28,22 @@ class PrincipalCreate(BaseModel):
     role: Role
 
 
+class PrincipalUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    disabled: StrictBool = Field(
+        description="A disabled principal's key is refused everywhere (401), at once; its grants, "
+        "releases and ledger entries stay. Set false to enable it again."
+    )
+
+
 class PrincipalRead(BaseModel):
     id: str
     name: str
     role: str
-    key_prefix: str
+    key_prefix: str = Field(description="The key's first characters, to tell keys apart.")
     created_at: str
+    disabled: bool = False
 
 
 class PrincipalCreated(PrincipalRead):
@@ -35,7 +52,13 @@ class PrincipalCreated(PrincipalRead):
 
 def _read(p: Principal) -> PrincipalRead:
     return PrincipalRead(
-        id=p.id, name=p.name, role=p.role, key_prefix=p.key_prefix, created_at=p.created_at
+        id=p.id,
+        name=p.name,
+        role=p.role,
+        # Rows created before the prefix was shortened store more characters; show as many.
+        key_prefix=p.key_prefix[:KEY_PREFIX_SHOWN],
+        created_at=p.created_at,
+        disabled=bool(p.disabled),
     )
 
 
@@ -68,3 +91,43 @@ def me(session: SessionDep, caller: CurrentCaller) -> PrincipalRead:
     principal = session.get(Principal, caller.id)
     assert principal is not None
     return _read(principal)
+
+
+@router.patch(
+    "/{principal_id}",
+    response_model=PrincipalRead,
+    responses=responses(Unauthenticated, Forbidden, NotFound, ValidationFailed),
+    summary="Disable or enable a principal (admin)",
+)
+def update(
+    session: SessionDep, caller: CurrentCaller, principal_id: str, body: PrincipalUpdate
+) -> PrincipalRead:
+    require(caller, Role.ADMIN)
+    principal = session.get(Principal, principal_id)
+    if principal is None:
+        raise NotFound("no such principal")
+    principal.disabled = body.disabled
+    session.commit()
+    return _read(principal)
+
+
+@router.post(
+    "/{principal_id}/key",
+    response_model=PrincipalCreated,
+    responses=responses(Unauthenticated, Forbidden, NotFound, ValidationFailed),
+    summary="Replace a principal's API key (admin, or the principal itself as 'me')",
+)
+def replace_key(session: SessionDep, caller: CurrentCaller, principal_id: str) -> PrincipalCreated:
+    """The old key stops working at once; the new one is shown only in this response."""
+    if caller.role == Role.ADMIN:
+        if principal_id == "me":
+            raise ValidationFailed("the admin key is configured by CURATOR_ADMIN_KEY, not replaced")
+    elif principal_id not in ("me", caller.id):
+        raise Forbidden("a principal can replace only its own key ('me'); the admin any")
+    target = caller.id if principal_id == "me" else principal_id
+    principal = session.get(Principal, target)
+    if principal is None:
+        raise NotFound("no such principal")
+    key = rotate_key(principal)
+    session.commit()
+    return PrincipalCreated(**_read(principal).model_dump(), api_key=key)

@@ -21,6 +21,9 @@ from service.ledger.service import now_iso
 from service.problems import Forbidden, Unauthenticated
 
 KEY_PREFIX = "dpc_"
+# Characters of a key kept in the clear to tell keys apart: the marker and 4 random characters
+# (24 of the key's 256 random bits).
+KEY_PREFIX_SHOWN = len(KEY_PREFIX) + 4
 
 
 class Role(StrEnum):
@@ -48,19 +51,32 @@ def create_principal(
     session: Session, *, name: str, role: Role, created_by: str
 ) -> tuple[Principal, str]:
     """Create a principal; return it with its API key (the only time the key is visible)."""
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = new_key()
     principal = Principal(
         id=uuid.uuid4().hex,
         name=name,
         role=str(role),
         key_hash=hash_key(key),
-        key_prefix=key[:10],
+        key_prefix=key[:KEY_PREFIX_SHOWN],
         created_at=now_iso(),
         created_by=created_by,
     )
     session.add(principal)
     session.flush()
     return principal, key
+
+
+def new_key() -> str:
+    """A fresh API key: the marker and 256 random bits."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def rotate_key(principal: Principal) -> str:
+    """Give ``principal`` a new key (returned, never stored); the old one stops working."""
+    key = new_key()
+    principal.key_hash = hash_key(key)
+    principal.key_prefix = key[:KEY_PREFIX_SHOWN]
+    return key
 
 
 def bearer_key(authorization: str | None) -> str:

@@ -154,6 +154,24 @@ def test_no_wait_then_wait(run: Dpcurator, study: dict[str, str]) -> None:
     assert "identical release is stored" in again.stderr
 
 
+def test_principal_key_lifecycle(run: Dpcurator) -> None:
+    """The admin disables and enables a principal; a principal replaces its own key."""
+    made = run.json(ADMIN_KEY, "principal", "create", "Ward dashboard", "--role", "client")
+    key = made["api_key"]
+    assert run.json(key, "whoami")["id"] == made["id"]
+    assert run.json(ADMIN_KEY, "principal", "disable", made["id"])["disabled"] is True
+    refused = run(key, "whoami", code=1)
+    assert "API key is not valid" in refused.stderr
+    listed = run(ADMIN_KEY, "principal", "list").stdout
+    assert made["key_prefix"] in listed
+    assert "yes" in listed
+    run(ADMIN_KEY, "principal", "enable", made["id"])
+    replaced = run.json(key, "principal", "new-key")
+    assert replaced["api_key"] != key
+    run(key, "whoami", code=1)
+    assert run.json(replaced["api_key"], "whoami")["id"] == made["id"]
+
+
 def test_errors_are_one_line_with_exit_status(run: Dpcurator, study: dict[str, str]) -> None:
     owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
     run(owner, "grant", "add", ds, study["analyst_id"])

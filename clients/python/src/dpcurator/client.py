@@ -199,6 +199,20 @@ class CuratorClient:
     def me(self) -> Principal:
         return self._get("/v1/principals/me", Principal)
 
+    def set_disabled(self, principal_id: str, disabled: bool) -> Principal:
+        """Admin: disable a principal (its key is refused at once) or enable it again."""
+        r = self.request(
+            "PATCH", f"/v1/principals/{principal_id}", json_body={"disabled": disabled}
+        )
+        return Principal.model_validate(r.json())
+
+    def replace_key(self, principal_id: str = "me") -> PrincipalCreated:
+        """Replace a key: your own (``"me"``), or anyone's as the admin. The old key stops working
+        at once and the new ``api_key`` is shown only now. Not retried: a lost response would
+        leave a key nobody saw (the admin can replace it again)."""
+        r = self.request("POST", f"/v1/principals/{principal_id}/key", retry=Retry.CONNECT)
+        return PrincipalCreated.model_validate(r.json())
+
     # ---- datasets (owners) -----------------------------------------------------------------
 
     def upload_dataset(

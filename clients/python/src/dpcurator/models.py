@@ -18,6 +18,7 @@ class Principal(Model):
     role: str
     key_prefix: str = ""
     created_at: str = ""
+    disabled: bool = False
 
 
 class PrincipalCreated(Principal):

@@ -194,9 +194,54 @@ def principal_list(state: State) -> None:
     emit(
         state,
         lambda: render.table(
-            ["id", "name", "role", "created"], [[p.id, p.name, p.role, p.created_at] for p in items]
+            ["id", "name", "role", "key", "created", "disabled"],
+            [
+                [p.id, p.name, p.role, p.key_prefix, p.created_at, "yes" if p.disabled else ""]
+                for p in items
+            ],
         ),
         lambda: dump(items),
+    )
+
+
+def _set_disabled(state: State, principal_id: str, disabled: bool) -> None:
+    p = state.client.set_disabled(principal_id, disabled)
+    emit(
+        state,
+        lambda: render.pairs([("id", p.id), ("name", p.name), ("disabled", str(p.disabled))]),
+        lambda: dump(p),
+    )
+
+
+@principal.command("disable")
+@click.argument("principal_id")
+@pass_state
+def principal_disable(state: State, principal_id: str) -> None:
+    """Disable a principal: its key is refused at once (admin)."""
+    _set_disabled(state, principal_id, True)
+
+
+@principal.command("enable")
+@click.argument("principal_id")
+@pass_state
+def principal_enable(state: State, principal_id: str) -> None:
+    """Enable a disabled principal again, with its old key (admin)."""
+    _set_disabled(state, principal_id, False)
+
+
+@principal.command("new-key")
+@click.argument("principal_id", default="me")
+@pass_state
+def principal_new_key(state: State, principal_id: str) -> None:
+    """Replace a key (yours by default; anyone's as the admin); the old one stops working."""
+    p = state.client.replace_key(principal_id)
+    emit(
+        state,
+        lambda: (
+            render.pairs([("id", p.id), ("role", p.role), ("api key", p.api_key)])
+            + "\n(the key is shown only now: store it; the old key no longer works)"
+        ),
+        lambda: dump(p),
     )
 
 
