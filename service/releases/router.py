@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
@@ -28,6 +29,11 @@ from service.releases import service
 from service.releases.schemas import QuoteCreate, QuoteRead, ReleaseCreate, ReleaseRead
 
 router = APIRouter(tags=["releases"])
+
+# An Idempotency-Key reaches the owner's ledger CSV verbatim (the row hash covers it), so a value
+# a spreadsheet would run as a formula (a leading =, +, - or @; OWASP's CSV injection list, whose
+# tab and carriage return are outside the printable range anyway) is refused at the door.
+IDEMPOTENCY_KEY = re.compile(r"[!-*,.-<>?A-~][ -~]*")  # first: printable but not = + - @
 
 AUTH = (Unauthenticated, Forbidden, NotFound)
 
@@ -64,12 +70,15 @@ def create_release(
 ) -> ReleaseRead:
     if not idempotency_key or not idempotency_key.strip():
         raise IdempotencyKeyMissing("send an Idempotency-Key header (any unique string)")
+    key = idempotency_key.strip()
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        raise ValidationFailed(
+            "the Idempotency-Key must be printable ASCII and must not start with "
+            "=, +, - or @ (it is written to the owner's ledger export, where a spreadsheet would "
+            "read such a value as a formula); a UUID is a good key"
+        )
     release, created = service.create(
-        session,
-        caller=caller,
-        dataset_id=dataset_id,
-        body=body,
-        idempotency_key=idempotency_key.strip(),
+        session, caller=caller, dataset_id=dataset_id, body=body, idempotency_key=key
     )
     session.commit()
     response.headers["Location"] = f"/v1/releases/{release.id}"

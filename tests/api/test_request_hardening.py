@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.test_datasets import problem
-from tests.api.test_releases import post_release
+from tests.api.test_releases import post_release, wait
 from tests.conftest import RCT_SCHEMA, SCHEMA, Api, synthetic_csv
 
 KIND_PARAMS: dict[str, dict[str, Any]] = {
@@ -331,3 +331,21 @@ def test_an_evaluation_of_more_points_than_any_batch_allows_is_422(client: TestC
     body = {"points": [[0.0]] * (MAX_BATCH + 1)}
     r = client.post("/v1/functions/f/evaluate", json=body)
     assert r.status_code == 422, r.text
+
+
+@pytest.mark.parametrize("bad", ["=1+2", "+SUM(A1)", "-2", "@cmd", "\t=cmd"])
+def test_an_idempotency_key_a_spreadsheet_would_run_is_refused(
+    client: TestClient, api: Api, bad: str
+) -> None:
+    """The key reaches the owner's ledger CSV verbatim: a formula-like key is refused (422)
+    before any charge; UUIDs and keys with =, +, - and @ inside are fine."""
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    params = {"epsilon": 0.5, "nuisance": "none"}
+    r = post_release(client, analyst["api_key"], ds["id"], params, idem=bad)
+    assert "Idempotency-Key" in problem(r, 422, "validation-failed")["detail"]
+    assert _spent_and_charges(client, owner, ds) == (0.0, 0.0, [])
+    r = post_release(client, analyst["api_key"], ds["id"], params, idem="run-1 a=b+c-d@e")
+    assert r.status_code == 202, r.text
+    assert wait(client, analyst["api_key"], r.json()["id"])["status"] == "done"
