@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from typing import Literal
 
@@ -76,12 +77,29 @@ class Settings(BaseSettings):
         before, _, after = self.test_job_pause.partition(",")
         return (float(before or 0), float(after or 0))
 
+    @property
+    def loopback_only(self) -> bool:
+        """True when the service listens on this machine only (``localhost`` or a loopback
+        address): the one place where the development defaults of the secrets are allowed."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> Settings:
-        if self.environment == "production" and self.admin_key == DEFAULT_ADMIN_KEY:
-            raise ValueError("CURATOR_ADMIN_KEY must be set to a secret value in production")
-        if self.environment == "production" and self.state_key == DEFAULT_STATE_KEY:
-            raise ValueError("CURATOR_STATE_KEY must be set to a secret key in production")
+        exposed = self.environment == "production" or not self.loopback_only
+        where = (
+            "in production"
+            if self.environment == "production"
+            else (f"when listening on {self.host} (the defaults are for 127.0.0.1 only)")
+        )
+        if exposed and self.admin_key == DEFAULT_ADMIN_KEY:
+            raise ValueError(f"CURATOR_ADMIN_KEY must be set to a secret value {where}")
+        if exposed and self.state_key == DEFAULT_STATE_KEY:
+            raise ValueError(f"CURATOR_STATE_KEY must be set to a secret key {where}")
         if len(self.admin_key) < 8:
             raise ValueError("CURATOR_ADMIN_KEY must have at least 8 characters")
         return self

@@ -34,3 +34,22 @@ def test_production_refuses_the_default_state_key() -> None:
         admin_key="a-real-secret-key",
         state_key="c2VjcmV0LXN0YXRlLWtleS1mb3ItdGVzdHMtMzJieXQ=",
     )
+
+
+def test_the_default_secrets_serve_loopback_only() -> None:
+    """Development defaults work on this machine only: listening on another interface with
+    either default secret is refused, whatever the environment."""
+    Settings(environment="development")
+    Settings(environment="development", host="localhost")
+    Settings(environment="development", host="::1")
+    for host in ("0.0.0.0", "10.1.2.3", "curator.hospital.example"):
+        with pytest.raises(ValueError, match="CURATOR_ADMIN_KEY.*listening on"):
+            Settings(environment="development", host=host)
+        with pytest.raises(ValueError, match="CURATOR_STATE_KEY.*listening on"):
+            Settings(environment="development", host=host, admin_key="a-real-secret-key")
+    Settings(
+        environment="development",
+        host="0.0.0.0",
+        admin_key="a-real-secret-key",
+        state_key="c2VjcmV0LXN0YXRlLWtleS1mb3ItdGVzdHMtMzJieXQ=",
+    )
