@@ -143,7 +143,9 @@ MODIFIER_SETS = {
 # ebm_cate@<settings>: the ebm_cate default with request settings joined by "+" (a probe of what
 # limits the DR learner, bench/README.md "What limits ebm_cate at n = 10^5"): eps<E> releases at
 # epsilon E instead of the cell's, bins<B> sets max_bins, rounds<R> max_rounds, k<F> the
-# pseudo-outcome clip F x R_Y, unshrunk the shrinkage "none". Example: ebm_cate@eps100+bins64.
+# pseudo-outcome clip F x R_Y, unshrunk the shrinkage "none", declaredrange the outcome model on
+# the declared bounds (outcome_range false: version 6's first stage). Example:
+# ebm_cate@eps100+bins64.
 CONFIGURED_EBM = "ebm_cate@"
 FloatArray = NDArray[np.float64]
 
@@ -155,6 +157,8 @@ def ebm_settings(kind: str) -> dict[str, Any]:
     for item in kind.removeprefix(CONFIGURED_EBM).split("+"):
         if item == "unshrunk":
             settings["shrinkage"] = "none"
+        elif item == "declaredrange":
+            settings["outcome_range"] = False
         elif item.startswith("eps"):
             settings["epsilon"] = float(item[3:])
         elif item.startswith("bins"):

@@ -355,15 +355,21 @@ def test_rct_anchored_plan_spends_exactly_the_request(n: int, epsilon: float) ->
         {**e.params, "anchor_composition": str(anchor_plan.record.composition)}
         for e in anchor_plan.record.events
     ]
-    # every DR module (outcome, effect, calibration) runs at the rest of the budget
-    assert {(e.module, e.epsilon) for e in rest} == {
-        (m, eps_rest) for m in ("outcome", "effect", "calibration")
-    }
+    # every DR module (outcome, effect, calibration) runs at the rest of the budget: the
+    # outcome module's range (from n eps = 2 * 10^4, step 10) and model add up to it exactly
+    modules = ("outcome", "effect", "calibration")
+    assert {e.module for e in rest} == set(modules)
+    for module in modules:
+        events = [e for e in rest if e.module == module]
+        assert math.fsum(e.epsilon for e in events) == eps_rest
+        assert math.fsum(e.delta for e in events) == rest[-1].delta
+    ranged = [e for e in rest if e.type == "exponential_quantile"]
+    assert len(ranged) == (2 if n * epsilon >= 20000 else 0)
+    assert all(e.module == "outcome" and e.delta == 0.0 for e in ranged)
     assert math.fsum([eps_a, eps_rest]) == epsilon
     for e in rest:
         if e.type == "gdp_module":
             assert gdp_delta(e.epsilon, float(e.params["mu"])) <= e.delta
-    assert all(e.delta == rest[0].delta for e in rest)
 
 
 def test_anchor_share_rule() -> None:
@@ -653,3 +659,27 @@ def test_cate_function_basis_rule_reads_values_only() -> None:
     assert basis_for(CateFunctionParams.model_validate(stored), dom) == "ebm"
     with pytest.raises(ValidationFailed):
         basis_for(CateFunctionParams(epsilon=2.0, basis="ebm", regularization=0.3), dom)
+
+
+def test_outcome_range_rule_and_validation() -> None:
+    """proof step 10: on for the DR learner from n eps = 2 * 10^4 (the requested budget's),
+    off below it and for the other learners; a request turns it on or off; true for the S- or
+    R-learner and a non-boolean are refused before any charge."""
+    assert ec.outcome_range_rule("dr", 20000.0, None) is True
+    assert ec.outcome_range_rule("dr", 19999.0, None) is False
+    assert ec.outcome_range_rule("s", 10**6, None) is False
+    assert ec.outcome_range_rule("r", 10**6, None) is False
+    assert ec.outcome_range_rule("dr", 100.0, True) is True
+    assert ec.outcome_range_rule("dr", 10**6, False) is False
+    with pytest.raises(InvalidParameters, match="DR learner"):
+        ec.outcome_range_rule("s", 10**6, True)
+    with pytest.raises(InvalidParameters, match="boolean"):
+        ec.outcome_range_rule("dr", 10**6, "yes")  # type: ignore[arg-type]
+    # the RCT anchor takes its share first; the rule still reads the requested n eps
+    rct = ec.make_plan(domain(5000, rct=True), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
+    assert rct.params.outcome_range is True
+    assert rct.outcome_range is not None
+    small = ec.make_plan(domain(4000), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert small.params.outcome_range is False
+    assert small.outcome_range is None
+    assert small.outcome_accounting is None

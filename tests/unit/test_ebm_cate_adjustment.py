@@ -127,7 +127,9 @@ def test_an_rct_outcome_model_sees_the_adjustment_columns(monkeypatch: pytest.Mo
 def test_the_events_count_the_adjustment_columns_at_an_unchanged_charge() -> None:
     default = ec.plan(domain(), params(shrinkage="none"))
     adjusted = ec.plan(domain(), params(shrinkage="none", adjustment_columns=(3, 1)))
-    features = {e.module: e.params["n_features"] for e in adjusted.events}
+    features = {
+        e.module: e.params["n_features"] for e in adjusted.events if "n_features" in e.params
+    }
     assert features == {"propensity": 2, "outcome": 3, "effect": 4}
     assert (adjusted.epsilon, adjusted.delta) == (default.epsilon, default.delta)
     # every covariate, in any order, is the default release

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from service.mechanisms import ate_strict, quantile_bins
+from service.mechanisms import ate_strict, outcome_range, quantile_bins
 from service.mechanisms import effect_screen as screening
 from service.mechanisms.anchor import (
     AnchorPlan,
@@ -18,7 +18,12 @@ from service.mechanisms.anchor import (
     plan_anchor,
     plan_ate_anchor,
 )
-from service.mechanisms.ate_strict.calibration import quantile_bins_event
+from service.mechanisms.ate_strict.calibration import (
+    measured_range_nuisance_event,
+    outcome_range_events,
+    plan_outcome_range,
+    quantile_bins_event,
+)
 from service.mechanisms.calibration import (
     public_propensity,
     validate_delta,
@@ -50,6 +55,7 @@ from service.mechanisms.ebm_cate.rules import (
     ebm_anchor_share,
     effect_width,
     modules,
+    outcome_range_rule,
     rct_anchor_share,
     resolved_fractions,
     resolved_shrinkage,
@@ -87,6 +93,10 @@ class Plan:
     rct_anchor: AteAnchorPlan | None = None
     # proof step 9: the effect-modifier screen on the effect fold's fitting rows
     screen: EffectScreen | None = None
+    # proof step 10: the DR outcome model's measured range and the model's own accounting at
+    # the rest of the outcome module's budget (None: the declared range, ``accounting``)
+    outcome_range: outcome_range.OutcomeRange | None = None
+    outcome_accounting: DpEbmAccounting | None = None
 
     @property
     def effect_fit_size(self) -> int:
@@ -169,6 +179,10 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     if screen_on != params.effect_screen:
         params = replace(params, effect_screen=screen_on)
     width_effect = effect_width(domain.q, params)
+    # proof step 10: the DR outcome model's measured range (public rule on the requested budget)
+    range_on = outcome_range_rule(learner, domain.n * epsilon, params.outcome_range)
+    if range_on != params.outcome_range:
+        params = replace(params, outcome_range=range_on)
     # The anchor shares (steps 6.1, 6.2) read the covariates the analyst or owner named; with
     # the screen, all q at its own threshold (rules.SCREENED_USEFUL_N_EPSILON_PER_COVARIATE):
     # a screened model's 8 columns are a DP guess that at small n epsilon misses the modifiers.
@@ -238,6 +252,14 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
             dim=CALIBRATION_STATISTICS,
         )
+    # proof step 10: the outcome module first spends outcome_range.SHARE of its epsilon (delta
+    # 0) on two DP quantiles of its fold's outcomes; the model gets the rest (exact split).
+    measured_range: outcome_range.OutcomeRange | None = None
+    outcome_epsilon, outcome_accounting = epsilon, accounting
+    if range_on:
+        measured_range = plan_outcome_range("dp_ebm", True, epsilon, domain.n * epsilon)
+        _, outcome_epsilon = ate_strict.split_share(epsilon, outcome_range.SHARE)
+        outcome_accounting = solve_dp_ebm_epsilon_p(outcome_epsilon, delta)
     # proof step 9: the screen and the effect model share the fitting rows' budget
     # (sequential; exact split); the calibration rows keep the whole of it (disjoint rows).
     screen: EffectScreen | None = None
@@ -269,19 +291,21 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             # proof step 8: the nuisance models see the adjustment columns (S: every column,
             # the treatment first; its outcome model is the learner).
             width = width_nuisance if learner == "r" else width_nuisance + 1
-            events.append(
-                dp_ebm_event(
-                    name,
-                    epsilon,
-                    delta,
-                    accounting,
-                    n_features=width,
-                    target_range=big_r,
-                    learner="Regressor",
-                    max_bins=max_bins,
-                    max_rounds=max_rounds if learner == "s" else DP_EBM_MAX_ROUNDS,
-                )
+            outcome_event = dp_ebm_event(
+                name,
+                outcome_epsilon,
+                delta,
+                outcome_accounting,
+                n_features=width,
+                target_range=big_r,
+                learner="Regressor",
+                max_bins=max_bins,
+                max_rounds=max_rounds if learner == "s" else DP_EBM_MAX_ROUNDS,
             )
+            if measured_range is not None:
+                events.extend(outcome_range_events(measured_range, domain))
+                outcome_event = measured_range_nuisance_event(outcome_event)
+            events.append(outcome_event)
         else:
             events.extend(anchor_events)
             if screen is not None:
@@ -304,17 +328,13 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         recorded_sizes["effect"] = sizes[-1] - calibration_size
         recorded_sizes["calibration"] = calibration_size
         events.append(_calibration_event(calibration, clip_k, calibration_size))
-    # proof step 3: Theorem 6 - the max over modules; with the anchor (step 6) the effect
-    # fold's own total is the anchor's plus the effect model's (the calibration statistics are
-    # on disjoint rows of the same fold at the same budget as the effect model): exact sums.
-    epsilon_total = max(
-        math.fsum(e.epsilon for e in events if e.module == "effect"),
-        *(e.epsilon for e in events if e.module not in ("effect", "calibration")),
-    )
-    delta_total = max(
-        math.fsum(e.delta for e in events if e.module == "effect"),
-        *(e.delta for e in events if e.module not in ("effect", "calibration")),
-    )
+    # proof step 3: Theorem 6 - the max over modules of each module's exact sum of its events
+    # (sequential within a fold): the effect fold's is the anchor's plus the screen's plus the
+    # effect model's (the calibration statistics are on disjoint rows of the same fold at the
+    # same budget as the effect model), the outcome fold's its range plus its model (step 10).
+    folds = {e.module for e in events if e.module != "calibration"}
+    epsilon_total = max(math.fsum(e.epsilon for e in events if e.module == m) for m in folds)
+    delta_total = max(math.fsum(e.delta for e in events if e.module == m) for m in folds)
     if rct_anchor is not None:
         # proof step 6.1 (RCT): the anchor release (its own record's cost, ate_strict proof)
         # composes sequentially with the DR pipeline: exact sums of the exact splits.
@@ -355,6 +375,8 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         calibration_size=calibration_size,
         rct_anchor=rct_anchor,
         screen=screen,
+        outcome_range=measured_range,
+        outcome_accounting=outcome_accounting if measured_range is not None else None,
     )
 
 
@@ -531,4 +553,5 @@ def public_parameters(state: Plan, domain: PublicDomain) -> dict[str, Any]:
             else list(state.params.adjustment_columns)
         ),
         "effect_screen": state.screen is not None,
+        "outcome_range": state.outcome_range is not None,
     }

@@ -173,6 +173,14 @@ def run_plan(
     rows = folds["outcome"]
     k = state.clip_k
     if params.learner == "dr":
+        # proof step 10: the model's range, two DP quantiles of the fold's outcomes (or the
+        # declared bounds); its predictions lie inside it, so inside the declared bounds.
+        fit_low, fit_high, outcome_accounting = low, high, state.accounting
+        if state.outcome_range is not None and state.outcome_accounting is not None:
+            if noise is None:
+                raise ValueError("the measured range needs the noise sampler")
+            fit_low, fit_high = state.outcome_range.measure(y[rows], low, high, noise)
+            outcome_accounting = state.outcome_accounting
         mu0, mu1 = outcome_predictions(
             xa[rows],
             a[rows],
@@ -180,9 +188,9 @@ def run_plan(
             xa2,
             lower_a,
             upper_a,
-            low,
-            high,
-            state.accounting,
+            fit_low,
+            fit_high,
+            outcome_accounting,
             max_bins=params.max_bins,
             max_rounds=DP_EBM_MAX_ROUNDS,  # first stage: interpret default
         )

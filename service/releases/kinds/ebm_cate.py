@@ -74,6 +74,14 @@ class EbmCateRequest(KindParams):
         description="DP screen of the effect modifiers (anchored DR learner without "
         "effect_columns); omitted: on where the schema has more covariates than it keeps",
     )
+    # The DR learner's outcome model on its measured range (proof ebm_cate.md step 10): the
+    # outcome module spends a public share of its budget on two DP quantiles of its fold's
+    # outcomes and fits on that range. None: on for the DR learner from n * epsilon = 2 * 10^4.
+    outcome_range: StrictBool | None = Field(
+        default=None,
+        description="fit the DR learner's outcome model on a DP-measured range of its fold's "
+        "outcomes; omitted: on for the DR learner from n * epsilon = 20000",
+    )
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -116,6 +124,7 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
         effect_columns=None if columns is None else tuple(columns),
         adjustment_columns=adjustment,
         effect_screen=params.effect_screen,
+        outcome_range=params.outcome_range,
         **resolved,
     )
 
@@ -182,6 +191,7 @@ PUBLIC_FIELDS = (
     "adjustment_columns",
     "effect_screen",
     "screened_columns",
+    "outcome_range",
 )
 
 

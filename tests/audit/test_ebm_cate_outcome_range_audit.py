@@ -1,0 +1,147 @@
+"""Audit of the DR learner's measured outcome range in ``ebm_cate`` (docs/proofs/ebm_cate.md
+step 10; ``service/mechanisms/outcome_range.py``, whose range channel is audited on neighbouring
+datasets in ``test_ate_outcome_range_audit``).
+
+End to end through ``ebm_cate.run_plan``: a recording sampler sees exactly two quantiles at the
+planned epsilons, levels and public grid on the outcome fold's outcomes, before any other draw
+of the DR pipeline; the outcome regressor is fitted on the released range with the noise scale
+interpret derives from the outcome module's own accounting at that range (fitting on the
+released range while calibrating the noise to a narrower one, or at the whole module's epsilon,
+turns this red); the outcome module's events add up to the DR pipeline's budget exactly; and
+below the rule's n epsilon, or with ``outcome_range: false``, nothing is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from service.mechanisms import dp_ebm, outcome_range
+from service.mechanisms import ebm_cate as ec
+from tests.audit.test_ate_adaptive_clip_audit import RecordingSampler
+from tests.audit.test_quantile_bins_audit import _observational
+
+
+def _spy_regressor(monkeypatch: Any) -> list[dict[str, Any]]:
+    fits: list[dict[str, Any]] = []
+    original = dp_ebm.fit_regressor
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        model, midpoint = original(*args, **kwargs)
+        fits.append(
+            {
+                "target_lower": args[4],
+                "target_upper": args[5],
+                "accounting": args[6],
+                "learning_rate": kwargs.get("learning_rate", dp_ebm.DP_EBM_LEARNING_RATE),
+                "max_rounds": kwargs.get("max_rounds", dp_ebm.DP_EBM_MAX_ROUNDS),
+                "n_features": int(args[2].shape[0]),
+                "noise_scale": float(model.noise_scale_boosting_),
+            }
+        )
+        return model, midpoint
+
+    monkeypatch.setattr(dp_ebm, "fit_regressor", spy)
+    return fits
+
+
+def test_release_measures_the_range_on_the_outcome_fold_and_fits_on_it(monkeypatch: Any) -> None:
+    domain, arrays = _observational(10_000)  # n eps = 4 * 10^4: the rule's range
+    state = ec.make_plan(domain, ec.EbmCateParams(epsilon=4.0, delta=1e-5))
+    assert state.params.outcome_range is True
+    assert state.outcome_range is not None
+    record = state.record
+    fits = _spy_regressor(monkeypatch)
+    sampler = RecordingSampler()
+    ec.run_plan(
+        arrays,
+        domain,
+        state,
+        rng=np.random.default_rng(4),
+        progress=lambda fraction, stage: None,
+        names=None,
+        noise=sampler,
+    )
+    # the two quantiles come first (the anchor's and calibration's draws follow the first stage)
+    assert [kind for kind, _ in sampler.calls[:2]] == ["quantile", "quantile"]
+    quantile_events = [
+        e for e in record.events if e.type == "exponential_quantile" and e.module == "outcome"
+    ]
+    assert len(quantile_events) == 2
+    grid = outcome_range.candidates(domain.y_lower, domain.y_upper)
+    outputs = []
+    for (_, call), event in zip(sampler.calls[:2], quantile_events, strict=True):
+        assert call["epsilon"] == event.epsilon
+        assert call["level"] == event.params["level"]
+        assert call["size"] == record.fold_sizes["outcome"]
+        assert (call["grid_min"], call["grid_max"], call["grid_size"]) == (
+            grid[0],
+            grid[-1],
+            grid.size,
+        )
+        outputs.append(call["output"])
+    assert [call["level"] for _, call in sampler.calls[:2]] == [0.02, 0.98]
+    low, high = outcome_range.range_from_quantiles(*outputs, domain.y_lower, domain.y_upper)
+    assert (low, high) != (domain.y_lower, domain.y_upper)
+
+    (outcome_fit,) = fits  # the outcome model (the effect model is fitted by the estimation)
+    assert (outcome_fit["target_lower"], outcome_fit["target_upper"]) == (low, high)
+    accounting = state.outcome_accounting
+    assert accounting is not None
+    assert outcome_fit["accounting"] == accounting
+    assert accounting.epsilon_p < state.accounting.epsilon_p
+    queries = outcome_fit["max_rounds"] * outcome_fit["n_features"] * dp_ebm.DP_EBM_OUTER_BAGS
+    expected = (
+        math.sqrt(queries) * outcome_fit["learning_rate"] * (high - low) / accounting.mu_boosting
+    )
+    assert math.isclose(outcome_fit["noise_scale"], expected, rel_tol=1e-9)
+
+    outcome_events = [e for e in record.events if e.module == "outcome"]
+    propensity_events = [e for e in record.events if e.module == "propensity"]
+    assert math.fsum(e.epsilon for e in outcome_events) == math.fsum(
+        e.epsilon for e in propensity_events
+    )
+    assert math.fsum(e.epsilon for e in outcome_events) <= record.epsilon == 4.0
+    assert math.fsum(e.delta for e in outcome_events) == propensity_events[0].delta
+    model_event = next(e for e in outcome_events if e.type == "gdp_module")
+    assert model_event.params["epsilon_p"] == accounting.epsilon_p
+    assert model_event.params["target_range"] == "measured"
+
+
+def test_no_measurement_below_the_rule_or_when_refused(monkeypatch: Any) -> None:
+    domain, arrays = _observational(10_000)
+    for params in (
+        ec.EbmCateParams(epsilon=1.0, delta=1e-5),  # n eps = 10^4: below the rule
+        ec.EbmCateParams(epsilon=4.0, delta=1e-5, outcome_range=False),
+    ):
+        state = ec.make_plan(domain, params)
+        assert state.outcome_range is None
+        assert not any(
+            e.module == "outcome" and e.type != "gdp_module" for e in state.record.events
+        )
+        fits = _spy_regressor(monkeypatch)
+        sampler = RecordingSampler()
+        ec.run_plan(
+            arrays,
+            domain,
+            state,
+            rng=np.random.default_rng(5),
+            progress=lambda fraction, stage: None,
+            names=None,
+            noise=sampler,
+        )
+        grid_size = float(outcome_range.CANDIDATES)
+        levels = {
+            call["level"]
+            for kind, call in sampler.calls
+            if kind == "quantile" and call["grid_size"] == grid_size
+        }
+        assert not levels & {outcome_range.LEVEL, 1.0 - outcome_range.LEVEL}
+        assert (fits[0]["target_lower"], fits[0]["target_upper"]) == (
+            domain.y_lower,
+            domain.y_upper,
+        )
+        assert fits[0]["accounting"] == state.accounting
+        monkeypatch.undo()
