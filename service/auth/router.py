@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from service.auth.service import (
     KEY_PREFIX_SHOWN,
@@ -77,11 +79,28 @@ def create(session: SessionDep, caller: CurrentCaller, body: PrincipalCreate) ->
     return PrincipalCreated(**_read(principal).model_dump(), api_key=key)
 
 
-@router.get("", response_model=list[PrincipalRead], responses=responses(Unauthenticated, Forbidden))
-def list_principals(session: SessionDep, caller: CurrentCaller) -> list[PrincipalRead]:
+@router.get(
+    "",
+    response_model=list[PrincipalRead],
+    responses=responses(Unauthenticated, Forbidden, ValidationFailed),
+    summary="Principals, oldest first (admin, owners); pages with limit/offset",
+)
+def list_principals(
+    session: SessionDep,
+    caller: CurrentCaller,
+    response: Response,
+    limit: Annotated[
+        int | None, Query(ge=1, le=1000, description="Page size; without it, every principal")
+    ] = None,
+    offset: Annotated[int, Query(ge=0, description="Principals to skip")] = 0,
+) -> list[PrincipalRead]:
     require(caller, Role.ADMIN, Role.OWNER)
-    rows = session.execute(select(Principal).order_by(Principal.created_at)).scalars()
-    return [_read(p) for p in rows]
+    total = session.execute(select(func.count()).select_from(Principal)).scalar_one()
+    query = select(Principal).order_by(Principal.created_at, Principal.id).offset(offset)
+    if limit is not None:
+        query = query.limit(limit)
+    response.headers["X-Total-Count"] = str(total)
+    return [_read(p) for p in session.execute(query).scalars()]
 
 
 @router.get("/me", response_model=PrincipalRead, responses=responses(Unauthenticated))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Query, Response
 
 from service.auth.service import CurrentCaller
 from service.db.engine import SessionDep
@@ -90,10 +90,32 @@ def create_release(
 @router.get(
     "/v1/datasets/{dataset_id}/releases",
     response_model=list[ReleaseRead],
-    responses=responses(*AUTH),
+    responses=responses(*AUTH, ValidationFailed),
+    summary="The dataset's releases the caller may see, oldest first; pages with limit/offset",
 )
-def list_releases(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> list[ReleaseRead]:
-    return [service.view(r) for r in service.listing(session, caller=caller, dataset_id=dataset_id)]
+def list_releases(
+    session: SessionDep,
+    caller: CurrentCaller,
+    dataset_id: str,
+    response: Response,
+    limit: Annotated[
+        int | None, Query(ge=1, le=1000, description="Page size; without it, every release")
+    ] = None,
+    offset: Annotated[int, Query(ge=0, description="Releases to skip")] = 0,
+    order: Annotated[
+        Literal["asc", "desc"], Query(description="By creation: oldest (asc) or newest first")
+    ] = "asc",
+) -> list[ReleaseRead]:
+    rows, total = service.listing(
+        session,
+        caller=caller,
+        dataset_id=dataset_id,
+        limit=limit,
+        offset=offset,
+        newest_first=order == "desc",
+    )
+    response.headers["X-Total-Count"] = str(total)
+    return [service.view(r) for r in rows]
 
 
 @router.get("/v1/releases/{release_id}", response_model=ReleaseRead, responses=responses(*AUTH))

@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -264,15 +264,43 @@ def readable(session: Session, *, caller: Caller, release_id: str) -> Release:
     return release
 
 
-def listing(session: Session, *, caller: Caller, dataset_id: str) -> list[Release]:
+def listing(
+    session: Session,
+    *,
+    caller: Caller,
+    dataset_id: str,
+    limit: int | None = None,
+    offset: int = 0,
+    newest_first: bool = False,
+) -> tuple[list[Release], int]:
+    """The dataset's releases the caller may list, by creation time (oldest first unless
+    ``newest_first``), the page ``[offset, offset + limit)`` (all from ``offset`` without a
+    limit), and how many there are in all."""
     datasets.readable(session, caller=caller, dataset_id=dataset_id)
-    query = select(Release).where(Release.dataset_id == dataset_id).order_by(Release.created_at)
+    where = [Release.dataset_id == dataset_id]
     if caller.role == Role.CLIENT:
-        query = query.where(Release.status == "done")
-        # a client sees a release from its padded completion time on, as everyone else does
+        # a client lists finished releases only, each from its padded completion time on (as
+        # every reader sees it: ``shown_status``)
         now = time.time()
-        return [r for r in session.execute(query).scalars() if shown_status(r, now=now) == "done"]
-    return list(session.execute(query).scalars())
+        where += [
+            Release.status == "done",
+            or_(Release.visible_at.is_(None), Release.visible_at <= now),
+        ]
+    total = int(
+        session.execute(select(func.count()).select_from(Release).where(*where)).scalar_one()
+    )
+    order = (
+        (Release.created_at.desc(), Release.id.desc())
+        if newest_first
+        else (
+            Release.created_at,
+            Release.id,
+        )
+    )
+    query = select(Release).where(*where).order_by(*order).offset(offset)
+    if limit is not None:
+        query = query.limit(limit)
+    return list(session.execute(query).scalars()), total
 
 
 def shown_status(release: Release, *, now: float | None = None) -> str:

@@ -152,6 +152,13 @@ def test_no_wait_then_wait(run: Dpcurator, study: dict[str, str]) -> None:
     assert done["result"]["ci_lower"] < done["result"]["ci_upper"]
     again = run(analyst, "release", "request", ds, "-p", "epsilon=0.5", "-p", "nuisance=none")
     assert "identical release is stored" in again.stderr
+    other = run.json(analyst, "release", "request", ds, "-p", "epsilon=0.2", "-p", "nuisance=none")
+    listed = run.json(analyst, "release", "list", ds)
+    assert [r["id"] for r in listed] == [created["id"], other["id"]]
+    newest = run.json(analyst, "release", "list", ds, "--limit", "1", "--newest")
+    assert [r["id"] for r in newest] == [other["id"]]
+    skipped = run.json(analyst, "release", "list", ds, "--offset", "1")
+    assert [r["id"] for r in skipped] == [other["id"]]
 
 
 def test_principal_key_lifecycle(run: Dpcurator) -> None:

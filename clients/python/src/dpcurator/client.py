@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import IO, Any, Self, TypeVar
+from urllib.parse import urlencode
 
 import httpx2 as httpx
 from pydantic import BaseModel, TypeAdapter
@@ -193,8 +194,9 @@ class CuratorClient:
         r = self.request("POST", "/v1/principals", json_body=body, retry=Retry.CONNECT)
         return PrincipalCreated.model_validate(r.json())
 
-    def list_principals(self) -> list[Principal]:
-        return self._list("/v1/principals", Principal)
+    def list_principals(self, *, limit: int | None = None, offset: int = 0) -> list[Principal]:
+        """Admin, owners: principals, oldest first (a page of ``limit`` from ``offset``)."""
+        return self._list("/v1/principals" + _page(limit, offset), Principal)
 
     def me(self) -> Principal:
         return self._get("/v1/principals/me", Principal)
@@ -357,8 +359,18 @@ class CuratorClient:
     def get_release(self, release_id: str) -> Release:
         return self._get(f"/v1/releases/{release_id}", Release)
 
-    def list_releases(self, dataset_id: str) -> list[Release]:
-        return self._list(f"/v1/datasets/{dataset_id}/releases", Release)
+    def list_releases(
+        self,
+        dataset_id: str,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> list[Release]:
+        """The dataset's releases you may see, oldest first (or newest first); a page of
+        ``limit`` from ``offset``, every one without a limit."""
+        query = _page(limit, offset, order="desc" if newest_first else None)
+        return self._list(f"/v1/datasets/{dataset_id}/releases{query}", Release)
 
     def wait(
         self,
@@ -466,6 +478,18 @@ class CuratorClient:
         pts = _as_points(points)
         r = self.request("POST", f"/v1/releases/{release_id}/predict", json_body={"points": pts})
         return Prediction.from_response(r.json(), pts)
+
+
+def _page(limit: int | None, offset: int, order: str | None = None) -> str:
+    """The query string of a listing page ('' for the whole list, oldest first)."""
+    query: dict[str, str | int] = {}
+    if limit is not None:
+        query["limit"] = limit
+    if offset:
+        query["offset"] = offset
+    if order is not None:
+        query["order"] = order
+    return "?" + urlencode(query) if query else ""
 
 
 def _as_points(points: Sequence[Sequence[float]]) -> list[list[float]]:

@@ -671,10 +671,15 @@ def release_show(state: State, release_id: str, every_row: bool) -> None:
 
 @release.command("list")
 @click.argument("dataset_id")
+@click.option("--limit", type=click.IntRange(1, 1000), help="At most this many (a page).")
+@click.option("--offset", type=click.IntRange(0), default=0, show_default=True, help="Skip these.")
+@click.option("--newest", is_flag=True, help="Newest first (default: oldest first).")
 @pass_state
-def release_list(state: State, dataset_id: str) -> None:
+def release_list(
+    state: State, dataset_id: str, limit: int | None, offset: int, newest: bool
+) -> None:
     """Releases of a dataset."""
-    items = state.client.list_releases(dataset_id)
+    items = state.client.list_releases(dataset_id, limit=limit, offset=offset, newest_first=newest)
     emit(state, lambda: render.releases(items), lambda: dump(items))
 
 
