@@ -38,6 +38,7 @@ from sqlalchemy import Connection, and_, bindparam, select
 from sqlalchemy.orm import Session
 
 from service.auth.service import Role, bearer_key, hash_key, is_admin_key
+from service.config import get_settings
 from service.db.engine import get_sessionmaker, read
 from service.db.models import (
     CateFunction,
@@ -63,8 +64,10 @@ from service.problems import (
     ValidationFailed,
 )
 
-# Per-process caches of exact-mode paths; each holds O(t^2) memory, so keep a few.
-MAX_CACHED_FUNCTIONS = 4
+# Per-process caches of exact-mode paths: each holds O(t^2) memory and costs O(t^3) to replay
+# from the database, so the cache keeps as many as fit in ``function_cache_mb`` (the sizes
+# estimated by ``entry_bytes``), at most MAX_CACHED_FUNCTIONS, and always the newest one.
+MAX_CACHED_FUNCTIONS = 256
 
 
 _blas_guard = threading.Lock()
@@ -290,11 +293,35 @@ def _cached(function_id: str) -> _Entry | None:
         return entry
 
 
+def entry_bytes(t: int, q: int) -> int:
+    """A cached path's resident memory at ``t`` answered points, estimated from public sizes:
+    the factor's touched triangle and the solve's workspace (about 8 t^2 bytes; the buffers are
+    sized for the capacity, but untouched zeroed pages cost nothing) and the per-point arrays."""
+    return 8 * t * t + 8 * t * (q + 4)
+
+
+def _size(entry: _Entry) -> int:
+    return 0 if entry.path is None else entry_bytes(entry.path.t, entry.path.q)
+
+
+def evictions(sizes: list[int], budget: int, max_count: int) -> int:
+    """How many of the least recently used entries (``sizes`` oldest first) to drop so that the
+    rest fit in ``budget`` bytes and ``max_count`` entries; never the newest."""
+    total, count, drop = sum(sizes), len(sizes), 0
+    while drop < len(sizes) - 1 and (total > budget or count > max_count):
+        total -= sizes[drop]
+        count -= 1
+        drop += 1
+    return drop
+
+
 def _remember(function_id: str, entry: _Entry) -> None:
+    budget = get_settings().function_cache_mb * 1024 * 1024
     with _cache_guard:
         _cache[function_id] = entry
         _cache.move_to_end(function_id)
-        while len(_cache) > MAX_CACHED_FUNCTIONS:
+        drop = evictions([_size(e) for e in _cache.values()], budget, MAX_CACHED_FUNCTIONS)
+        for _ in range(drop):
             _cache.popitem(last=False)
 
 
