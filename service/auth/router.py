@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from service.auth.service import (
     KEY_PREFIX_SHOWN,
@@ -83,7 +83,7 @@ def create(session: SessionDep, caller: CurrentCaller, body: PrincipalCreate) ->
     "",
     response_model=list[PrincipalRead],
     responses=responses(Unauthenticated, Forbidden, ValidationFailed),
-    summary="Principals, oldest first (admin, owners); pages with limit/offset",
+    summary="Principals, oldest first (admin: all; an owner: analysts, clients and itself)",
 )
 def list_principals(
     session: SessionDep,
@@ -95,8 +95,18 @@ def list_principals(
     offset: Annotated[int, Query(ge=0, description="Principals to skip")] = 0,
 ) -> list[PrincipalRead]:
     require(caller, Role.ADMIN, Role.OWNER)
-    total = session.execute(select(func.count()).select_from(Principal)).scalar_one()
-    query = select(Principal).order_by(Principal.created_at, Principal.id).offset(offset)
+    where = []
+    if caller.role == Role.OWNER:
+        # an owner grants analysts and clients: it sees those and itself, not the other owners
+        where.append(
+            or_(
+                Principal.role.in_((str(Role.ANALYST), str(Role.CLIENT))), Principal.id == caller.id
+            )
+        )
+    total = session.execute(select(func.count()).select_from(Principal).where(*where)).scalar_one()
+    query = (
+        select(Principal).where(*where).order_by(Principal.created_at, Principal.id).offset(offset)
+    )
     if limit is not None:
         query = query.limit(limit)
     response.headers["X-Total-Count"] = str(total)

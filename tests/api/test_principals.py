@@ -125,3 +125,18 @@ def test_function_evaluation_refuses_a_disabled_or_replaced_key(
     new = client.post("/v1/principals/me/key", headers=Api.auth(reader["api_key"])).json()
     problem(evaluate(client, reader["api_key"], fid, point), 401, "unauthenticated")
     assert evaluate(client, new["api_key"], fid, point).status_code == 200
+
+
+def test_an_owner_lists_analysts_clients_and_itself_only(client: TestClient, api: Api) -> None:
+    owner, other = api.principal("owner"), api.principal("owner")
+    analyst, reader = api.principal("analyst"), api.principal("client")
+    seen = client.get("/v1/principals", headers=Api.auth(owner["api_key"]))
+    assert seen.status_code == 200
+    ids = {p["id"] for p in seen.json()}
+    assert {owner["id"], analyst["id"], reader["id"]} <= ids
+    assert other["id"] not in ids
+    assert {p["role"] for p in seen.json() if p["id"] != owner["id"]} <= {"analyst", "client"}
+    assert seen.headers["X-Total-Count"] == str(len(ids))
+    every = client.get("/v1/principals", headers=Api.auth(ADMIN_KEY)).json()
+    assert other["id"] in {p["id"] for p in every}
+    problem(client.get("/v1/principals", headers=Api.auth(analyst["api_key"])), 403, "forbidden")
