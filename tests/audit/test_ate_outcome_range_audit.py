@@ -74,6 +74,32 @@ def _epsilon_lower_bound(first: NDArray[np.float64], second: NDArray[np.float64]
     return events_epsilon_lower_bound(_events(first), _events(second), FAMILY_LEVEL)
 
 
+def spy_regressor(monkeypatch: Any) -> list[dict[str, Any]]:
+    """Record every ``dp_ebm.fit_regressor`` call's target range, accounting, learning rate,
+    rounds, feature count and the boosting noise scale interpret derived (shared with the
+    ebm_cate audit of the same mechanism)."""
+    fits: list[dict[str, Any]] = []
+    original = dp_ebm.fit_regressor
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        model, midpoint = original(*args, **kwargs)
+        fits.append(
+            {
+                "target_lower": args[4],
+                "target_upper": args[5],
+                "accounting": args[6],
+                "learning_rate": kwargs.get("learning_rate", dp_ebm.DP_EBM_LEARNING_RATE),
+                "max_rounds": kwargs.get("max_rounds", dp_ebm.DP_EBM_MAX_ROUNDS),
+                "n_features": int(args[2].shape[0]),
+                "noise_scale": float(model.noise_scale_boosting_),
+            }
+        )
+        return model, midpoint
+
+    monkeypatch.setattr(dp_ebm, "fit_regressor", spy)
+    return fits
+
+
 def test_range_channel_audit_and_power() -> None:
     values, neighbour = _neighbours()
     charged = 2 * EPSILON_EACH
@@ -94,24 +120,7 @@ def test_release_measures_the_range_on_the_outcome_fold_and_fits_on_it(
     )
     state = ate_strict.make_plan(domain, params)
     record = state.record
-    fits: list[dict[str, Any]] = []
-    original = dp_ebm.fit_regressor
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        model, midpoint = original(*args, **kwargs)
-        fits.append(
-            {
-                "target_lower": args[4],
-                "target_upper": args[5],
-                "accounting": args[6],
-                "learning_rate": kwargs["learning_rate"],
-                "n_features": int(args[2].shape[0]),
-                "noise_scale": float(model.noise_scale_boosting_),
-            }
-        )
-        return model, midpoint
-
-    monkeypatch.setattr(dp_ebm, "fit_regressor", spy)
+    fits = spy_regressor(monkeypatch)
     sampler = RecordingSampler()
     ate_strict.run(
         arrays,

@@ -21,30 +21,8 @@ import numpy as np
 from service.mechanisms import dp_ebm, outcome_range
 from service.mechanisms import ebm_cate as ec
 from tests.audit.test_ate_adaptive_clip_audit import RecordingSampler
+from tests.audit.test_ate_outcome_range_audit import spy_regressor
 from tests.audit.test_quantile_bins_audit import _observational
-
-
-def _spy_regressor(monkeypatch: Any) -> list[dict[str, Any]]:
-    fits: list[dict[str, Any]] = []
-    original = dp_ebm.fit_regressor
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        model, midpoint = original(*args, **kwargs)
-        fits.append(
-            {
-                "target_lower": args[4],
-                "target_upper": args[5],
-                "accounting": args[6],
-                "learning_rate": kwargs.get("learning_rate", dp_ebm.DP_EBM_LEARNING_RATE),
-                "max_rounds": kwargs.get("max_rounds", dp_ebm.DP_EBM_MAX_ROUNDS),
-                "n_features": int(args[2].shape[0]),
-                "noise_scale": float(model.noise_scale_boosting_),
-            }
-        )
-        return model, midpoint
-
-    monkeypatch.setattr(dp_ebm, "fit_regressor", spy)
-    return fits
 
 
 def test_release_measures_the_range_on_the_outcome_fold_and_fits_on_it(monkeypatch: Any) -> None:
@@ -53,7 +31,7 @@ def test_release_measures_the_range_on_the_outcome_fold_and_fits_on_it(monkeypat
     assert state.params.outcome_range is True
     assert state.outcome_range is not None
     record = state.record
-    fits = _spy_regressor(monkeypatch)
+    fits = spy_regressor(monkeypatch)
     sampler = RecordingSampler()
     ec.run_plan(
         arrays,
@@ -121,7 +99,7 @@ def test_no_measurement_below_the_rule_or_when_refused(monkeypatch: Any) -> None
         assert not any(
             e.module == "outcome" and e.type != "gdp_module" for e in state.record.events
         )
-        fits = _spy_regressor(monkeypatch)
+        fits = spy_regressor(monkeypatch)
         sampler = RecordingSampler()
         ec.run_plan(
             arrays,
