@@ -56,9 +56,9 @@ class Settings(BaseSettings):
     # when a release finishes does not reveal how long the data-dependent work took.
     latency_buckets: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
     job_poll_seconds: float = 0.5
-    # Memory (MiB) per process for the cached exact-mode function paths (each about 8 t^2 bytes
-    # at t answered points); the least recently used are dropped beyond it (the next request
-    # replays them from the database, O(t^3)).
+    # Memory (MiB) per process for the cached exact-mode function paths (each about 4 t^2 bytes
+    # plus a page per point at t answered points); the least recently used are dropped beyond
+    # it (the next request replays them from the database, O(t^3)).
     function_cache_mb: int = Field(default=1024, ge=1)
     run_migrations_on_start: bool = True
     # False: this process runs no jobs whatever job_runner says (benchmarks, openapi export).

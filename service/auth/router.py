@@ -16,7 +16,7 @@ from service.auth.service import (
     require,
     rotate_key,
 )
-from service.db.engine import SessionDep
+from service.db.engine import MAX_OFFSET, SessionDep
 from service.db.models import Principal
 from service.problems import Forbidden, NotFound, Unauthenticated, ValidationFailed, responses
 
@@ -92,7 +92,7 @@ def list_principals(
     limit: Annotated[
         int | None, Query(ge=1, le=1000, description="Page size; without it, every principal")
     ] = None,
-    offset: Annotated[int, Query(ge=0, description="Principals to skip")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Principals to skip")] = 0,
 ) -> list[PrincipalRead]:
     require(caller, Role.ADMIN, Role.OWNER)
     where = []

@@ -14,6 +14,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import get_settings
 
+# The largest OFFSET a listing accepts: far beyond any real list, and inside every backend's
+# integer (a larger query value would overflow the driver: a 500 instead of a 422).
+MAX_OFFSET = 2**31 - 1
+
 
 def make_engine(
     url: str,

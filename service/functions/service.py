@@ -293,11 +293,15 @@ def _cached(function_id: str) -> _Entry | None:
         return entry
 
 
+PAGE_BYTES = 4096
+
+
 def entry_bytes(t: int, q: int) -> int:
-    """A cached path's resident memory at ``t`` answered points, estimated from public sizes:
-    the factor's touched triangle and the solve's workspace (about 8 t^2 bytes; the buffers are
-    sized for the capacity, but untouched zeroed pages cost nothing) and the per-point arrays."""
-    return 8 * t * t + 8 * t * (q + 4)
+    """A cached path's resident memory at ``t`` answered points, estimated from public sizes.
+    The factor lives in a column-major buffer sized for the capacity whose untouched zeroed
+    pages cost nothing: column j touches its first j + 1 entries, at least one page, so about
+    4 t^2 + 4096 t bytes in all; then the per-point arrays."""
+    return 4 * t * t + PAGE_BYTES * t + 8 * t * (q + 4)
 
 
 def _size(entry: _Entry) -> int:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query, Response
 
 from service.auth.service import CurrentCaller
-from service.db.engine import SessionDep
+from service.db.engine import MAX_OFFSET, SessionDep
 from service.problems import (
     BudgetExhausted,
     BudgetNotSet,
@@ -101,7 +101,7 @@ def list_releases(
     limit: Annotated[
         int | None, Query(ge=1, le=1000, description="Page size; without it, every release")
     ] = None,
-    offset: Annotated[int, Query(ge=0, description="Releases to skip")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Releases to skip")] = 0,
     order: Annotated[
         Literal["asc", "desc"], Query(description="By creation: oldest (asc) or newest first")
     ] = "asc",

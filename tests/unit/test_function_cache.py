@@ -36,28 +36,33 @@ def test_evictions_drop_the_oldest_until_the_rest_fit() -> None:
 
 def test_entry_bytes_grow_with_the_square_of_the_answered_points() -> None:
     assert functions.entry_bytes(0, 3) == 0
-    assert functions.entry_bytes(1000, 3) == 8 * 1000 * 1000 + 8 * 1000 * 7
-    assert functions.entry_bytes(2000, 3) > 3.9 * functions.entry_bytes(1000, 3)
+    # small paths: a page per factor column; large ones: the triangle
+    assert functions.entry_bytes(10, 3) == 4 * 100 + 4096 * 10 + 8 * 10 * 7
+    assert functions.entry_bytes(20000, 3) > 3.5 * functions.entry_bytes(10000, 3)
 
 
 def test_many_small_functions_stay_cached_and_large_ones_fit_the_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("CURATOR_FUNCTION_CACHE_MB", "1")
+    monkeypatch.setenv("CURATOR_FUNCTION_CACHE_MB", "4")
     get_settings.cache_clear()
     functions.forget()
+    budget = 4 * 1024 * 1024
     try:
-        for i in range(12):  # 12 functions of 50 points: 20 kB each
-            functions._remember(f"small-{i}", _entry(50))
-        assert all(functions._cached(f"small-{i}") is not None for i in range(12))
-        for i in range(3):  # 300 points: 0.73 MB each, one fits in 1 MiB with the small ones
-            functions._remember(f"large-{i}", _entry(300))
-        assert functions._cached("large-2") is not None
-        assert functions._cached("large-0") is None
-        assert functions._cached("large-1") is None
-        assert functions._cached("small-0") is None  # the oldest went first
-        total = sum(functions._size(e) for e in functions._cache.values())
-        assert total <= 1024 * 1024
+        names = [f"small-{i}" for i in range(12)]
+        for name in names:  # 12 functions of 50 points, 0.22 MB each: more than the old 4
+            functions._remember(name, _entry(50))
+        assert all(functions._cached(name) is not None for name in names)
+        for i in range(3):  # 300 points: 1.6 MB each
+            names.append(f"large-{i}")
+            functions._remember(names[-1], _entry(300))
+            total = sum(functions._size(e) for e in functions._cache.values())
+            assert total <= budget
+        kept = list(functions._cache)
+        assert kept[-1] == "large-2"
+        assert kept == names[len(names) - len(kept) :]  # the least recently used went first
+        assert "small-0" not in kept
+        assert len(kept) < len(names)
     finally:
         functions.forget()
         get_settings.cache_clear()

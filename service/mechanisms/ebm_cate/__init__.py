@@ -42,6 +42,10 @@ Claim (strict learners S and DR):
     buys a DP top-k choice (OpenDP's noisy top-k, pure DP) of the covariates, scored by the
     centred targets' covariance with each on the fitting rows; the effect model then runs on
     the chosen columns at the rest: sequential composition on those rows, same charge.
+    The DR outcome model's measured range (``outcome_range``, step 10, version 7; on by
+    default from n epsilon = 2 * 10^4): a public share of the outcome module's epsilon buys two
+    DP quantiles of its fold's outcomes and the model is fitted on that range at the rest:
+    sequential composition on the outcome fold, same charge.
 
     Proof: docs/proofs/ebm_cate.md (steps labelled ``# proof step N``).
 

@@ -279,7 +279,8 @@ def default_fractions(domain: PublicDomain, learner: Learner) -> tuple[float, ..
 # bench/results/ebm_cate_screening.json), then measured on fresh seeds
 # (bench/results/ebm_cate_target.json, 10 fits per setup, n = 16000, charged eps = 1).
 # The outcome fold is the large one: the DR pseudo-outcome's error is driven by the DP outcome
-# model (target range R_Y, d + 1 features), while the DP classifier's residuals are bounded by 1,
+# model (target range R_Y, or its measured range from version 7; d + 1 features), while the DP
+# classifier's residuals are bounded by 1,
 # so its fold can be small. On Setup C (strong confounding) the 40 % fold lowers the outcome
 # model's RMSE from 1.78 to 1.34 (bench/results/ebm_cate_diagnosis.json); its error still biases
 # the ATE there by about -0.45 through the clip at K.
