@@ -13,13 +13,16 @@ below the rule's n epsilon, or with ``outcome_range: false``, nothing is measure
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
+import pytest
 
 from service.mechanisms import dp_ebm, outcome_range
 from service.mechanisms import ebm_cate as ec
+from service.mechanisms.domain import StudyDesign
 from tests.audit.test_ate_adaptive_clip_audit import RecordingSampler
 from tests.audit.test_ate_outcome_range_audit import spy_regressor
 from tests.audit.test_quantile_bins_audit import _observational
@@ -123,3 +126,42 @@ def test_no_measurement_below_the_rule_or_when_refused(monkeypatch: Any) -> None
         )
         assert fits[0]["accounting"] == state.accounting
         monkeypatch.undo()
+
+
+def test_rct_measures_the_range_at_the_pipelines_rest(monkeypatch: Any) -> None:
+    """In a randomised design the anchor release comes first (its own draws); the outcome
+    module's two quantiles then draw at the DP pipeline's rest, as recorded, on the outcome
+    fold, and the regressor is fitted on their range at the module's own accounting."""
+    observational, arrays = _observational(10_000)
+    domain = dataclasses.replace(observational, design=StudyDesign.RCT, treatment_probability=0.5)
+    state = ec.make_plan(domain, ec.EbmCateParams(epsilon=4.0, delta=1e-5))
+    assert state.rct_anchor is not None
+    assert state.outcome_range is not None
+    record = state.record
+    fits = spy_regressor(monkeypatch)
+    sampler = RecordingSampler()
+    ec.run_plan(
+        arrays,
+        domain,
+        state,
+        rng=np.random.default_rng(6),
+        progress=lambda fraction, stage: None,
+        names=None,
+        noise=sampler,
+    )
+    levels = (outcome_range.LEVEL, 1.0 - outcome_range.LEVEL)
+    calls = [c for kind, c in sampler.calls if kind == "quantile" and c["level"] in levels]
+    events = [
+        e for e in record.events if e.module == "outcome" and e.type == "exponential_quantile"
+    ]
+    assert [c["epsilon"] for c in calls] == [e.epsilon for e in events]
+    assert all(c["size"] == record.fold_sizes["outcome"] for c in calls)
+    rest = math.fsum(e.epsilon for e in record.events if e.module == "outcome")
+    assert math.fsum(e.epsilon for e in events) == pytest.approx(0.1 * rest, rel=1e-12)
+    assert rest < record.epsilon  # the anchor took its share first
+    low, high = outcome_range.range_from_quantiles(
+        calls[0]["output"], calls[1]["output"], domain.y_lower, domain.y_upper
+    )
+    outcome_fit = fits[0]
+    assert (outcome_fit["target_lower"], outcome_fit["target_upper"]) == (low, high)
+    assert outcome_fit["accounting"] == state.outcome_accounting
