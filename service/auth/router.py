@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
 
 from service.auth.service import (
     KEY_PREFIX_SHOWN,
@@ -122,6 +123,13 @@ def me(session: SessionDep, caller: CurrentCaller) -> PrincipalRead:
     return _read(principal)
 
 
+def _existing(session: Session, principal_id: str) -> Principal:
+    principal = session.get(Principal, principal_id)
+    if principal is None:
+        raise NotFound("no such principal")
+    return principal
+
+
 @router.patch(
     "/{principal_id}",
     response_model=PrincipalRead,
@@ -132,9 +140,7 @@ def update(
     session: SessionDep, caller: CurrentCaller, principal_id: str, body: PrincipalUpdate
 ) -> PrincipalRead:
     require(caller, Role.ADMIN)
-    principal = session.get(Principal, principal_id)
-    if principal is None:
-        raise NotFound("no such principal")
+    principal = _existing(session, principal_id)
     principal.disabled = body.disabled
     session.commit()
     return _read(principal)
@@ -154,9 +160,7 @@ def replace_key(session: SessionDep, caller: CurrentCaller, principal_id: str) -
     elif principal_id not in ("me", caller.id):
         raise Forbidden("a principal can replace only its own key ('me'); the admin any")
     target = caller.id if principal_id == "me" else principal_id
-    principal = session.get(Principal, target)
-    if principal is None:
-        raise NotFound("no such principal")
+    principal = _existing(session, target)
     key = rotate_key(principal)
     session.commit()
     return PrincipalCreated(**_read(principal).model_dump(), api_key=key)

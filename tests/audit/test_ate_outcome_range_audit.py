@@ -100,6 +100,31 @@ def spy_regressor(monkeypatch: Any) -> list[dict[str, Any]]:
     return fits
 
 
+def released_range(
+    calls: list[tuple[str, dict[str, float]]],
+    events: list[Any],
+    domain: Any,
+    fold_size: int,
+) -> tuple[float, float]:
+    """Check the two recorded quantile draws against the record's two quantile events (ε,
+    level, the outcome fold's size, the public grid; levels 0.02 then 0.98) and return the
+    range they release (shared with the ebm_cate audit of the same mechanism)."""
+    grid = outcome_range.candidates(domain.y_lower, domain.y_upper)
+    outputs = []
+    for (_, call), event in zip(calls, events, strict=True):
+        assert call["epsilon"] == event.epsilon
+        assert call["level"] == event.params["level"]
+        assert call["size"] == fold_size
+        assert (call["grid_min"], call["grid_max"], call["grid_size"]) == (
+            grid[0],
+            grid[-1],
+            grid.size,
+        )
+        outputs.append(call["output"])
+    assert [call["level"] for _, call in calls] == [0.02, 0.98]
+    return outcome_range.range_from_quantiles(*outputs, domain.y_lower, domain.y_upper)
+
+
 def test_range_channel_audit_and_power() -> None:
     values, neighbour = _neighbours()
     charged = 2 * EPSILON_EACH
@@ -139,20 +164,9 @@ def test_release_measures_the_range_on_the_outcome_fold_and_fits_on_it(
     ] + ["gaussian"] * 2
     quantile_events = [e for e in record.events if e.type == "exponential_quantile"]
     assert [e.module for e in quantile_events] == ["outcome", "outcome"]
-    grid = outcome_range.candidates(domain.y_lower, domain.y_upper)
-    outputs = []
-    for (_, call), event in zip(sampler.calls[2:4], quantile_events, strict=True):
-        assert call["epsilon"] == event.epsilon
-        assert call["level"] == event.params["level"]
-        assert call["size"] == record.fold_sizes["outcome"]
-        assert (call["grid_min"], call["grid_max"], call["grid_size"]) == (
-            grid[0],
-            grid[-1],
-            grid.size,
-        )
-        outputs.append(call["output"])
-    assert [call["level"] for _, call in sampler.calls[2:4]] == [0.02, 0.98]
-    low, high = outcome_range.range_from_quantiles(*outputs, domain.y_lower, domain.y_upper)
+    low, high = released_range(
+        sampler.calls[2:4], quantile_events, domain, record.fold_sizes["outcome"]
+    )
     # a released range, not the declared one (the exponential mechanism on a grid that is mostly
     # empty tail can still put one end near a declared bound now and then: not asserted)
     assert (low, high) != (domain.y_lower, domain.y_upper)

@@ -22,10 +22,27 @@ import pytest
 
 from service.mechanisms import dp_ebm, outcome_range
 from service.mechanisms import ebm_cate as ec
-from service.mechanisms.domain import StudyDesign
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from tests.audit.test_ate_adaptive_clip_audit import RecordingSampler
-from tests.audit.test_ate_outcome_range_audit import spy_regressor
+from tests.audit.test_ate_outcome_range_audit import released_range, spy_regressor
 from tests.audit.test_quantile_bins_audit import _observational
+
+
+def _recorded_release(
+    arrays: Arrays, domain: PublicDomain, state: ec.Plan, *, seed: int
+) -> RecordingSampler:
+    """One release of ``state`` with every draw of the service's sampler recorded."""
+    sampler = RecordingSampler()
+    ec.run_plan(
+        arrays,
+        domain,
+        state,
+        rng=np.random.default_rng(seed),
+        progress=lambda fraction, stage: None,
+        names=None,
+        noise=sampler,
+    )
+    return sampler
 
 
 def test_release_measures_the_range_on_the_outcome_fold_and_fits_on_it(monkeypatch: Any) -> None:
@@ -35,36 +52,16 @@ def test_release_measures_the_range_on_the_outcome_fold_and_fits_on_it(monkeypat
     assert state.outcome_range is not None
     record = state.record
     fits = spy_regressor(monkeypatch)
-    sampler = RecordingSampler()
-    ec.run_plan(
-        arrays,
-        domain,
-        state,
-        rng=np.random.default_rng(4),
-        progress=lambda fraction, stage: None,
-        names=None,
-        noise=sampler,
-    )
+    sampler = _recorded_release(arrays, domain, state, seed=4)
     # the two quantiles come first (the anchor's and calibration's draws follow the first stage)
     assert [kind for kind, _ in sampler.calls[:2]] == ["quantile", "quantile"]
     quantile_events = [
         e for e in record.events if e.type == "exponential_quantile" and e.module == "outcome"
     ]
     assert len(quantile_events) == 2
-    grid = outcome_range.candidates(domain.y_lower, domain.y_upper)
-    outputs = []
-    for (_, call), event in zip(sampler.calls[:2], quantile_events, strict=True):
-        assert call["epsilon"] == event.epsilon
-        assert call["level"] == event.params["level"]
-        assert call["size"] == record.fold_sizes["outcome"]
-        assert (call["grid_min"], call["grid_max"], call["grid_size"]) == (
-            grid[0],
-            grid[-1],
-            grid.size,
-        )
-        outputs.append(call["output"])
-    assert [call["level"] for _, call in sampler.calls[:2]] == [0.02, 0.98]
-    low, high = outcome_range.range_from_quantiles(*outputs, domain.y_lower, domain.y_upper)
+    low, high = released_range(
+        sampler.calls[:2], quantile_events, domain, record.fold_sizes["outcome"]
+    )
     assert (low, high) != (domain.y_lower, domain.y_upper)
 
     (outcome_fit,) = fits  # the outcome model (the effect model is fitted by the estimation)
@@ -103,16 +100,7 @@ def test_no_measurement_below_the_rule_or_when_refused(monkeypatch: Any) -> None
             e.module == "outcome" and e.type != "gdp_module" for e in state.record.events
         )
         fits = spy_regressor(monkeypatch)
-        sampler = RecordingSampler()
-        ec.run_plan(
-            arrays,
-            domain,
-            state,
-            rng=np.random.default_rng(5),
-            progress=lambda fraction, stage: None,
-            names=None,
-            noise=sampler,
-        )
+        sampler = _recorded_release(arrays, domain, state, seed=5)
         grid_size = float(outcome_range.CANDIDATES)
         levels = {
             call["level"]
@@ -139,16 +127,7 @@ def test_rct_measures_the_range_at_the_pipelines_rest(monkeypatch: Any) -> None:
     assert state.outcome_range is not None
     record = state.record
     fits = spy_regressor(monkeypatch)
-    sampler = RecordingSampler()
-    ec.run_plan(
-        arrays,
-        domain,
-        state,
-        rng=np.random.default_rng(6),
-        progress=lambda fraction, stage: None,
-        names=None,
-        noise=sampler,
-    )
+    sampler = _recorded_release(arrays, domain, state, seed=6)
     levels = (outcome_range.LEVEL, 1.0 - outcome_range.LEVEL)
     calls = [c for kind, c in sampler.calls if kind == "quantile" and c["level"] in levels]
     events = [

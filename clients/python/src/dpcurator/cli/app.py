@@ -21,7 +21,7 @@ from dpcurator import __version__
 from dpcurator.cli import render
 from dpcurator.client import DEFAULT_URL, CuratorClient
 from dpcurator.errors import CuratorError, ProblemError
-from dpcurator.models import Release
+from dpcurator.models import PrincipalCreated, Release
 from dpcurator.results import AteResult
 
 ROLES = ("owner", "analyst", "client")
@@ -175,12 +175,16 @@ def principal() -> None:
 @pass_state
 def principal_create(state: State, name: str, role: str) -> None:
     """Create a principal; its API key is printed once."""
-    p = state.client.create_principal(name, role)
+    _emit_key(state, state.client.create_principal(name, role), "store it")
+
+
+def _emit_key(state: State, p: PrincipalCreated, note: str) -> None:
+    """A principal with the API key the server shows only once."""
     emit(
         state,
         lambda: (
             render.pairs([("id", p.id), ("role", p.role), ("api key", p.api_key)])
-            + "\n(the key is shown only now: store it)"
+            + f"\n(the key is shown only now: {note})"
         ),
         lambda: dump(p),
     )
@@ -234,14 +238,8 @@ def principal_enable(state: State, principal_id: str) -> None:
 @pass_state
 def principal_new_key(state: State, principal_id: str) -> None:
     """Replace a key (yours by default; anyone's as the admin); the old one stops working."""
-    p = state.client.replace_key(principal_id)
-    emit(
-        state,
-        lambda: (
-            render.pairs([("id", p.id), ("role", p.role), ("api key", p.api_key)])
-            + "\n(the key is shown only now: store it; the old key no longer works)"
-        ),
-        lambda: dump(p),
+    _emit_key(
+        state, state.client.replace_key(principal_id), "store it; the old key no longer works"
     )
 
 
