@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from service.auth import events
 from service.auth.service import (
     KEY_PREFIX_SHOWN,
     CurrentCaller,
@@ -123,13 +124,6 @@ def me(session: SessionDep, caller: CurrentCaller) -> PrincipalRead:
     return _read(principal)
 
 
-def _existing(session: Session, principal_id: str) -> Principal:
-    principal = session.get(Principal, principal_id)
-    if principal is None:
-        raise NotFound("no such principal")
-    return principal
-
-
 @router.patch(
     "/{principal_id}",
     response_model=PrincipalRead,
@@ -140,8 +134,12 @@ def update(
     session: SessionDep, caller: CurrentCaller, principal_id: str, body: PrincipalUpdate
 ) -> PrincipalRead:
     require(caller, Role.ADMIN)
-    principal = _existing(session, principal_id)
-    principal.disabled = body.disabled
+    principal = events.locked(session, principal_id)
+    if bool(principal.disabled) != body.disabled:
+        principal.disabled = body.disabled
+        events.record(
+            session, principal, "disabled" if body.disabled else "enabled", actor_id=caller.id
+        )
     session.commit()
     return _read(principal)
 
@@ -159,8 +157,105 @@ def replace_key(session: SessionDep, caller: CurrentCaller, principal_id: str) -
             raise ValidationFailed("the admin key is configured by CURATOR_ADMIN_KEY, not replaced")
     elif principal_id not in ("me", caller.id):
         raise Forbidden("a principal can replace only its own key ('me'); the admin any")
-    target = caller.id if principal_id == "me" else principal_id
-    principal = _existing(session, target)
+    principal = events.locked(session, caller.id if principal_id == "me" else principal_id)
     key = rotate_key(principal)
+    events.record(session, principal, "key_replaced", actor_id=caller.id)
     session.commit()
     return PrincipalCreated(**_read(principal).model_dump(), api_key=key)
+
+
+class PrincipalEventRead(BaseModel):
+    seq: int
+    event: events.EventType
+    actor_id: str = Field(description="Who made the change: 'admin' or a principal's id.")
+    key_prefix: str = Field(description="The first characters of the key in force afterwards.")
+    created_at: str
+    prev_hash: str
+    row_hash: str
+
+
+class PrincipalEventPage(BaseModel):
+    principal_id: str
+    total: int
+    offset: int
+    limit: int | None
+    events: list[PrincipalEventRead]
+
+
+class PrincipalEventVerification(BaseModel):
+    valid: bool
+    entries: int
+    head_hash: str
+    first_invalid_seq: int | None
+    reason: str | None
+
+
+def _audited(session: Session, caller: CurrentCaller, principal_id: str) -> Principal:
+    """The principal whose events ``caller`` may read: the admin any, a principal its own."""
+    if caller.role == Role.ADMIN:
+        if principal_id == "me":
+            raise ValidationFailed("the admin is configured, not a principal with events")
+    elif principal_id not in ("me", caller.id):
+        raise Forbidden("a principal can read only its own events ('me'); the admin any")
+    principal = session.get(Principal, caller.id if principal_id == "me" else principal_id)
+    if principal is None:
+        raise NotFound("no such principal")
+    return principal
+
+
+@router.get(
+    "/{principal_id}/events",
+    response_model=PrincipalEventPage,
+    responses=responses(Unauthenticated, Forbidden, NotFound, ValidationFailed),
+    summary="A principal's account events, oldest first (admin, or the principal itself as 'me')",
+)
+def list_events(
+    session: SessionDep,
+    caller: CurrentCaller,
+    principal_id: str,
+    limit: Annotated[
+        int | None, Query(ge=1, le=1000, description="Page size; without it, every event")
+    ] = None,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Events to skip")] = 0,
+) -> PrincipalEventPage:
+    """Creation, each disable and enable and each key replacement, with who did it: an
+    append-only, hash-chained record (``GET …/events/verify`` recomputes the chain)."""
+    principal = _audited(session, caller, principal_id)
+    total, rows = events.page(session, principal_id=principal.id, limit=limit, offset=offset)
+    return PrincipalEventPage(
+        principal_id=principal.id,
+        total=total,
+        offset=offset,
+        limit=limit,
+        events=[
+            PrincipalEventRead(
+                seq=r.seq,
+                event=r.event,
+                actor_id=r.actor_id,
+                key_prefix=r.key_prefix[:KEY_PREFIX_SHOWN],
+                created_at=r.created_at,
+                prev_hash=r.prev_hash,
+                row_hash=r.row_hash,
+            )
+            for r in rows
+        ],
+    )
+
+
+@router.get(
+    "/{principal_id}/events/verify",
+    response_model=PrincipalEventVerification,
+    responses=responses(Unauthenticated, Forbidden, NotFound, ValidationFailed),
+    summary="Recompute a principal's event chain (admin, or the principal itself as 'me')",
+)
+def verify_events(
+    session: SessionDep, caller: CurrentCaller, principal_id: str
+) -> PrincipalEventVerification:
+    v = events.verify(session, _audited(session, caller, principal_id))
+    return PrincipalEventVerification(
+        valid=v.valid,
+        entries=v.entries,
+        head_hash=v.head_hash,
+        first_invalid_seq=v.first_invalid_seq,
+        reason=v.reason,
+    )

@@ -14,6 +14,7 @@ from fastapi import Depends, Header
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.auth import events
 from service.config import get_settings
 from service.db.engine import SessionDep
 from service.db.models import Principal
@@ -63,6 +64,7 @@ def create_principal(
     )
     session.add(principal)
     session.flush()
+    events.record(session, principal, "created", actor_id=created_by)
     return principal, key
 
 

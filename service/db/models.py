@@ -52,8 +52,37 @@ class Principal(Base):
     created_at: Mapped[str] = mapped_column(String(40))
     created_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The head of the principal's event chain (``PrincipalEvent``): how many events, and the
+    # last one's hash (None before the first). Verification compares the chain with these, so a
+    # removed last event shows.
+    event_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_event_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (CheckConstraint("role IN ('owner', 'analyst', 'client')", name="role_valid"),)
+
+
+class PrincipalEvent(Base):
+    """Append-only, hash-chained record of a principal's account events: its creation, each
+    disable and enable, each key replacement, with who did it (``service.auth.events``)."""
+
+    __tablename__ = "principal_event"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    principal_id: Mapped[str] = mapped_column(ForeignKey("principal.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    event: Mapped[str] = mapped_column(String(16))
+    actor_id: Mapped[str] = mapped_column(String(32))
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[str] = mapped_column(String(40))
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    row_hash: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        UniqueConstraint("principal_id", "seq", name="uq_principal_event_principal_seq"),
+        CheckConstraint(
+            "event IN ('created', 'disabled', 'enabled', 'key_replaced')", name="event_valid"
+        ),
+    )
 
 
 class Dataset(Base):

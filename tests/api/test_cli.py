@@ -177,6 +177,18 @@ def test_principal_key_lifecycle(run: Dpcurator) -> None:
     assert replaced["api_key"] != key
     run(key, "whoami", code=1)
     assert run.json(replaced["api_key"], "whoami")["id"] == made["id"]
+    # the account record: every change, with who made it
+    record = run.json(ADMIN_KEY, "principal", "events", made["id"])
+    assert [(e["event"], e["actor_id"]) for e in record] == [
+        ("created", "admin"),
+        ("disabled", "admin"),
+        ("enabled", "admin"),
+        ("key_replaced", made["id"]),
+    ]
+    table = run(replaced["api_key"], "principal", "events").stdout
+    assert "key_replaced" in table
+    assert replaced["key_prefix"] in table
+    assert "valid: 4 entries" in run(replaced["api_key"], "principal", "events", "--verify").stdout
 
 
 def test_errors_are_one_line_with_exit_status(run: Dpcurator, study: dict[str, str]) -> None:

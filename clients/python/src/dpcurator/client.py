@@ -38,6 +38,7 @@ from dpcurator.models import (
     LedgerEntry,
     Principal,
     PrincipalCreated,
+    PrincipalEvent,
     Quote,
     Release,
     Verification,
@@ -214,6 +215,16 @@ class CuratorClient:
         leave a key nobody saw (the admin can replace it again)."""
         r = self.request("POST", f"/v1/principals/{principal_id}/key", retry=Retry.CONNECT)
         return PrincipalCreated.model_validate(r.json())
+
+    def principal_events(self, principal_id: str = "me") -> list[PrincipalEvent]:
+        """A principal's account record, oldest first: creation, each disable and enable, each
+        key replacement, with who made it. Yours (``"me"``), or anyone's as the admin."""
+        body = self.request("GET", f"/v1/principals/{principal_id}/events").json()
+        return [PrincipalEvent.model_validate(e) for e in body["events"]]
+
+    def verify_principal_events(self, principal_id: str = "me") -> Verification:
+        """Recompute a principal's event chain on the server."""
+        return self._get(f"/v1/principals/{principal_id}/events/verify", Verification)
 
     # ---- datasets (owners) -----------------------------------------------------------------
 

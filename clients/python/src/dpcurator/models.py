@@ -25,6 +25,19 @@ class PrincipalCreated(Principal):
     api_key: str = Field(description="Shown once by the server; store it now.")
 
 
+class PrincipalEvent(Model):
+    """One entry of a principal's account record (``created``, ``disabled``, ``enabled``,
+    ``key_replaced``), with who made the change and the key prefix in force afterwards."""
+
+    seq: int
+    event: str
+    actor_id: str
+    key_prefix: str
+    created_at: str
+    prev_hash: str
+    row_hash: str
+
+
 class Budget(Model):
     is_set: bool
     epsilon_total: float

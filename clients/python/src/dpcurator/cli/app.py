@@ -21,7 +21,7 @@ from dpcurator import __version__
 from dpcurator.cli import render
 from dpcurator.client import DEFAULT_URL, CuratorClient
 from dpcurator.errors import CuratorError, ProblemError
-from dpcurator.models import PrincipalCreated, Release
+from dpcurator.models import PrincipalCreated, Release, Verification
 from dpcurator.results import AteResult
 
 ROLES = ("owner", "analyst", "client")
@@ -240,6 +240,29 @@ def principal_new_key(state: State, principal_id: str) -> None:
     """Replace a key (yours by default; anyone's as the admin); the old one stops working."""
     _emit_key(
         state, state.client.replace_key(principal_id), "store it; the old key no longer works"
+    )
+
+
+@principal.command("events")
+@click.argument("principal_id", default="me")
+@click.option(
+    "--verify", is_flag=True, help="Recompute the chain on the server; exit 1 if it is broken."
+)
+@pass_state
+def principal_events(state: State, principal_id: str, verify: bool) -> None:
+    """A principal's account record: creation, disables, enables and key replacements, with who
+    made each (yours by default; anyone's as the admin)."""
+    if verify:
+        _emit_verification(state, state.client.verify_principal_events(principal_id))
+        return
+    items = state.client.principal_events(principal_id)
+    emit(
+        state,
+        lambda: render.table(
+            ["seq", "event", "by", "key", "at"],
+            [[e.seq, e.event, e.actor_id, e.key_prefix, e.created_at] for e in items],
+        ),
+        lambda: dump(items),
     )
 
 
@@ -487,7 +510,11 @@ def ledger_export(state: State, dataset_id: str, output: Path | None, fmt: str) 
 @pass_state
 def ledger_verify(state: State, dataset_id: str) -> None:
     """Verify the hash chain; exit status 1 if it is broken."""
-    v = state.client.verify_ledger(dataset_id)
+    _emit_verification(state, state.client.verify_ledger(dataset_id))
+
+
+def _emit_verification(state: State, v: Verification) -> None:
+    """A hash chain's verification; exit status 1 if it is broken."""
     emit(
         state,
         lambda: (

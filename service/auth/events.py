@@ -1,0 +1,111 @@
+"""A principal's account events: append-only and hash-chained, like a dataset's ledger.
+
+Every change to who can act as a principal is recorded in the transaction that makes it: its
+creation, each disable and enable, each key replacement, with the caller who did it and the
+first characters of the key in force afterwards (the listing's ``key_prefix``; never the key or
+its digest). ``row_hash = SHA-256(prev_hash ‖ canonical JSON of the hashed fields)``, from a
+genesis hash of the principal's id; the principal row holds the head (count and last hash), so
+an altered, reordered or removed event shows in ``verify``.
+
+The caller locks the principal row (``locked``) before recording: on PostgreSQL ``FOR UPDATE``,
+on SQLite every write transaction is ``BEGIN IMMEDIATE`` already, so two changes of one
+principal cannot both take the same sequence number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.db.models import Principal, PrincipalEvent
+from service.ledger.chain import canonical_json
+from service.ledger.service import now_iso
+from service.problems import NotFound
+
+EventType = Literal["created", "disabled", "enabled", "key_replaced"]
+
+HASHED_FIELDS = ("principal_id", "seq", "event", "actor_id", "key_prefix", "created_at")
+
+
+def genesis_hash(principal_id: str) -> str:
+    return hashlib.sha256(f"dp-curator-principal:{principal_id}".encode()).hexdigest()
+
+
+def row_hash(prev_hash: str, fields: dict[str, Any]) -> str:
+    body = canonical_json({k: fields[k] for k in HASHED_FIELDS})
+    return hashlib.sha256((prev_hash + "\n" + body).encode()).hexdigest()
+
+
+def locked(session: Session, principal_id: str) -> Principal:
+    """The principal row, locked for an update that records an event; 404 if there is none."""
+    principal = session.get(Principal, principal_id, with_for_update=True)
+    if principal is None:
+        raise NotFound("no such principal")
+    return principal
+
+
+def record(session: Session, principal: Principal, event: EventType, *, actor_id: str) -> None:
+    """Append ``event`` to ``principal``'s chain (same transaction; the row must be locked)."""
+    prev = principal.last_event_hash or genesis_hash(principal.id)
+    fields: dict[str, Any] = {
+        "principal_id": principal.id,
+        "seq": (principal.event_count or 0) + 1,
+        "event": event,
+        "actor_id": actor_id,
+        "key_prefix": principal.key_prefix,
+        "created_at": now_iso(),
+    }
+    digest = row_hash(prev, fields)
+    session.add(PrincipalEvent(**fields, prev_hash=prev, row_hash=digest))
+    principal.event_count = fields["seq"]
+    principal.last_event_hash = digest
+
+
+def page(
+    session: Session, *, principal_id: str, limit: int | None, offset: int
+) -> tuple[int, list[PrincipalEvent]]:
+    """The principal's events oldest first (``limit``/``offset``) and how many there are."""
+    where = PrincipalEvent.principal_id == principal_id
+    total = session.execute(
+        select(func.count()).select_from(PrincipalEvent).where(where)
+    ).scalar_one()
+    query = select(PrincipalEvent).where(where).order_by(PrincipalEvent.seq).offset(offset)
+    if limit is not None:
+        query = query.limit(limit)
+    return total, list(session.execute(query).scalars())
+
+
+@dataclass(frozen=True)
+class Verification:
+    valid: bool
+    entries: int
+    head_hash: str
+    first_invalid_seq: int | None = None
+    reason: str | None = None
+
+
+def verify(session: Session, principal: Principal) -> Verification:
+    """Recompute the principal's chain; report the first inconsistency."""
+    _, rows = page(session, principal_id=principal.id, limit=None, offset=0)
+    head = principal.last_event_hash or genesis_hash(principal.id)
+    prev = genesis_hash(principal.id)
+    for expected_seq, row in enumerate(rows, start=1):
+        fields = {k: getattr(row, k) for k in HASHED_FIELDS}
+        if row.seq != expected_seq:
+            return Verification(
+                False, len(rows), head, expected_seq, "an event is missing or out of order"
+            )
+        if row.prev_hash != prev or row_hash(prev, fields) != row.row_hash:
+            return Verification(
+                False, len(rows), head, expected_seq, "hash mismatch: the event was altered"
+            )
+        prev = row.row_hash
+    if len(rows) != (principal.event_count or 0) or prev != head:
+        return Verification(
+            False, len(rows), head, len(rows) + 1, "events were removed from the end"
+        )
+    return Verification(True, len(rows), head)

@@ -1,0 +1,141 @@
+"""A principal's account events: creation, disable, enable and key replacement are recorded with
+who made them, in an append-only hash chain that ``…/events/verify`` recomputes; the admin reads
+anyone's, a principal only its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import delete, update
+
+from service.db.engine import get_sessionmaker
+from service.db.models import Principal, PrincipalEvent
+from tests.api.test_datasets import problem
+from tests.conftest import ADMIN_KEY, Api
+
+
+def _events(client: TestClient, key: str, pid: str, **params: Any) -> Any:
+    r = client.get(f"/v1/principals/{pid}/events", headers=Api.auth(key), params=params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _verify(client: TestClient, key: str, pid: str) -> Any:
+    r = client.get(f"/v1/principals/{pid}/events/verify", headers=Api.auth(key))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _disable(client: TestClient, pid: str, disabled: bool) -> None:
+    r = client.patch(
+        f"/v1/principals/{pid}", json={"disabled": disabled}, headers=Api.auth(ADMIN_KEY)
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_each_account_change_is_recorded_with_its_actor(client: TestClient, api: Api) -> None:
+    analyst = api.principal("analyst")
+    pid = analyst["id"]
+    _disable(client, pid, True)
+    _disable(client, pid, True)  # no change: no event
+    _disable(client, pid, False)
+    by_admin = client.post(f"/v1/principals/{pid}/key", headers=Api.auth(ADMIN_KEY)).json()
+    by_self = client.post("/v1/principals/me/key", headers=Api.auth(by_admin["api_key"])).json()
+
+    page = _events(client, ADMIN_KEY, pid)
+    assert page["principal_id"] == pid
+    assert page["total"] == 5
+    got = [(e["seq"], e["event"], e["actor_id"]) for e in page["events"]]
+    assert got == [
+        (1, "created", "admin"),
+        (2, "disabled", "admin"),
+        (3, "enabled", "admin"),
+        (4, "key_replaced", "admin"),
+        (5, "key_replaced", pid),
+    ]
+    prefixes = [e["key_prefix"] for e in page["events"]]
+    assert prefixes[0] == analyst["api_key"][:8]
+    assert prefixes[3] == by_admin["api_key"][:8]
+    assert prefixes[4] == by_self["api_key"][:8] == by_self["key_prefix"]
+    # chained: each event's prev_hash is the one before's row_hash
+    rows = page["events"]
+    assert all(b["prev_hash"] == a["row_hash"] for a, b in zip(rows, rows[1:], strict=False))
+    # neither the key nor its digest is in the record
+    text = str(page)
+    for key in (analyst["api_key"], by_admin["api_key"], by_self["api_key"]):
+        assert key not in text
+
+    verified = _verify(client, ADMIN_KEY, pid)
+    assert verified == {
+        "valid": True,
+        "entries": 5,
+        "head_hash": rows[-1]["row_hash"],
+        "first_invalid_seq": None,
+        "reason": None,
+    }
+    # the principal reads its own, with 'me' or its id, and pages through them
+    own = _events(client, by_self["api_key"], "me", limit=2, offset=3)
+    assert [e["seq"] for e in own["events"]] == [4, 5]
+    assert (own["total"], own["limit"], own["offset"]) == (5, 2, 3)
+    assert _verify(client, by_self["api_key"], pid)["valid"] is True
+
+
+def test_only_the_admin_or_the_principal_reads_the_events(client: TestClient, api: Api) -> None:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    for path in ("events", "events/verify"):
+        problem(
+            client.get(
+                f"/v1/principals/{analyst['id']}/{path}", headers=Api.auth(owner["api_key"])
+            ),
+            403,
+            "forbidden",
+        )
+        problem(
+            client.get(f"/v1/principals/nope/{path}", headers=Api.auth(ADMIN_KEY)), 404, "not-found"
+        )
+        problem(
+            client.get(f"/v1/principals/me/{path}", headers=Api.auth(ADMIN_KEY)),
+            422,
+            "validation-failed",
+        )
+        problem(client.get(f"/v1/principals/me/{path}"), 401, "unauthenticated")
+    # a disabled principal cannot read them either (its key is refused)
+    _disable(client, analyst["id"], True)
+    problem(
+        client.get("/v1/principals/me/events", headers=Api.auth(analyst["api_key"])),
+        401,
+        "unauthenticated",
+    )
+
+
+def _tamper(statement: Any) -> None:
+    with get_sessionmaker()() as s:
+        s.execute(statement)
+        s.commit()
+
+
+def test_verify_finds_an_altered_or_removed_event(client: TestClient, api: Api) -> None:
+    pid = api.principal("analyst")["id"]
+    _disable(client, pid, True)
+    _disable(client, pid, False)
+    assert _verify(client, ADMIN_KEY, pid)["valid"] is True
+    second = (PrincipalEvent.principal_id == pid, PrincipalEvent.seq == 2)
+
+    _tamper(update(PrincipalEvent).where(*second).values(actor_id="someone-else"))
+    bad = _verify(client, ADMIN_KEY, pid)
+    assert (bad["valid"], bad["first_invalid_seq"]) == (False, 2)
+    assert "altered" in bad["reason"]
+
+    # restored, then the last event dropped: the head on the principal row shows it
+    _tamper(update(PrincipalEvent).where(*second).values(actor_id="admin"))
+    assert _verify(client, ADMIN_KEY, pid)["valid"] is True
+    _tamper(
+        delete(PrincipalEvent).where(PrincipalEvent.principal_id == pid, PrincipalEvent.seq == 3)
+    )
+    bad = _verify(client, ADMIN_KEY, pid)
+    assert (bad["valid"], bad["first_invalid_seq"], bad["entries"]) == (False, 3, 2)
+    assert "removed" in bad["reason"]
+    # and so does moving the head back with it (the dropped event's hash is not the head)
+    _tamper(update(Principal).where(Principal.id == pid).values(event_count=2))
+    assert _verify(client, ADMIN_KEY, pid)["valid"] is False
