@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     # plus a page per point at t answered points); the least recently used are dropped beyond
     # it (the next request replays them from the database, O(t^3)).
     function_cache_mb: int = Field(default=1024, ge=1)
+    # Bearer token for ``/metrics`` (a Prometheus scraper's). The admin key is accepted too.
+    # Unset, ``/metrics`` is open only in development on a loopback host (``metrics_open``).
+    metrics_token: str = ""
     run_migrations_on_start: bool = True
     # False: this process runs no jobs whatever job_runner says (benchmarks, openapi export).
     start_job_runner: bool = True
@@ -91,6 +94,12 @@ class Settings(BaseSettings):
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return False
+
+    @property
+    def metrics_open(self) -> bool:
+        """``/metrics`` without a key: only with no token configured, outside production, on a
+        loopback host (request counts by route and latencies are still a record of activity)."""
+        return not self.metrics_token and self.environment != "production" and self.loopback_only
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> Settings:

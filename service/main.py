@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Header, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from starlette.datastructures import Headers, MutableHeaders
@@ -16,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
 from service.auth.router import router as principals_router
+from service.auth.service import bearer_key, is_admin_key
 from service.config import Settings, get_settings
 from service.console.router import install as install_console
 from service.datasets.router import router as datasets_router
@@ -24,7 +26,13 @@ from service.db.engine import get_engine
 from service.functions.router import router as functions_router
 from service.jobs.workers import jobs_in_process
 from service.metrics import Metrics, MetricsMiddleware
-from service.problems import MEDIA_TYPE, PayloadTooLarge, install_handlers, problem_response
+from service.problems import (
+    MEDIA_TYPE,
+    PayloadTooLarge,
+    Unauthenticated,
+    install_handlers,
+    problem_response,
+)
 from service.releases.predict import router as predict_router
 from service.releases.router import router as releases_router
 
@@ -99,7 +107,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ready"}
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
-    def metrics_endpoint() -> Response:
+    def metrics_endpoint(authorization: Annotated[str | None, Header()] = None) -> Response:
+        """Prometheus metrics. Send ``Authorization: Bearer <CURATOR_METRICS_TOKEN or the admin
+        key>``; open without one only in development on a loopback host."""
+        if not settings.metrics_open:
+            key = bearer_key(authorization)
+            token = settings.metrics_token
+            if not (is_admin_key(key) or (token and hmac.compare_digest(key, token))):
+                raise Unauthenticated("/metrics needs the metrics token or the admin key")
         return metrics.render()
 
     _add_problem_schema(app)

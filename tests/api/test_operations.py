@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+from typing import Any
+
+import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import Api
+from service.config import get_settings
+from tests.conftest import ADMIN_KEY, Api
 
 
 def test_health_ready_metrics(api: Api, client: TestClient) -> None:
@@ -18,6 +23,35 @@ def test_health_ready_metrics(api: Api, client: TestClient) -> None:
     assert 'route="/v1/datasets/{dataset_id}"' in text  # route templates, never ids
     assert ds["id"] not in text
     assert "release_seconds" not in text  # no job durations (a timing side channel)
+
+
+def test_metrics_need_a_key_unless_local_development(
+    configured: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off loopback, in production or with a token configured, ``/metrics`` takes the metrics
+    token or the admin key (a 401 problem otherwise); the development default stays open."""
+    from service.main import create_app
+
+    def scrape(headers: dict[str, str] | None = None, **env: str) -> Any:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+        with TestClient(create_app(), raise_server_exceptions=False) as c:
+            return c.get("/metrics", headers=headers or {})
+
+    assert scrape().status_code == 200  # loopback, test environment, no token
+    r = scrape(CURATOR_METRICS_TOKEN="scrape-secret-1")
+    assert r.status_code == 401
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert scrape(Api.auth("scrape-secret-1")).status_code == 200
+    assert scrape(Api.auth(ADMIN_KEY)).status_code == 200
+    assert scrape(Api.auth("scrape-secret-2")).status_code == 401
+    # no token, but listening off loopback (with real secrets): the admin key only
+    monkeypatch.delenv("CURATOR_METRICS_TOKEN")
+    off = {"CURATOR_HOST": "0.0.0.0", "CURATOR_STATE_KEY": base64.b64encode(b"k" * 32).decode()}
+    assert scrape(**off).status_code == 401
+    assert scrape(Api.auth(ADMIN_KEY)).status_code == 200
+    get_settings.cache_clear()
 
 
 def test_unhandled_error_is_problem_without_text(client: TestClient) -> None:
