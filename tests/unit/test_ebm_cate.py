@@ -683,3 +683,21 @@ def test_outcome_range_rule_and_validation() -> None:
     assert small.params.outcome_range is False
     assert small.outcome_range is None
     assert small.outcome_accounting is None
+
+
+def test_public_epsilon_p_names_each_modules_own() -> None:
+    """The public parameters give every module's interpret epsilon: with the measured range the
+    outcome model's is below the propensity's, and each equals its noise event's."""
+    for dom in (domain(100_000), domain(5000, rct=True)):
+        state = ec.make_plan(dom, ec.EbmCateParams(epsilon=4.0, delta=1e-5))
+        shown = ec.public_parameters(state, dom)["epsilon_p_by_module"]
+        assert set(shown) == set(ec.modules(dom, "dr"))
+        fitted = {
+            e.module: float(e.params["epsilon_p"])
+            for e in state.record.events
+            if "epsilon_p" in e.params
+        }
+        for module, value in shown.items():
+            assert value == pytest.approx(fitted[module])
+        assert state.outcome_accounting is not None
+        assert shown["outcome"] < state.accounting.epsilon_p

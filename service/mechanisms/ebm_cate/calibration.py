@@ -527,6 +527,17 @@ def plan(domain: PublicDomain, params: EbmCateParams) -> MechanismRecord:
     return make_plan(domain, params).record
 
 
+def module_epsilon_p(state: Plan, domain: PublicDomain) -> dict[str, float]:
+    """Each DP-EBM module's interpret ``epsilon`` (proof step 2): the outcome model's at the
+    rest of its budget after the measured range (step 10), the anchored effect model's at the
+    effect fold's rest (steps 6, 9), every other module's the plan's."""
+    own = {"outcome": state.outcome_accounting, "effect": state.effect_accounting}
+    return {
+        name: (own.get(name) or state.accounting).epsilon_p
+        for name in modules(domain, state.params.learner)
+    }
+
+
 def public_parameters(state: Plan, domain: PublicDomain) -> dict[str, Any]:
     return {
         "mode": str(state.guarantee),
@@ -534,7 +545,10 @@ def public_parameters(state: Plan, domain: PublicDomain) -> dict[str, Any]:
         "learner": state.params.learner,
         "epsilon": state.record.epsilon,
         "delta": state.record.delta,
+        # the first-stage modules' epsilon_p (without the measured range, every module's but
+        # an anchored effect model's); each module's own below
         "epsilon_p": state.accounting.epsilon_p,
+        "epsilon_p_by_module": module_epsilon_p(state, domain),
         "propensity_clip": state.params.propensity_clip if state.propensity is None else None,
         "treatment_probability": state.propensity,
         "pseudo_outcome_clip": state.clip_k if state.params.learner != "s" else None,
