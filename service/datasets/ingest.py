@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def _last_line_complete(path: Path, width: int) -> bool:
 
 def ingest(path: Path, schema: PublicSchema) -> Ingested:
     header = _header(path)
-    dupes = sorted({c for c in header if header.count(c) > 1})
+    dupes = sorted(name for name, k in Counter(header).items() if k > 1)
     if dupes:
         raise CsvError(f"duplicated column(s): {', '.join(dupes)}", "#/header")
     if any(c == "" for c in header):
