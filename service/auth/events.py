@@ -15,7 +15,6 @@ principal cannot both take the same sequence number.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy import func, select
@@ -23,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from service.db.models import Principal, PrincipalEvent
 from service.ledger.chain import canonical_json
-from service.ledger.service import now_iso
+from service.ledger.service import Verification, now_iso
 from service.problems import NotFound
 
 EventType = Literal["created", "disabled", "enabled", "key_replaced"]
@@ -77,15 +76,6 @@ def page(
     if limit is not None:
         query = query.limit(limit)
     return total, list(session.execute(query).scalars())
-
-
-@dataclass(frozen=True)
-class Verification:
-    valid: bool
-    entries: int
-    head_hash: str
-    first_invalid_seq: int | None = None
-    reason: str | None = None
 
 
 def verify(session: Session, principal: Principal) -> Verification:

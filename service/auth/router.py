@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session
 from service.auth import events
 from service.auth.service import (
     KEY_PREFIX_SHOWN,
+    Caller,
     CurrentCaller,
     Role,
     create_principal,
@@ -144,6 +146,18 @@ def update(
     return _read(principal)
 
 
+def _self_or_admin(caller: Caller, principal_id: str, *, admin_me: str, other: str) -> str:
+    """The id a path's ``principal_id`` names for ``caller``: the admin may name anyone (not
+    ``me``: 422 ``admin_me``), a principal only itself, as ``me`` or its id (403 ``other``)."""
+    if caller.role == Role.ADMIN:
+        if principal_id == "me":
+            raise ValidationFailed(admin_me)
+        return principal_id
+    if principal_id not in ("me", caller.id):
+        raise Forbidden(other)
+    return caller.id
+
+
 @router.post(
     "/{principal_id}/key",
     response_model=PrincipalCreated,
@@ -152,12 +166,13 @@ def update(
 )
 def replace_key(session: SessionDep, caller: CurrentCaller, principal_id: str) -> PrincipalCreated:
     """The old key stops working at once; the new one is shown only in this response."""
-    if caller.role == Role.ADMIN:
-        if principal_id == "me":
-            raise ValidationFailed("the admin key is configured by CURATOR_ADMIN_KEY, not replaced")
-    elif principal_id not in ("me", caller.id):
-        raise Forbidden("a principal can replace only its own key ('me'); the admin any")
-    principal = events.locked(session, caller.id if principal_id == "me" else principal_id)
+    target = _self_or_admin(
+        caller,
+        principal_id,
+        admin_me="the admin key is configured by CURATOR_ADMIN_KEY, not replaced",
+        other="a principal can replace only its own key ('me'); the admin any",
+    )
+    principal = events.locked(session, target)
     key = rotate_key(principal)
     events.record(session, principal, "key_replaced", actor_id=caller.id)
     session.commit()
@@ -192,12 +207,13 @@ class PrincipalEventVerification(BaseModel):
 
 def _audited(session: Session, caller: CurrentCaller, principal_id: str) -> Principal:
     """The principal whose events ``caller`` may read: the admin any, a principal its own."""
-    if caller.role == Role.ADMIN:
-        if principal_id == "me":
-            raise ValidationFailed("the admin is configured, not a principal with events")
-    elif principal_id not in ("me", caller.id):
-        raise Forbidden("a principal can read only its own events ('me'); the admin any")
-    principal = session.get(Principal, caller.id if principal_id == "me" else principal_id)
+    target = _self_or_admin(
+        caller,
+        principal_id,
+        admin_me="the admin is configured, not a principal with events",
+        other="a principal can read only its own events ('me'); the admin any",
+    )
+    principal = session.get(Principal, target)
     if principal is None:
         raise NotFound("no such principal")
     return principal
@@ -252,10 +268,4 @@ def verify_events(
     session: SessionDep, caller: CurrentCaller, principal_id: str
 ) -> PrincipalEventVerification:
     v = events.verify(session, _audited(session, caller, principal_id))
-    return PrincipalEventVerification(
-        valid=v.valid,
-        entries=v.entries,
-        head_hash=v.head_hash,
-        first_invalid_seq=v.first_invalid_seq,
-        reason=v.reason,
-    )
+    return PrincipalEventVerification(**asdict(v))
