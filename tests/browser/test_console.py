@@ -294,6 +294,37 @@ def test_tampered_ledger_fails_verification(
     watch.assert_clean()
 
 
+def test_account_record_shows_who_changed_the_key(
+    page: Any, live: Live, watch: Watch, shots: Path
+) -> None:
+    """The signed-in principal's own account record: the admin's key replacement and its own,
+    newest first, with the chain verified; reachable before any dataset is chosen."""
+    study = make_study(live.base, "account")
+    pid = study.analyst["id"]
+    by_admin = httpx.post(f"{live.base}/v1/principals/{pid}/key", headers=auth(ADMIN_KEY))
+    by_admin.raise_for_status()
+    by_self = httpx.post(
+        f"{live.base}/v1/principals/me/key", headers=auth(by_admin.json()["api_key"])
+    )
+    by_self.raise_for_status()
+    sign_in(page, live.base, by_self.json()["api_key"])
+    expect(page.locator("#whoami-role")).to_have_text("analyst")
+    view(page, "My account")
+    chain = page.locator("#account-chain")
+    expect(chain).to_have_attribute("data-valid", "true")
+    expect(chain).to_contain_text("3 events intact")
+    rows = page.locator("#account-table tbody tr")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(0)).to_contain_text("key replaced")
+    expect(rows.nth(0)).to_contain_text("you")
+    expect(rows.nth(0)).to_contain_text(by_self.json()["key_prefix"])
+    expect(rows.nth(1)).to_contain_text("the admin")
+    expect(rows.nth(2)).to_contain_text("created")
+    expect(page.locator("#h-account")).to_be_focused()
+    page.screenshot(path=shots / "account.png", full_page=True)
+    watch.assert_clean()
+
+
 @SQLITE_ONLY
 def test_keyboard_only_and_labelled_controls(page: Any, live: Live, watch: Watch) -> None:
     study = make_study(live.base, "keys")

@@ -10,7 +10,7 @@
 
 (function () {
   const KEY_STORAGE = "dp-curator.console.key";
-  const KINDS_OF_VIEW = ["datasets", "budget", "ledger", "releases", "chart"];
+  const KINDS_OF_VIEW = ["datasets", "budget", "ledger", "releases", "chart", "account"];
 
   const state = {
     key: null,
@@ -317,12 +317,13 @@
       else button.removeAttribute("aria-current");
     }
     for (const name of KINDS_OF_VIEW) $("view-" + name).hidden = name !== view;
-    if (!state.dataset && view !== "datasets") {
+    if (!state.dataset && view !== "datasets" && view !== "account") {
       $("view-" + view).hidden = true;
       $("view-datasets").hidden = false;
     }
     try {
-      if (state.dataset) {
+      if (view === "account") await renderAccount();
+      else if (state.dataset) {
         if (view === "budget") await renderBudget();
         if (view === "ledger") await renderLedger();
         if (view === "releases") await renderReleases();
@@ -722,6 +723,47 @@
       );
     }
     $("no-releases").hidden = releases.length > 0;
+  }
+
+  // ---- account: the signed-in principal's own account record -----------------------------------
+
+  const EVENT_TEXT = {
+    created: "created",
+    disabled: "disabled",
+    enabled: "enabled again",
+    key_replaced: "key replaced",
+  };
+
+  async function renderAccount() {
+    const body = clear($("account-table").querySelector("tbody"));
+    const chain = $("account-chain");
+    if (state.me.role === "admin") {
+      delete chain.dataset.valid;
+      chain.textContent = "The admin is configured by CURATOR_ADMIN_KEY: it has no account record.";
+      return;
+    }
+    const [page, check] = await Promise.all([
+      api("GET", "/v1/principals/me/events"),
+      api("GET", "/v1/principals/me/events/verify"),
+    ]);
+    chain.dataset.valid = String(check.valid);
+    chain.textContent = check.valid
+      ? "Account record hash chain verified: " + check.entries + " events intact"
+      : "Account record hash chain FAILED at event " + check.first_invalid_seq + ": " + check.reason;
+    for (const e of page.events.slice().reverse()) {
+      const by = e.actor_id === state.me.id ? "you" : e.actor_id === "admin" ? "the admin" : principalName(e.actor_id);
+      body.append(
+        el(
+          "tr",
+          {},
+          cell(String(e.seq), "num"),
+          cell(fmtTime(e.created_at)),
+          cell(EVENT_TEXT[e.event] || e.event),
+          cell(by),
+          cell(e.key_prefix + "…"),
+        ),
+      );
+    }
   }
 
   // ---- chart: cumulative epsilon spent over time, per analyst -----------------------------------
