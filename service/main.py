@@ -113,7 +113,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not settings.metrics_open:
             key = bearer_key(authorization)
             token = settings.metrics_token
-            if not (is_admin_key(key) or (token and hmac.compare_digest(key, token))):
+            if not (
+                is_admin_key(key) or (token and hmac.compare_digest(key.encode(), token.encode()))
+            ):
                 raise Unauthenticated("/metrics needs the metrics token or the admin key")
         return metrics.render()
 

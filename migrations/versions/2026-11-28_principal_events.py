@@ -24,6 +24,9 @@ down_revision: str | None = "c5e9a1d7f3b2"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+# Only the 8 characters a listing shows (older rows store 10: the 2 more would be guessable
+# from the hash, as service.auth.events.record).
+KEY_PREFIX_SHOWN = 8
 HASHED_FIELDS = ("principal_id", "seq", "event", "actor_id", "key_prefix", "created_at")
 
 
@@ -78,7 +81,7 @@ def upgrade() -> None:
             "seq": 1,
             "event": "created",
             "actor_id": created_by or "admin",
-            "key_prefix": key_prefix,
+            "key_prefix": key_prefix[:KEY_PREFIX_SHOWN],
             "created_at": created_at,
         }
         digest = _hash(prev, fields)
@@ -97,7 +100,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("principal", schema=None) as batch_op:
+    # The events first (they point at principal); then plain ALTER TABLE … DROP COLUMN: a batch
+    # rebuild of principal on SQLite would drop a table that datasets and grants point at.
+    op.drop_table("principal_event")
+    with op.batch_alter_table("principal", schema=None, recreate="never") as batch_op:
         batch_op.drop_column("last_event_hash")
         batch_op.drop_column("event_count")
-    op.drop_table("principal_event")

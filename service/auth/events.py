@@ -25,6 +25,9 @@ from service.ledger.chain import canonical_json
 from service.ledger.service import Verification, now_iso
 from service.problems import NotFound
 
+# The characters of a key a listing shows (service.auth.service.KEY_PREFIX_SHOWN).
+KEY_PREFIX_SHOWN = 8
+
 EventType = Literal["created", "disabled", "enabled", "key_replaced"]
 
 HASHED_FIELDS = ("principal_id", "seq", "event", "actor_id", "key_prefix", "created_at")
@@ -55,7 +58,9 @@ def record(session: Session, principal: Principal, event: EventType, *, actor_id
         "seq": (principal.event_count or 0) + 1,
         "event": event,
         "actor_id": actor_id,
-        "key_prefix": principal.key_prefix,
+        # only what a listing shows: older rows store 2 more characters, which the hash would
+        # let anyone recover by trying 64^2 values
+        "key_prefix": principal.key_prefix[:KEY_PREFIX_SHOWN],
         "created_at": now_iso(),
     }
     digest = row_hash(prev, fields)

@@ -32,7 +32,7 @@ def test_metrics_need_a_key_unless_local_development(
     token or the admin key (a 401 problem otherwise); the development default stays open."""
     from service.main import create_app
 
-    def scrape(headers: dict[str, str] | None = None, **env: str) -> Any:
+    def scrape(headers: dict[str, Any] | None = None, **env: str) -> Any:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         get_settings.cache_clear()
@@ -46,6 +46,8 @@ def test_metrics_need_a_key_unless_local_development(
     assert scrape(Api.auth("scrape-secret-1")).status_code == 200
     assert scrape(Api.auth(ADMIN_KEY)).status_code == 200
     assert scrape(Api.auth("scrape-secret-2")).status_code == 401
+    non_ascii = {"Authorization": "Bearer \u00e9t\u00e9".encode()}  # sent as raw bytes
+    assert scrape(non_ascii).status_code == 401
     # no token, but listening off loopback (with real secrets): the admin key only
     monkeypatch.delenv("CURATOR_METRICS_TOKEN")
     off = {"CURATOR_HOST": "0.0.0.0", "CURATOR_STATE_KEY": base64.b64encode(b"k" * 32).decode()}

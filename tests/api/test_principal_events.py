@@ -9,6 +9,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, update
 
+from service.auth import events
+from service.auth.service import KEY_PREFIX_SHOWN
 from service.db.engine import get_sessionmaker
 from service.db.models import Principal, PrincipalEvent
 from tests.api.test_datasets import problem
@@ -55,6 +57,7 @@ def test_each_account_change_is_recorded_with_its_actor(client: TestClient, api:
         (5, "key_replaced", pid),
     ]
     prefixes = [e["key_prefix"] for e in page["events"]]
+    assert events.KEY_PREFIX_SHOWN == KEY_PREFIX_SHOWN  # the record hashes what a listing shows
     assert prefixes[0] == analyst["api_key"][:8]
     assert prefixes[3] == by_admin["api_key"][:8]
     assert prefixes[4] == by_self["api_key"][:8] == by_self["key_prefix"]

@@ -63,6 +63,7 @@ def test_existing_principals_get_a_verifiable_created_event(empty_url: str) -> N
             assert (row.seq, row.event, row.actor_id) == (1, "created", "admin")
             assert row.created_at == "2026-11-20T10:00:00.000000+00:00"
             assert events.verify(session, principal).valid
+            assert row.key_prefix == "dpc_Ab3x"  # the 8 shown characters, not the stored 10
             # and the chain continues from the backfilled head
             events.record(session, principal, "disabled", actor_id="admin")
             session.flush()
@@ -70,4 +71,15 @@ def test_existing_principals_get_a_verifiable_created_event(empty_url: str) -> N
                 True, 2, principal.last_event_hash or ""
             )
         session.rollback()
+    # and back: the events table first, the columns dropped in place (datasets point at it)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO dataset (id, owner_id, name, description, schema_json, "
+                "schema_hash, n, q, version, status, allow_paper_mode, created_at) VALUES "
+                "('d1', 'p1', 'd', '', '{}', 'h', 0, 0, 1, 'ready', false, 'now')"
+            )
+        )
     engine.dispose()
+    command.downgrade(cfg, BEFORE)
+    command.upgrade(cfg, "head")
