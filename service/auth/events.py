@@ -44,7 +44,7 @@ def row_hash(prev_hash: str, fields: dict[str, Any]) -> str:
 
 def locked(session: Session, principal_id: str) -> Principal:
     """The principal row, locked for an update that records an event; 404 if there is none."""
-    principal = session.get(Principal, principal_id, with_for_update=True)
+    principal = session.get(Principal, principal_id, with_for_update=True, populate_existing=True)
     if principal is None:
         raise NotFound("no such principal")
     return principal
@@ -84,23 +84,49 @@ def page(
 
 
 def verify(session: Session, principal: Principal) -> Verification:
-    """Recompute the principal's chain; report the first inconsistency."""
+    """Recompute the principal's chain and replay it against the principal row; report the
+    first inconsistency.
+
+    The chain must open with the ``created`` event (and hold no other), change the key only in
+    ``key_replaced`` events, and end in the row's state: its ``disabled`` flag is the last
+    ``disabled`` or ``enabled`` event's (enabled if there is none) and its key's shown prefix
+    the last event's. A row changed without its event (``UPDATE principal SET disabled =
+    false``), or a chain emptied or cut back together with its head, therefore fails too.
+    (Principals disabled before the record existed got their ``disabled`` event from the
+    migration that followed it.)
+
+    The row is read ``FOR SHARE`` on PostgreSQL so that a change committed during the check
+    (which moves the head and appends an event in one transaction) cannot make the rows and
+    the head disagree; it waits for the check instead. SQLite's write transaction is already
+    exclusive."""
+    session.refresh(principal, with_for_update={"read": True})
     _, rows = page(session, principal_id=principal.id, limit=None, offset=0)
     head = principal.last_event_hash or genesis_hash(principal.id)
+
+    def bad(seq: int | None, reason: str) -> Verification:
+        return Verification(False, len(rows), head, seq, reason)
+
     prev = genesis_hash(principal.id)
+    disabled, key_prefix = False, ""
     for expected_seq, row in enumerate(rows, start=1):
         fields = {k: getattr(row, k) for k in HASHED_FIELDS}
         if row.seq != expected_seq:
-            return Verification(
-                False, len(rows), head, expected_seq, "an event is missing or out of order"
-            )
+            return bad(expected_seq, "an event is missing or out of order")
         if row.prev_hash != prev or row_hash(prev, fields) != row.row_hash:
-            return Verification(
-                False, len(rows), head, expected_seq, "hash mismatch: the event was altered"
-            )
+            return bad(expected_seq, "hash mismatch: the event was altered")
+        if (row.event == "created") != (expected_seq == 1):
+            return bad(expected_seq, "the record does not open with the principal's creation")
+        if expected_seq > 1 and row.event != "key_replaced" and row.key_prefix != key_prefix:
+            return bad(expected_seq, "the key changed without a key replacement event")
+        disabled = {"disabled": True, "enabled": False}.get(row.event, disabled)
+        key_prefix = row.key_prefix
         prev = row.row_hash
     if len(rows) != (principal.event_count or 0) or prev != head:
-        return Verification(
-            False, len(rows), head, len(rows) + 1, "events were removed from the end"
-        )
+        return bad(len(rows) + 1, "events were removed from the end")
+    if not rows:
+        return bad(1, "the principal's creation is not recorded")
+    if bool(principal.disabled) != disabled:
+        return bad(None, "the disabled flag is not the last recorded disable or enable")
+    if principal.key_prefix[:KEY_PREFIX_SHOWN] != key_prefix:
+        return bad(None, "the principal's key does not match its last recorded key")
     return Verification(True, len(rows), head)

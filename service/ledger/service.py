@@ -549,8 +549,13 @@ class Verification:
 
 
 def verify(session: Session, *, dataset_id: str) -> Verification:
-    """Recompute the chain and the totals from the entries; report the first inconsistency."""
-    budget = session.get(Budget, dataset_id)
+    """Recompute the chain and the totals from the entries; report the first inconsistency.
+
+    The budget row (the chain's head) is read ``FOR SHARE`` on PostgreSQL: a charge committed
+    during the check would otherwise add an entry the head read before it does not count, and
+    the check would report entries removed. Charges wait for the check instead; SQLite's write
+    transaction is already exclusive."""
+    budget = session.get(Budget, dataset_id, with_for_update={"read": True}, populate_existing=True)
     if budget is None:
         raise NotFound("dataset not found")
     prev = genesis_hash(dataset_id)

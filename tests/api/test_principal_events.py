@@ -142,3 +142,84 @@ def test_verify_finds_an_altered_or_removed_event(client: TestClient, api: Api) 
     # and so does moving the head back with it (the dropped event's hash is not the head)
     _tamper(update(Principal).where(Principal.id == pid).values(event_count=2))
     assert _verify(client, ADMIN_KEY, pid)["valid"] is False
+
+
+def test_verify_replays_the_record_against_the_principal_row(client: TestClient, api: Api) -> None:
+    """A row changed without its event, or a chain cut back or emptied together with its head,
+    no longer matches the state the record replays to."""
+    pid = api.principal("analyst")["id"]
+    _disable(client, pid, True)
+    client.post(f"/v1/principals/{pid}/key", headers=Api.auth(ADMIN_KEY))
+    assert _verify(client, ADMIN_KEY, pid)["valid"] is True
+    this = Principal.id == pid
+
+    # re-enabled in the database, not through the service (no 'enabled' event)
+    _tamper(update(Principal).where(this).values(disabled=False))
+    bad = _verify(client, ADMIN_KEY, pid)
+    assert (bad["valid"], bad["first_invalid_seq"]) == (False, None)
+    assert "disabled flag" in bad["reason"]
+    _tamper(update(Principal).where(this).values(disabled=True))
+    assert _verify(client, ADMIN_KEY, pid)["valid"] is True
+
+    # a key swapped in the database: the shown prefix is not the last recorded one
+    with get_sessionmaker()() as s:
+        original = s.get(Principal, pid).key_prefix  # type: ignore[union-attr]
+    _tamper(update(Principal).where(this).values(key_prefix="dpc_XXXX"))
+    bad = _verify(client, ADMIN_KEY, pid)
+    assert (bad["valid"], "key" in bad["reason"]) == (False, True)
+    _tamper(update(Principal).where(this).values(key_prefix=original))
+    assert _verify(client, ADMIN_KEY, pid)["valid"] is True
+
+    # the key replacement dropped and the head moved back to the event before it: the
+    # replayed key is the creation's, not the row's
+    with get_sessionmaker()() as s:
+        second = s.query(PrincipalEvent).filter_by(principal_id=pid, seq=2).one()
+    _tamper(
+        delete(PrincipalEvent).where(PrincipalEvent.principal_id == pid, PrincipalEvent.seq == 3)
+    )
+    _tamper(update(Principal).where(this).values(event_count=2, last_event_hash=second.row_hash))
+    bad = _verify(client, ADMIN_KEY, pid)
+    assert (bad["valid"], bad["entries"]) == (False, 2)
+    assert "key" in bad["reason"]
+
+    # the whole record and its head removed
+    _tamper(delete(PrincipalEvent).where(PrincipalEvent.principal_id == pid))
+    _tamper(update(Principal).where(this).values(event_count=0, last_event_hash=None))
+    bad = _verify(client, ADMIN_KEY, pid)
+    assert (bad["valid"], bad["entries"], bad["first_invalid_seq"]) == (False, 0, 1)
+    assert "creation" in bad["reason"]
+
+
+def test_verify_finds_a_second_creation_and_a_key_changed_outside_a_replacement(
+    client: TestClient, api: Api
+) -> None:
+    """Events whose hashes are recomputed (a writer who knows the scheme) still have to tell a
+    consistent story: one creation, first; a new key only in a key replacement."""
+    pid = api.principal("analyst")["id"]
+    _disable(client, pid, True)
+    _disable(client, pid, False)
+
+    def rechain(change: dict[int, dict[str, Any]]) -> None:
+        with get_sessionmaker()() as s:
+            rows = s.query(PrincipalEvent).filter_by(principal_id=pid).order_by("seq").all()
+            prev = events.genesis_hash(pid)
+            for row in rows:
+                for k, v in change.get(row.seq, {}).items():
+                    setattr(row, k, v)
+                row.prev_hash = prev
+                row.row_hash = prev = events.row_hash(
+                    prev, {k: getattr(row, k) for k in events.HASHED_FIELDS}
+                )
+            s.get(Principal, pid).last_event_hash = prev  # type: ignore[union-attr]
+            s.commit()
+
+    rechain({})
+    assert _verify(client, ADMIN_KEY, pid)["valid"] is True
+    rechain({2: {"event": "created"}, 3: {"event": "created"}})
+    bad = _verify(client, ADMIN_KEY, pid)
+    assert (bad["valid"], bad["first_invalid_seq"]) == (False, 2)
+    assert "creation" in bad["reason"]
+    rechain({2: {"event": "disabled"}, 3: {"event": "enabled", "key_prefix": "dpc_XXXX"}})
+    bad = _verify(client, ADMIN_KEY, pid)
+    assert (bad["valid"], bad["first_invalid_seq"]) == (False, 3)
+    assert "key replacement" in bad["reason"]

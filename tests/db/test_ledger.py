@@ -152,6 +152,38 @@ def test_hash_chain_detects_tampering(db_url: str, sql: str, bad_seq: int | None
     assert v.first_invalid_seq == bad_seq
 
 
+def test_verify_during_concurrent_charges_sees_a_consistent_chain(db_url: str) -> None:
+    """A check that reads the head and then the entries must not call a charge committed in
+    between an entry "removed from the end" (PostgreSQL, READ COMMITTED): the head is read
+    FOR SHARE, so the charge waits for the check."""
+    import threading
+
+    dataset, _, people = seed_dataset(db_url, epsilon_total=100.0)
+    done = threading.Event()
+
+    def charges() -> None:
+        try:
+            for _ in range(40):
+                assert try_charge(db_url, dataset, people[0], 0.01)
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=charges)
+    writer.start()
+    engine = make_engine(db_url)
+    results = []
+    try:
+        while not done.is_set() or not results:
+            with Session(engine) as s:
+                results.append(ledger.verify(s, dataset_id=dataset))
+                s.commit()
+    finally:
+        writer.join()
+        engine.dispose()
+    assert [v for v in results if not v.valid] == []
+    assert results[-1].entries >= 3
+
+
 def test_costs_round_up_and_totals_round_down() -> None:
     assert amounts.epsilon_cost_units(0.1) == 100_000_000_000  # the decimal the caller wrote
     assert amounts.epsilon_cost_units(0.1 + 0.2) == 300_000_000_001  # 0.30000000000000004

@@ -1,5 +1,6 @@
-"""The principal-events revision gives every principal created before it one ``created`` event
-that ``service.auth.events.verify`` accepts, on both databases."""
+"""The principal-events revisions give every principal created before them one ``created`` event,
+and one disabled then its ``disabled`` event, which ``service.auth.events.verify`` accepts, on
+both databases."""
 
 from __future__ import annotations
 
@@ -44,17 +45,29 @@ def test_existing_principals_get_a_verifiable_created_event(empty_url: str) -> N
     command.upgrade(cfg, BEFORE)
     engine = create_engine(empty_url)
     with engine.begin() as conn:
-        for pid, by in (("p1", "admin"), ("p2", None)):
+        for pid, by, disabled in (("p1", "admin", False), ("p2", None, False), ("p3", "a", True)):
             conn.execute(
                 text(
                     "INSERT INTO principal (id, name, role, key_hash, key_prefix, created_at, "
                     "created_by, disabled) VALUES (:id, 'n', 'analyst', :h, 'dpc_Ab3xYz', "
-                    "'2026-11-20T10:00:00.000000+00:00', :by, false)"
+                    "'2026-11-20T10:00:00.000000+00:00', :by, :disabled)"
                 ),
-                {"id": pid, "h": pid * 32, "by": by},
+                {"id": pid, "h": pid * 32, "by": by, "disabled": disabled},
             )
     command.upgrade(cfg, "head")
     with Session(engine) as session:
+        # disabled before the record: created, then disabled by the admin at the upgrade
+        disabled = session.get(Principal, "p3")
+        assert disabled is not None
+        assert disabled.event_count == 2
+        rows = session.query(PrincipalEvent).filter_by(principal_id="p3").order_by("seq").all()
+        assert [(r.event, r.actor_id) for r in rows] == [("created", "a"), ("disabled", "admin")]
+        assert events.verify(session, disabled).valid
+        # re-enabled through the service, the record still verifies
+        disabled.disabled = False
+        events.record(session, disabled, "enabled", actor_id="admin")
+        session.flush()
+        assert events.verify(session, disabled).valid
         for pid in ("p1", "p2"):
             principal = session.get(Principal, pid)
             assert principal is not None
@@ -65,6 +78,7 @@ def test_existing_principals_get_a_verifiable_created_event(empty_url: str) -> N
             assert events.verify(session, principal).valid
             assert row.key_prefix == "dpc_Ab3x"  # the 8 shown characters, not the stored 10
             # and the chain continues from the backfilled head
+            principal.disabled = True
             events.record(session, principal, "disabled", actor_id="admin")
             session.flush()
             assert events.verify(session, principal) == events.Verification(

@@ -1,0 +1,50 @@
+"""A principal's record checked while its key is being replaced: every check sees the chain and
+the head of one moment (the row is read FOR SHARE on PostgreSQL), never a false "removed"."""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy.orm import Session
+
+from service.auth import events
+from service.auth.service import Role, create_principal, rotate_key
+from service.db.engine import make_engine
+
+
+def test_verify_during_concurrent_key_replacements_sees_a_consistent_chain(db_url: str) -> None:
+    engine = make_engine(db_url)
+    with Session(engine) as s:
+        pid = create_principal(s, name="a", role=Role.ANALYST, created_by="admin")[0].id
+        s.commit()
+    engine.dispose()
+    done = threading.Event()
+
+    def replacements() -> None:
+        engine = make_engine(db_url)
+        try:
+            for _ in range(40):
+                with Session(engine) as s:
+                    principal = events.locked(s, pid)
+                    rotate_key(principal)
+                    events.record(s, principal, "key_replaced", actor_id=pid)
+                    s.commit()
+        finally:
+            engine.dispose()
+            done.set()
+
+    writer = threading.Thread(target=replacements)
+    writer.start()
+    engine = make_engine(db_url)
+    results = []
+    try:
+        while not done.is_set() or not results:
+            with Session(engine) as s:
+                principal = events.locked(s, pid)  # any read of the row; verify re-reads it
+                s.rollback()
+                results.append(events.verify(s, principal))
+                s.commit()
+    finally:
+        writer.join()
+        engine.dispose()
+    assert [v for v in results if not v.valid] == []
