@@ -10,6 +10,8 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ADMIN_KEY = "change-me"
+# /metrics is reachable from wherever the service listens: a token short enough to guess is none.
+METRICS_TOKEN_MIN_LENGTH = 16
 # Development-only key for sealing released functions' secret state (refused in production).
 DEFAULT_STATE_KEY = "ZGV2ZWxvcG1lbnQtb25seS1zdGF0ZS1rZXktMzJieXQ="
 
@@ -96,6 +98,12 @@ class Settings(BaseSettings):
             return False
 
     @property
+    def development_secrets(self) -> bool:
+        """True when the admin or the state key is still its development default (allowed only
+        on a loopback host; ``service.main`` refuses requests that arrive elsewhere)."""
+        return self.admin_key == DEFAULT_ADMIN_KEY or self.state_key == DEFAULT_STATE_KEY
+
+    @property
     def metrics_open(self) -> bool:
         """``/metrics`` without a key: only with no token configured, outside production, on a
         loopback host (request counts by route and latencies are still a record of activity)."""
@@ -115,6 +123,10 @@ class Settings(BaseSettings):
             raise ValueError(f"CURATOR_STATE_KEY must be set to a secret key {where}")
         if len(self.admin_key) < 8:
             raise ValueError("CURATOR_ADMIN_KEY must have at least 8 characters")
+        if self.metrics_token and len(self.metrics_token) < METRICS_TOKEN_MIN_LENGTH:
+            raise ValueError(
+                f"CURATOR_METRICS_TOKEN must have at least {METRICS_TOKEN_MIN_LENGTH} characters"
+            )
         return self
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from service.jobs.workers import jobs_in_process
 from service.metrics import Metrics, MetricsMiddleware
 from service.problems import (
     MEDIA_TYPE,
+    DevelopmentSecretsExposed,
     PayloadTooLarge,
     Unauthenticated,
     install_handlers,
@@ -79,6 +81,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Pure ASGI middlewares (the outermost is added last): a few microseconds per request,
     # where ``@app.middleware("http")`` costs a task and a stream per request.
     app.add_middleware(LimitsMiddleware, max_upload_bytes=settings.max_upload_bytes)
+    if settings.development_secrets:
+        app.add_middleware(LoopbackOnlyMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     # Routes are matched in order: the decision-support hot path (function evaluation) first.
@@ -206,6 +210,51 @@ class LimitsMiddleware:
             if not refused:
                 refused = True
                 await refuse()
+
+
+def is_loopback_address(server: Any) -> bool:
+    """Whether an ASGI ``server`` (the local address a connection arrived on) is this machine
+    only: a loopback IP (IPv4-mapped too), ``localhost``, a Unix socket (None) or a name that is
+    not an address (in-process test transports); a server on a socket reports its IP."""
+    if not server or not server[0]:
+        return True
+    host = str(server[0])
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return True
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool((mapped or address).is_loopback)
+
+
+class LoopbackOnlyMiddleware:
+    """Installed only while a development default secret is in use (``Settings.
+    development_secrets``): refuse every request that arrived on a non-loopback address with
+    ``development-secrets-exposed`` (503). ``CURATOR_HOST`` is checked when the settings load, but
+    ``uvicorn service.main:app --host 0.0.0.0`` binds wherever it is told without it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.warned = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not is_loopback_address(scope.get("server")):
+            if not self.warned:
+                self.warned = True
+                logger.error(
+                    "refusing requests on %s: the development default CURATOR_ADMIN_KEY or "
+                    "CURATOR_STATE_KEY is in use; set both to secrets",
+                    scope["server"][0],
+                )
+            problem = DevelopmentSecretsExposed(
+                "this service runs with a development default secret (CURATOR_ADMIN_KEY or "
+                "CURATOR_STATE_KEY), allowed on a loopback address only; its operator must set both"
+            )
+            await problem_response(problem, scope["path"])(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _validation_errors_are_problems(schema: dict[str, Any]) -> None:

@@ -161,6 +161,10 @@ class FunctionBatchRejected(Problem):
     )
 
 
+class DevelopmentSecretsExposed(Problem):
+    slug, title, status = "development-secrets-exposed", "Service misconfigured", 503
+
+
 class HttpError(Problem):
     slug, title, status = "http-error", "HTTP error", 400
 
@@ -192,6 +196,7 @@ ALL_PROBLEMS: tuple[type[Problem], ...] = (
     FunctionClosed,
     FunctionCapacityReached,
     FunctionBatchRejected,
+    DevelopmentSecretsExposed,
     HttpError,
     InternalError,
 )

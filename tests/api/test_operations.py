@@ -40,14 +40,19 @@ def test_metrics_need_a_key_unless_local_development(
             return c.get("/metrics", headers=headers or {})
 
     assert scrape().status_code == 200  # loopback, test environment, no token
-    r = scrape(CURATOR_METRICS_TOKEN="scrape-secret-1")
+    r = scrape(CURATOR_METRICS_TOKEN="scrape-secret-0001")
     assert r.status_code == 401
     assert r.headers["content-type"].startswith("application/problem+json")
-    assert scrape(Api.auth("scrape-secret-1")).status_code == 200
+    assert scrape(Api.auth("scrape-secret-0001")).status_code == 200
     assert scrape(Api.auth(ADMIN_KEY)).status_code == 200
-    assert scrape(Api.auth("scrape-secret-2")).status_code == 401
+    assert scrape(Api.auth("scrape-secret-0002")).status_code == 401
     non_ascii = {"Authorization": "Bearer \u00e9t\u00e9".encode()}  # sent as raw bytes
     assert scrape(non_ascii).status_code == 401
+    monkeypatch.setenv("CURATOR_METRICS_TOKEN", "short-token")
+    get_settings.cache_clear()
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        get_settings()
+    monkeypatch.setenv("CURATOR_METRICS_TOKEN", "scrape-secret-0001")
     # no token, but listening off loopback (with real secrets): the admin key only
     monkeypatch.delenv("CURATOR_METRICS_TOKEN")
     off = {"CURATOR_HOST": "0.0.0.0", "CURATOR_STATE_KEY": base64.b64encode(b"k" * 32).decode()}
@@ -72,3 +77,37 @@ def test_unhandled_error_is_problem_without_text(client: TestClient) -> None:
     assert "request_id" in body
     assert "42.137" not in r.text
     assert "RuntimeError" not in r.text
+
+
+def test_development_secrets_are_served_on_loopback_only(
+    configured: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``uvicorn service.main:app --host 0.0.0.0`` does not go through ``CURATOR_HOST``'s check:
+    with a development default secret every request that arrives on another address is refused
+    (503 problem), whatever its route; with both secrets set nothing is refused."""
+    from service.main import create_app, is_loopback_address
+
+    def get(url: str) -> Any:
+        get_settings.cache_clear()
+        with TestClient(create_app(), raise_server_exceptions=False) as c:
+            return c.get(url, headers=Api.auth(ADMIN_KEY))
+
+    assert get_settings().development_secrets  # the default state key
+    for url in ("http://127.0.0.1/healthz", "http://[::1]/v1/principals", "http://localhost/"):
+        assert get(url).status_code != 503, url
+    for url in ("http://192.0.2.10/healthz", "http://[2001:db8::1]/v1/principals"):
+        r = get(url)
+        assert r.status_code == 503, url
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert r.json()["type"].endswith("/development-secrets-exposed")
+        assert ADMIN_KEY not in r.text
+    monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"k" * 32).decode())
+    get_settings.cache_clear()
+    assert not get_settings().development_secrets
+    assert get("http://192.0.2.10/healthz").status_code == 200
+    get_settings.cache_clear()
+    # the addresses a server reports
+    assert is_loopback_address(("::ffff:127.0.0.1", 80))
+    assert is_loopback_address(None)  # a Unix socket
+    assert not is_loopback_address(("::ffff:10.1.2.3", 80))
+    assert not is_loopback_address(("0.0.0.0", 80))

@@ -185,6 +185,10 @@ class FunctionBatchRejected(ProblemError):
     slug = "function-batch-rejected"
 
 
+class DevelopmentSecretsExposed(ProblemError):
+    slug = "development-secrets-exposed"
+
+
 class HttpError(ProblemError):
     slug = "http-error"
 
@@ -218,6 +222,7 @@ PROBLEM_CLASSES: dict[str, type[ProblemError]] = {
         FunctionClosed,
         FunctionCapacityReached,
         FunctionBatchRejected,
+        DevelopmentSecretsExposed,
         HttpError,
         InternalError,
     )
