@@ -273,6 +273,8 @@ class CateFunction(Base):
     basis: Mapped[str] = mapped_column(String(16))
     q: Mapped[int] = mapped_column(Integer)
     t_max: Mapped[int] = mapped_column(Integer)
+    # the most new distinct points one caller may add (exact basis; None: only t_max)
+    points_per_principal: Mapped[int | None] = mapped_column(Integer, nullable=True)
     batch_max: Mapped[int] = mapped_column(Integer)
     jitter: Mapped[float] = mapped_column(Float)
     t: Mapped[int] = mapped_column(Integer, default=0)
@@ -312,5 +314,8 @@ class CateFunctionBatch(Base):
     )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     size: Mapped[int] = mapped_column(Integer)
+    # who asked for the batch's new points ('admin' or a principal's id); None: the reference
+    # points drawn at release time, and batches stored before this was recorded
+    principal_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     payload: Mapped[bytes] = mapped_column(LargeBinary)
     digest: Mapped[str] = mapped_column(String(64))

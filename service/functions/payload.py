@@ -26,3 +26,5 @@ class FunctionSecret:
     # exact basis with shrinkage: the path drawn at the public reference points at release
     # time, stored as the function's first batch (cate_function proof §7)
     initial: ReferenceDraw | None = None
+    # exact basis: the most new distinct points one caller may add (None: only t_max)
+    points_per_principal: int | None = None

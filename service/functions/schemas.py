@@ -36,5 +36,14 @@ class FunctionRead(BaseModel):
     basis: str
     q: int
     t_max: int | None
+    points_per_principal: int | None = Field(
+        default=None,
+        description="Exact basis: the most new distinct points any one caller may add "
+        "(null: only t_max bounds them).",
+    )
+    points_you_added: int | None = Field(
+        default=None,
+        description="Where points_per_principal applies: the new points you have added so far.",
+    )
     batch_max: int
     public: dict[str, Any]

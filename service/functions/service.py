@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import Connection, and_, bindparam, select
+from sqlalchemy import Connection, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from service.auth.service import Role, bearer_key, hash_key, is_admin_key
@@ -126,6 +126,7 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
             basis=secret.basis,
             q=secret.q,
             t_max=secret.t_max,
+            points_per_principal=secret.points_per_principal,
             batch_max=secret.batch_max,
             jitter=secret.jitter,
             t=0 if secret.initial is None else int(secret.initial.values.size),
@@ -166,17 +167,27 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
 
 
 def view_with_key(*, authorization: str | None, function_id: str) -> dict[str, Any]:
-    """Public metadata of a function (no state, no counts of other clients' points)."""
+    """Public metadata of a function (no state, no counts of other clients' points; the
+    caller's own count where a ``points_per_principal`` share applies)."""
     key = bearer_key(authorization)
     row = read(lambda conn: _access(conn, key, function_id))
     public: dict[str, Any] = json.loads(row.public_json)
+    exact = row.basis == "exact"
+    share = row.points_per_principal if exact else None
+    added = None
+    if share is not None:
+        caller = getattr(row, "principal_id", None) or "admin"
+        with get_sessionmaker()() as session:
+            added = _points_added(session, row.function_id, caller)
     return {
         "id": row.function_id,
         "dataset_id": row.dataset_id,
         "status": row.status,
         "basis": row.basis,
         "q": row.q,
-        "t_max": row.t_max if row.basis == "exact" else None,
+        "t_max": row.t_max if exact else None,
+        "points_per_principal": share,
+        "points_you_added": added,
         "batch_max": row.batch_max,
         "public": public,
     }
@@ -474,6 +485,7 @@ _HEADER_COLUMNS = (
     CateFunction.id.label("function_id"),
     CateFunction.dataset_id,
     CateFunction.t_max,
+    CateFunction.points_per_principal,
     CateFunction.status,
     CateFunction.basis,
     CateFunction.q,
@@ -560,17 +572,24 @@ def evaluate_with_key(
     codes, canonical = validate_points(facts, points)
     if facts.basis != "exact":
         return _finite_basis_values(function_id, canonical), facts.public
+    caller = getattr(row, "principal_id", None) or "admin"
     with get_sessionmaker()() as session:
         try:
-            return _evaluate_exact(session, function_id, codes, canonical), facts.public
+            return _evaluate_exact(session, function_id, codes, canonical, caller), facts.public
         except BaseException:
             session.rollback()
             raise
 
 
 def _evaluate_exact(
-    session: Session, function_id: str, codes: NDArray[np.int64], canonical: NDArray[np.float64]
+    session: Session,
+    function_id: str,
+    codes: NDArray[np.int64],
+    canonical: NDArray[np.float64],
+    caller: str,
 ) -> list[float]:
+    """``caller`` ('admin' or a principal's id) is recorded on the batch of new points it asks
+    for, and held to the function's ``points_per_principal``."""
     session.commit()  # end the read transaction; the locked one starts below
 
     with _thread_lock(function_id):
@@ -609,6 +628,16 @@ def _evaluate_exact(
                 "new points would pass that; nothing was stored (a batch of points it has "
                 "already answered is still served)"
             )
+        share = locked.points_per_principal
+        if share is not None:
+            added = _points_added(session, function_id, caller)
+            if added + len(new_index) > share:
+                session.rollback()
+                raise FunctionCapacityReached(
+                    f"each caller adds at most {share} new points to this function and this "
+                    f"batch's {len(new_index)} would take you past that ({added} so far); "
+                    "nothing was stored (points it has already answered are still served)"
+                )
         rows = list(new_index.values())
         new_codes = codes[rows]
         new_points = canonical[rows]
@@ -631,6 +660,7 @@ def _evaluate_exact(
                 function_id=function_id,
                 seq=locked.version + 1,
                 size=len(rows),
+                principal_id=caller,
                 payload=payload,
                 digest=_digest(payload),
             )
@@ -651,6 +681,17 @@ def _evaluate_exact(
             entry.answers[key] = float(value)
         entry.version = locked.version
         return [entry.answers[key] for key in keys]
+
+
+def _points_added(session: Session, function_id: str, caller: str) -> int:
+    """New points ``caller`` has added to the function (its batches' sizes)."""
+    total = session.execute(
+        select(func.coalesce(func.sum(CateFunctionBatch.size), 0)).where(
+            CateFunctionBatch.function_id == function_id,
+            CateFunctionBatch.principal_id == caller,
+        )
+    ).scalar_one()
+    return int(total)
 
 
 def state_bytes(session: Session, function_id: str) -> int:

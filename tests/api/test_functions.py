@@ -149,6 +149,62 @@ def test_points_validated_and_capacity(client: TestClient, setup: Any) -> None:
     assert again.json()["values"][0] == ok.json()["values"][1]
 
 
+def test_each_caller_has_its_share_of_the_capacity(
+    client: TestClient, setup: Any, db_url: str
+) -> None:
+    """``points_per_principal``: no one caller can use up an exact function's capacity for the
+    others; already answered points stay free for everyone."""
+    over = post_release(
+        client,
+        setup["analyst"]["api_key"],
+        setup["ds"]["id"],
+        {**FAST, "t_max": 5, "points_per_principal": 6},
+        kind="cate_function",
+    )
+    assert over.status_code == 422
+    assert "points_per_principal" in over.text
+    fid = release(client, setup, {**FAST, "t_max": 10, "points_per_principal": 3})["id"]
+    c_key, a_key = setup["client"]["api_key"], setup["analyst"]["api_key"]
+    info = client.get(f"/v1/functions/{fid}", headers=Api.auth(c_key)).json()
+    assert (info["t_max"], info["points_per_principal"], info["points_you_added"]) == (10, 3, 0)
+
+    first = evaluate(client, c_key, fid, [[20.0, 0.5, 1.0], [21.0, 0.5, 1.0]])
+    assert first.status_code == 200
+    past = evaluate(client, c_key, fid, [[22.0, 0.5, 1.0], [23.0, 0.5, 1.0]])
+    assert past.status_code == 409
+    assert past.json()["type"].endswith("function-capacity-reached")
+    assert "at most 3" in past.json()["detail"]
+    assert "2 so far" in past.json()["detail"]
+    # a repeat of the client's own points and of another's are free; one new point still fits
+    assert evaluate(client, c_key, fid, [[21.0, 0.5, 1.0], [22.0, 0.5, 1.0]]).status_code == 200
+    assert evaluate(client, c_key, fid, [[23.0, 0.5, 1.0]]).status_code == 409
+    # the analyst has its own share, and answers the client's points as the client got them
+    mine = evaluate(client, a_key, fid, [[20.0, 0.5, 1.0], [30.0, 0.5, 1.0], [31.0, 0.5, 1.0]])
+    assert mine.status_code == 200
+    assert mine.json()["values"][0] == first.json()["values"][0]
+    info = client.get(f"/v1/functions/{fid}", headers=Api.auth(c_key)).json()
+    assert info["points_you_added"] == 3
+    info = client.get(f"/v1/functions/{fid}", headers=Api.auth(a_key)).json()
+    assert info["points_you_added"] == 2
+    engine = create_engine(db_url)
+    with Session(engine) as session:
+        who = session.execute(
+            select(CateFunctionBatch.principal_id, CateFunctionBatch.size)
+            .where(CateFunctionBatch.function_id == fid)
+            .order_by(CateFunctionBatch.seq)
+        ).all()
+    engine.dispose()
+    assert [tuple(r) for r in who] == [
+        (setup["client"]["id"], 2),
+        (setup["client"]["id"], 1),
+        (setup["analyst"]["id"], 2),
+    ]
+    # without a share the info says so
+    plain = release(client, setup, FAST)["id"]
+    info = client.get(f"/v1/functions/{plain}", headers=Api.auth(c_key)).json()
+    assert (info["points_per_principal"], info["points_you_added"]) == (None, None)
+
+
 def test_access_is_by_grant(client: TestClient, api: Api, setup: Any) -> None:
     fid = release(client, setup, FAST)["id"]
     stranger = api.principal("client")

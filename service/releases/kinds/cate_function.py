@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, StrictFloat, StrictInt
+from pydantic import Field, StrictFloat, StrictInt, model_validator
 
 from service.functions.payload import SECRET_KEY, FunctionSecret
 from service.mechanisms import cate_function as mech
@@ -56,6 +56,10 @@ class CateFunctionParams(KindParams):
     n_centres: StrictInt = Field(default=256, ge=1, le=mech.MAX_CENTRES)
     n_features: StrictInt = Field(default=256, ge=1, le=mech.MAX_FEATURES)
     t_max: StrictInt = Field(default=10000, ge=1, le=mech.MAX_T)
+    # An exact function's capacity shared fairly: the most new distinct points any one caller
+    # (a client, the analyst, the owner, the admin) may add, at most t_max; None: only t_max.
+    # Ignored by the unlimited bases, like t_max. Public, privacy-neutral.
+    points_per_principal: StrictInt | None = Field(default=None, ge=1, le=mech.MAX_T)
     batch_max: StrictInt = Field(default=1000, ge=1, le=mech.MAX_BATCH)
     jitter: StrictFloat = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
     nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
@@ -69,6 +73,12 @@ class CateFunctionParams(KindParams):
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _share_within_capacity(self) -> CateFunctionParams:
+        if self.points_per_principal is not None and self.points_per_principal > self.t_max:
+            raise ValueError("points_per_principal must be at most t_max")
+        return self
 
 
 # The kernel learner's own fields and their defaults: a request changing any keeps a kernel
@@ -242,6 +252,7 @@ def _with_secret(
         jitter=request.jitter,
         public=public,
         initial=fitted.reference,
+        points_per_principal=request.points_per_principal if basis == "exact" else None,
     )
     return {
         **result,

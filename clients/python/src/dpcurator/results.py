@@ -183,13 +183,18 @@ class FunctionEvaluation:
         return _bands(self.values, self.noise_sd, level)
 
 
+def _optional_int(value: Any) -> int | None:
+    return int(value) if value is not None else None
+
+
 @dataclass(frozen=True)
 class FunctionInfo:
     """``GET /v1/functions/{id}``: public metadata of a released function (``FunctionRead``).
 
     ``status`` is ``open`` while it answers; ``t_max`` (exact basis only) is its capacity of
-    distinct points; ``public`` holds the release's public constants and the box
-    (``x_lower``, ``x_upper``).
+    distinct points, ``points_per_principal`` the most new ones any one caller may add (None:
+    no share) and ``points_you_added`` how many you have (where a share applies); ``public``
+    holds the release's public constants and the box (``x_lower``, ``x_upper``).
     """
 
     id: str
@@ -200,6 +205,8 @@ class FunctionInfo:
     t_max: int | None
     batch_max: int
     public: dict[str, Any]
+    points_per_principal: int | None = None
+    points_you_added: int | None = None
 
     @classmethod
     def from_response(cls, body: dict[str, Any]) -> FunctionInfo:
@@ -213,6 +220,8 @@ class FunctionInfo:
             t_max=int(t_max) if t_max is not None else None,
             batch_max=int(body["batch_max"]),
             public=dict(body.get("public") or {}),
+            points_per_principal=_optional_int(body.get("points_per_principal")),
+            points_you_added=_optional_int(body.get("points_you_added")),
         )
 
     @property
