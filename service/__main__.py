@@ -6,6 +6,7 @@ import uvicorn
 
 from service.config import get_settings
 from service.db import migrate, preflight
+from service.functions.keys import state_key_problem
 
 
 def main() -> None:
@@ -16,6 +17,9 @@ def main() -> None:
     if settings.run_migrations_on_start:
         # Once, before the workers start, so that worker processes never race on migrations.
         migrate.upgrade(settings.database_url)
+    problem = state_key_problem(settings.database_url)
+    if problem is not None:
+        raise SystemExit(problem)
     uvicorn.run(
         "service.main:create_app",
         factory=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 from functools import lru_cache
 from typing import Literal
@@ -14,6 +15,13 @@ DEFAULT_ADMIN_KEY = "change-me"
 METRICS_TOKEN_MIN_LENGTH = 16
 # Development-only key for sealing released functions' secret state (refused in production).
 DEFAULT_STATE_KEY = "ZGV2ZWxvcG1lbnQtb25seS1zdGF0ZS1rZXktMzJieXQ="
+
+
+def _is_aes256_key(value: str) -> bool:
+    try:
+        return len(base64.b64decode(value, validate=True)) == 32
+    except ValueError:
+        return False
 
 
 class Settings(BaseSettings):
@@ -30,6 +38,10 @@ class Settings(BaseSettings):
     admin_key: str = DEFAULT_ADMIN_KEY
     # base64 of 32 bytes: AES-256-GCM key for the secret state of released functions.
     state_key: str = DEFAULT_STATE_KEY
+    # Rotation: earlier state keys (comma-separated, base64 of 32 bytes each) that still open
+    # state sealed before the rotation; new state is always sealed with state_key, and
+    # ``python -m service.functions.rotate`` re-seals the old (service.functions.sealing).
+    state_key_previous: str = ""
     host: str = "127.0.0.1"
     port: int = 8000
     # uvicorn worker processes (API only on PostgreSQL; see job_runner).
@@ -98,6 +110,12 @@ class Settings(BaseSettings):
             return False
 
     @property
+    def previous_state_keys(self) -> tuple[str, ...]:
+        """``state_key_previous`` split: the keys that still open state sealed before a
+        rotation, in the order they are tried after ``state_key``."""
+        return tuple(k.strip() for k in self.state_key_previous.split(",") if k.strip())
+
+    @property
     def development_secrets(self) -> bool:
         """True when the admin or the state key is still its development default (allowed only
         on a loopback host; ``service.main`` refuses requests that arrive elsewhere)."""
@@ -123,6 +141,12 @@ class Settings(BaseSettings):
             raise ValueError(f"CURATOR_STATE_KEY must be set to a secret key {where}")
         if len(self.admin_key) < 8:
             raise ValueError("CURATOR_ADMIN_KEY must have at least 8 characters")
+        for key in (self.state_key, *self.previous_state_keys):
+            if not _is_aes256_key(key):
+                raise ValueError(
+                    "CURATOR_STATE_KEY and each of CURATOR_STATE_KEY_PREVIOUS must be base64 of "
+                    "32 bytes"
+                )
         if self.metrics_token and len(self.metrics_token) < METRICS_TOKEN_MIN_LENGTH:
             raise ValueError(
                 f"CURATOR_METRICS_TOKEN must have at least {METRICS_TOKEN_MIN_LENGTH} characters"

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,7 +23,9 @@ from service.config import Settings, get_settings
 from service.console.router import install as install_console
 from service.datasets.router import router as datasets_router
 from service.db import migrate
-from service.db.engine import get_engine
+from service.db.engine import get_engine, get_sessionmaker
+from service.db.models import StateKeyCheck
+from service.functions import keys
 from service.functions.router import router as functions_router
 from service.jobs.workers import jobs_in_process
 from service.metrics import Metrics, MetricsMiddleware
@@ -56,6 +58,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.run_migrations_on_start and settings.workers == 1:
             migrate.upgrade(settings.database_url)
+        # uvicorn started directly: the check python -m service makes before it serves
+        with get_sessionmaker()() as session:
+            if inspect(session.get_bind()).has_table(StateKeyCheck.__tablename__):
+                keys.ensure(session)
         runner = jobs_in_process(settings) if settings.runs_jobs_in_process else None
         if runner is not None:
             runner.start()

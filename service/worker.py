@@ -20,6 +20,7 @@ from types import FrameType
 
 from service.config import get_settings
 from service.db import preflight
+from service.functions.keys import state_key_problem
 from service.jobs.workers import embedded_runner, procrastinate_app
 
 logger = logging.getLogger("service.worker")
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     problem = preflight.unreachable(settings.database_url)
     if problem is None:
         problem = preflight.wait_for_schema(settings.database_url, args.wait)
+    if problem is None:
+        problem = state_key_problem(settings.database_url)
     if problem is not None:
         raise SystemExit(problem)
     concurrency = args.concurrency or settings.job_workers

@@ -289,6 +289,18 @@ class CateFunction(Base):
     )
 
 
+class StateKeyCheck(Base):
+    """One value sealed under the state key in force (``service.functions.keys``): a process
+    whose configured keys cannot open it refuses to start, instead of closing every released
+    function as corrupt at its first evaluation."""
+
+    __tablename__ = "state_key_check"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    sealed_at: Mapped[str] = mapped_column(String(40))
+
+
 class CateFunctionSecret(Base):
     """The fitted function g* (or the noised finite-basis coefficients). Never returned."""
 

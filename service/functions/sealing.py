@@ -1,7 +1,10 @@
 """Encryption at rest of released functions' secret state (threats.md §6: GP noise values and
 the fitted function are secret; encrypted, never logged).
 
-AES-256-GCM with the key ``CURATOR_STATE_KEY`` (base64 of 32 bytes). Each sealed value carries a
+AES-256-GCM with the key ``CURATOR_STATE_KEY`` (base64 of 32 bytes). Keys are rotated by moving
+the old one to ``CURATOR_STATE_KEY_PREVIOUS`` (still tried when opening, never used to seal) and
+running ``python -m service.functions.rotate``, which re-seals every value under the new key; the
+old key can then be dropped. Each sealed value carries a
 fresh random 96-bit nonce and is bound to its row by associated data (function id and row), so
 rows cannot be swapped or moved between functions undetected. A value that does not decrypt is
 treated as corrupt state (the function is closed, never silently re-created).
@@ -25,11 +28,21 @@ class SealError(ValueError):
     """A sealed value is malformed or does not authenticate under the configured key."""
 
 
-def _key() -> bytes:
-    key = base64.b64decode(get_settings().state_key)
+def _decode(value: str) -> bytes:
+    key = base64.b64decode(value)
     if len(key) != 32:
         raise SealError("CURATOR_STATE_KEY must be base64 of 32 bytes")
     return key
+
+
+def _key() -> bytes:
+    return _decode(get_settings().state_key)
+
+
+def _keys() -> tuple[bytes, ...]:
+    """The current key, then the previous ones (``CURATOR_STATE_KEY_PREVIOUS``)."""
+    settings = get_settings()
+    return tuple(_decode(k) for k in (settings.state_key, *settings.previous_state_keys))
 
 
 def seal(plaintext: bytes, *, context: str) -> bytes:
@@ -37,11 +50,30 @@ def seal(plaintext: bytes, *, context: str) -> bytes:
     return MAGIC + nonce + AESGCM(_key()).encrypt(nonce, plaintext, context.encode())
 
 
-def unseal(sealed: bytes, *, context: str) -> bytes:
+def _open(sealed: bytes, context: str, keys: tuple[bytes, ...]) -> bytes:
     if not sealed.startswith(MAGIC) or len(sealed) < len(MAGIC) + NONCE_BYTES + 16:
         raise SealError("not a sealed value")
     nonce = sealed[len(MAGIC) : len(MAGIC) + NONCE_BYTES]
+    body = sealed[len(MAGIC) + NONCE_BYTES :]
+    for key in keys:
+        try:
+            return AESGCM(key).decrypt(nonce, body, context.encode())
+        except InvalidTag:
+            continue
+    raise SealError("the value does not authenticate")
+
+
+def unseal(sealed: bytes, *, context: str) -> bytes:
+    """The plaintext of a value sealed under the current key or a previous one."""
+    return _open(sealed, context, _keys())
+
+
+def reseal(sealed: bytes, *, context: str) -> bytes | None:
+    """The value sealed under the current key, or None if it already is (key rotation).
+    Raises ``SealError`` if no configured key opens it."""
     try:
-        return AESGCM(_key()).decrypt(nonce, sealed[len(MAGIC) + NONCE_BYTES :], context.encode())
-    except InvalidTag:
-        raise SealError("the value does not authenticate") from None
+        _open(sealed, context, (_key(),))
+        return None
+    except SealError:
+        pass
+    return seal(unseal(sealed, context=context), context=context)

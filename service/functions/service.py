@@ -49,7 +49,7 @@ from service.db.models import (
     Principal,
     Release,
 )
-from service.functions import prefault
+from service.functions import keys, prefault
 from service.functions.payload import FunctionSecret
 from service.functions.sealing import seal, unseal
 from service.mechanisms import cate_function as mech
@@ -441,7 +441,12 @@ def _sync(session: Session, header: CateFunction) -> _Entry:
 
 
 def _close(session: Session, header: CateFunction) -> None:
+    """Close a function whose state is unreadable, unless the configured state keys are what
+    is wrong (``keys.opens``): then raise ``StateKeyMismatch`` (a 500) and keep it open."""
     session.rollback()
+    if not keys.opens(session):
+        session.rollback()
+        raise keys.StateKeyMismatch(keys.MISMATCH)
     locked = session.get(CateFunction, header.id, with_for_update=True, populate_existing=True)
     if locked is not None:
         locked.status = "closed"

@@ -469,3 +469,142 @@ def test_anchored_function_answers_its_reference_points_consistently(
     assert len(_stored_noise(configured, fid)) == 25  # answered from the reference draw
     assert spent(client, setup) == before
     _no_secrets(done)
+
+
+def test_state_key_rotation_keeps_every_answer(
+    client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator moves the old state key to CURATOR_STATE_KEY_PREVIOUS, sets a new one and
+    re-seals: exact and finite-basis functions answer exactly as before at every step, and
+    after the re-seal the old key is no longer needed."""
+    import base64
+
+    from service.config import get_settings
+    from service.db.engine import get_sessionmaker
+    from service.functions.rotate import reseal_all
+
+    exact = release(client, setup, FAST)["id"]
+    finite = release(client, setup, {**FAST, "basis": "nystrom", "n_centres": 16})["id"]
+    key = setup["client"]["api_key"]
+    points = [[20.0, 0.5, 1.0], [40.0, 0.2, 0.0]]
+    before = {f: evaluate(client, key, f, points).json()["values"] for f in (exact, finite)}
+
+    old = get_settings().state_key
+    new = base64.b64encode(b"n" * 32).decode()
+
+    def use(previous: str) -> None:
+        monkeypatch.setenv("CURATOR_STATE_KEY", new)
+        monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", previous)
+        get_settings.cache_clear()
+        functions.forget()  # as a freshly started process: state read from the database
+
+    use(previous=old)
+    for f in (exact, finite):
+        assert evaluate(client, key, f, points).json()["values"] == before[f]
+    more = evaluate(client, key, exact, [[30.0, 0.5, 1.0]])  # sealed under the new key
+    assert more.status_code == 200
+
+    report = reseal_all(get_sessionmaker())
+    assert report.functions == 2
+    assert report.unreadable == 0
+    assert report.resealed >= 3  # two fitted states and the first batch of points
+    assert report.current >= 1  # the batch sealed after the rotation
+    assert report.check_resealed
+    assert reseal_all(get_sessionmaker()).resealed == 0  # a second run has nothing to do
+
+    use(previous="")
+    for f in (exact, finite):
+        assert evaluate(client, key, f, points).json()["values"] == before[f]
+    assert evaluate(client, key, exact, [[30.0, 0.5, 1.0]]).json() == more.json()
+    info = client.get(f"/v1/functions/{exact}", headers=Api.auth(key)).json()
+    assert info["status"] == "open"
+    get_settings.cache_clear()
+
+
+def test_a_wrong_state_key_is_refused_not_taken_for_corrupt_state(
+    client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch, configured: str
+) -> None:
+    """A mistyped or lost CURATOR_STATE_KEY would read every function's state as corrupt and
+    close it for good: processes refuse to start with it instead, and a running one answers
+    500 without closing the function."""
+    import base64
+
+    from service.config import get_settings
+    from service.functions.keys import state_key_problem
+    from service.main import create_app
+
+    fid = release(client, setup, FAST)["id"]
+    key = setup["client"]["api_key"]
+    answered = evaluate(client, key, fid, [[20.0, 0.5, 1.0]]).json()["values"]
+    right = get_settings().state_key
+
+    def use(state_key: str, previous: str = "") -> None:
+        monkeypatch.setenv("CURATOR_STATE_KEY", state_key)
+        monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", previous)
+        get_settings.cache_clear()
+        functions.forget()
+
+    wrong = base64.b64encode(b"w" * 32).decode()
+    use(wrong)
+    message = state_key_problem(configured)
+    assert message is not None
+    assert "CURATOR_STATE_KEY_PREVIOUS" in message
+    with pytest.raises(RuntimeError, match="does not open"), TestClient(create_app()):
+        pass  # uvicorn started directly: the lifespan refuses too
+    refused = evaluate(client, key, fid, [[20.0, 0.5, 1.0]])  # a process already running
+    assert refused.status_code == 500
+    assert refused.json()["type"].endswith("/internal-error")
+    use(wrong, previous=right)  # a rotation in progress: allowed
+    assert state_key_problem(configured) is None
+    use(right)
+    assert evaluate(client, key, fid, [[20.0, 0.5, 1.0]]).json()["values"] == answered
+    info = client.get(f"/v1/functions/{fid}", headers=Api.auth(key)).json()
+    assert info["status"] == "open"
+    get_settings.cache_clear()
+
+
+def test_a_new_state_key_takes_over_where_no_function_needs_the_old(
+    client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch, configured: str
+) -> None:
+    import base64
+
+    from service.config import get_settings
+    from service.functions.keys import state_key_problem
+
+    assert state_key_problem(configured) is None  # sealed under the tests' key
+    monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"z" * 32).decode())
+    get_settings.cache_clear()
+    assert state_key_problem(configured) is None  # no open function: re-sealed under this one
+    fid = release(client, setup, FAST)["id"]
+    assert evaluate(client, setup["client"]["api_key"], fid, [[20.0, 0.5, 1.0]]).status_code == 200
+    get_settings.cache_clear()
+
+
+def test_the_rotate_command(
+    client: TestClient,
+    setup: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m service.functions.rotate``: the counts as JSON, exit 0; exit 1 with the
+    message where the configured keys do not open the state."""
+    import base64
+
+    from service.config import get_settings
+    from service.functions import rotate
+
+    release(client, setup, FAST)
+    old = get_settings().state_key
+    monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"r" * 32).decode())
+    monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", old)
+    get_settings.cache_clear()
+    assert rotate.main() == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert (counts["functions"], counts["resealed"], counts["unreadable"]) == (1, 1, 0)
+    assert counts["check_resealed"] is True
+    monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"x" * 32).decode())
+    monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", old)  # the key before the rotation
+    get_settings.cache_clear()
+    assert rotate.main() == 1
+    assert "does not open" in capsys.readouterr().err
+    get_settings.cache_clear()

@@ -53,3 +53,55 @@ def test_the_default_secrets_serve_loopback_only() -> None:
         admin_key="a-real-secret-key",
         state_key="c2VjcmV0LXN0YXRlLWtleS1mb3ItdGVzdHMtMzJieXQ=",
     )
+
+
+KEY_A = "c2VjcmV0LXN0YXRlLWtleS1mb3ItdGVzdHMtMzJieXQ="
+KEY_B = "YW5vdGhlci1zdGF0ZS1rZXktZm9yLXRlc3RzLTMyYnk="
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, key: str, previous: str = "") -> None:
+    from service.config import get_settings
+
+    monkeypatch.setenv("CURATOR_STATE_KEY", key)
+    monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", previous)
+    get_settings.cache_clear()
+
+
+def test_a_rotated_key_opens_old_state_and_reseal_moves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from service.config import get_settings
+    from service.functions.sealing import reseal
+
+    try:
+        _use(monkeypatch, KEY_A)
+        old = seal(b"fitted state", context="f1:fitted")
+        _use(monkeypatch, KEY_B)
+        with pytest.raises(SealError):
+            unseal(old, context="f1:fitted")  # the new key alone does not open it
+        _use(monkeypatch, KEY_B, previous=KEY_A)
+        assert unseal(old, context="f1:fitted") == b"fitted state"
+        assert unseal(seal(b"new", context="c"), context="c") == b"new"
+        moved = reseal(old, context="f1:fitted")
+        assert moved is not None
+        assert moved != old
+        assert reseal(moved, context="f1:fitted") is None  # already under the current key
+        with pytest.raises(SealError):
+            reseal(old, context="f1:batch:1")  # bound to its row still
+        _use(monkeypatch, KEY_B)
+        assert unseal(moved, context="f1:fitted") == b"fitted state"
+        with pytest.raises(SealError):
+            reseal(old, context="f1:fitted")  # no configured key opens it any more
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+
+
+def test_previous_state_keys_must_be_keys() -> None:
+    settings = Settings(state_key=KEY_B, state_key_previous=f" {KEY_A}, ")
+    assert settings.previous_state_keys == (KEY_A,)
+    for bad in ("not base64!", "c2hvcnQ=", f"{KEY_A},c2hvcnQ="):
+        with pytest.raises(ValueError, match="CURATOR_STATE_KEY_PREVIOUS"):
+            Settings(state_key=KEY_B, state_key_previous=bad)
+    with pytest.raises(ValueError, match="base64 of 32 bytes"):
+        Settings(state_key="c2hvcnQ=")
