@@ -22,6 +22,7 @@ from urllib.parse import urlencode
 import httpx2 as httpx
 from pydantic import BaseModel, TypeAdapter
 
+from dpcurator.chain import Checkpoint, verify_entries
 from dpcurator.errors import (
     IdempotencyKeyInFlight,
     ProblemError,
@@ -332,6 +333,19 @@ class CuratorClient:
     def verify_ledger(self, dataset_id: str) -> Verification:
         """Recompute the hash chain on the server."""
         return self._get(f"/v1/datasets/{dataset_id}/ledger/verify", Verification)
+
+    def verify_ledger_locally(
+        self, dataset_id: str, checkpoint: Checkpoint | None = None
+    ) -> Verification:
+        """Recompute the hash chain here from the exported entries (``dpcurator.chain``), check
+        the budget's spend against them and, given a ``checkpoint`` saved by an earlier check,
+        that its entry is still there unchanged."""
+        for _ in range(5):
+            before = self.get_budget(dataset_id).epsilon_spent
+            entries = self.ledger(dataset_id)
+            if self.get_budget(dataset_id).epsilon_spent == before:
+                break  # no charge between the reads
+        return verify_entries(dataset_id, entries, epsilon_spent=before, checkpoint=checkpoint)
 
     # ---- quotes and releases (analysts) ----------------------------------------------------------
 

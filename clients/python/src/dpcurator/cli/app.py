@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import click
 
 from dpcurator import __version__
+from dpcurator.chain import Checkpoint, new_checkpoint
 from dpcurator.cli import render
 from dpcurator.client import DEFAULT_URL, CuratorClient
 from dpcurator.errors import CuratorError, ProblemError
@@ -507,10 +508,33 @@ def ledger_export(state: State, dataset_id: str, output: Path | None, fmt: str) 
 
 @ledger.command("verify")
 @click.argument("dataset_id")
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Recompute the chain here from the exported entries instead of on the server.",
+)
+@click.option(
+    "--checkpoint",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A file you keep: the entry it names (saved by an earlier check) must still be there "
+    "unchanged; after a valid check it names the new head. Implies --local.",
+)
 @pass_state
-def ledger_verify(state: State, dataset_id: str) -> None:
+def ledger_verify(state: State, dataset_id: str, local: bool, checkpoint: Path | None) -> None:
     """Verify the hash chain; exit status 1 if it is broken."""
-    _emit_verification(state, state.client.verify_ledger(dataset_id))
+    if checkpoint is None and not local:
+        _emit_verification(state, state.client.verify_ledger(dataset_id))
+        return
+    saved = Checkpoint.load(checkpoint) if checkpoint is not None else None
+    v = state.client.verify_ledger_locally(dataset_id, checkpoint=saved)
+    if checkpoint is not None and v.valid and v.entries:
+        if saved is not None:
+            click.echo(f"checkpoint: entry {saved.seq} unchanged since {saved.saved_at}", err=True)
+        if saved is None or saved.seq != v.entries:
+            new_checkpoint(dataset_id, v).save(checkpoint)
+            click.echo(f"checkpoint: entry {v.entries} saved to {checkpoint}", err=True)
+    _emit_verification(state, v)
 
 
 def _emit_verification(state: State, v: Verification) -> None:

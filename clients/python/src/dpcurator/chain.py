@@ -1,0 +1,190 @@
+"""Verify a dataset's ledger here, not on the server, and against a checkpoint you keep.
+
+The server's ``…/ledger/verify`` recomputes the hash chain with the server's code on the
+server's database. This module recomputes it from the entries the server exports, with the
+published rule (docs/guide-owner.md, "Verify the ledger yourself"):
+
+    row_hash = SHA-256(prev_hash + "\\n" + canonical JSON of the hashed fields)
+
+from the genesis hash SHA-256("dp-curator-ledger:" + dataset id), amounts in integer units
+(ε × 10¹², δ × 10¹⁸), canonical JSON with sorted keys, no spaces and UTF-8 text. It also checks
+the running totals and the budget's spend.
+
+A chain can be rewritten whole by whoever can write the database (the hashes have no key). A
+**checkpoint** (an entry's sequence number and hash, saved outside the server after a
+successful check) catches that: every later check must find the same entry with the same hash,
+so nothing up to it can have been rewritten since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from dpcurator.models import LedgerEntry, Verification
+
+EPSILON_SCALE = 10**12
+DELTA_SCALE = 10**18
+HASHED_FIELDS = (
+    "dataset_id",
+    "seq",
+    "entry_type",
+    "principal_id",
+    "release_id",
+    "epsilon",
+    "delta",
+    "epsilon_spent",
+    "delta_spent",
+    "epsilon_total",
+    "delta_total",
+    "guarantee",
+    "details_json",
+    "request_hash",
+    "idempotency_key",
+    "created_at",
+)
+
+
+def genesis_hash(dataset_id: str) -> str:
+    return hashlib.sha256(f"dp-curator-ledger:{dataset_id}".encode()).hexdigest()
+
+
+def _units(amount: Decimal, scale: int) -> int:
+    units = amount * scale
+    if units != units.to_integral_value():
+        raise ValueError(f"{amount} is not a whole number of ledger units")
+    return int(units)
+
+
+def hashed_fields(dataset_id: str, entry: LedgerEntry) -> dict[str, Any]:
+    """The fields an entry's hash covers, as the server stores them."""
+    return {
+        "dataset_id": dataset_id,
+        "seq": entry.seq,
+        "entry_type": entry.entry_type,
+        "principal_id": entry.principal_id,
+        "release_id": entry.release_id,
+        "epsilon": _units(entry.epsilon, EPSILON_SCALE),
+        "delta": _units(entry.delta, DELTA_SCALE),
+        "epsilon_spent": _units(entry.epsilon_spent, EPSILON_SCALE),
+        "delta_spent": _units(entry.delta_spent, DELTA_SCALE),
+        "epsilon_total": _units(entry.epsilon_total, EPSILON_SCALE),
+        "delta_total": _units(entry.delta_total, DELTA_SCALE),
+        "guarantee": entry.guarantee,
+        "details_json": entry.details_json,
+        "request_hash": entry.request_hash,
+        "idempotency_key": entry.idempotency_key,
+        "created_at": entry.created_at,
+    }
+
+
+def row_hash(prev_hash: str, fields: dict[str, Any]) -> str:
+    body = json.dumps(
+        {k: fields[k] for k in HASHED_FIELDS},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256((prev_hash + "\n" + body).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """An entry a successful check saw: its sequence number and hash, and when."""
+
+    dataset_id: str
+    seq: int
+    row_hash: str
+    saved_at: str
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint | None:
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls(
+            dataset_id=str(data["dataset_id"]),
+            seq=int(data["seq"]),
+            row_hash=str(data["row_hash"]),
+            saved_at=str(data.get("saved_at", "")),
+        )
+
+    def save(self, path: Path) -> None:
+        data = {
+            "dataset_id": self.dataset_id,
+            "seq": self.seq,
+            "row_hash": self.row_hash,
+            "saved_at": self.saved_at,
+        }
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def verify_entries(
+    dataset_id: str,
+    entries: list[LedgerEntry],
+    *,
+    epsilon_spent: float | None = None,
+    checkpoint: Checkpoint | None = None,
+) -> Verification:
+    """Recompute the chain of ``entries`` (oldest first, all of them); ``epsilon_spent``: the
+    budget's spend as the server reports it (a float of the same units), which must be the sum
+    of the charges; ``checkpoint``: an entry an earlier check saw, which must still be there
+    with the same hash."""
+
+    def bad(seq: int | None, reason: str) -> Verification:
+        head = entries[-1].row_hash if entries else genesis_hash(dataset_id)
+        return Verification(
+            valid=False, entries=len(entries), head_hash=head, first_invalid_seq=seq, reason=reason
+        )
+
+    if checkpoint is not None and checkpoint.dataset_id != dataset_id:
+        raise ValueError(f"the checkpoint is of dataset {checkpoint.dataset_id}, not {dataset_id}")
+    prev = genesis_hash(dataset_id)
+    eps = dlt = 0
+    for expected, entry in enumerate(entries, start=1):
+        if entry.seq != expected:
+            return bad(expected, "an entry is missing or out of order")
+        try:
+            fields = hashed_fields(dataset_id, entry)
+        except ValueError as exc:
+            return bad(expected, str(exc))
+        if entry.prev_hash != prev or row_hash(prev, fields) != entry.row_hash:
+            return bad(expected, "hash mismatch: the entry was altered")
+        if entry.entry_type == "charge":
+            eps += fields["epsilon"]
+            dlt += fields["delta"]
+        if (fields["epsilon_spent"], fields["delta_spent"]) != (eps, dlt):
+            return bad(expected, "running totals do not match the sum of charges")
+        if eps > fields["epsilon_total"] or dlt > fields["delta_total"]:
+            return bad(expected, "spent exceeds total")
+        prev = entry.row_hash
+    if epsilon_spent is not None and eps / EPSILON_SCALE != epsilon_spent:
+        return bad(None, "the budget's spend is not the sum of the ledger's charges")
+    if checkpoint is not None:
+        saved = f"the checkpoint saved {checkpoint.saved_at or 'earlier'}"
+        if checkpoint.seq > len(entries):
+            return bad(checkpoint.seq, f"the ledger is shorter than {saved}: entries were removed")
+        if entries[checkpoint.seq - 1].row_hash != checkpoint.row_hash:
+            return bad(
+                checkpoint.seq,
+                f"entry {checkpoint.seq} is not the one in {saved}: the ledger up to it "
+                "was rewritten",
+            )
+    return Verification(valid=True, entries=len(entries), head_hash=prev)
+
+
+def new_checkpoint(dataset_id: str, verification: Verification) -> Checkpoint:
+    """The checkpoint of a successful check: its head entry."""
+    if not verification.valid or verification.entries == 0:
+        raise ValueError("only a valid, non-empty ledger gives a checkpoint")
+    return Checkpoint(
+        dataset_id=dataset_id,
+        seq=verification.entries,
+        row_hash=verification.head_hash,
+        saved_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )

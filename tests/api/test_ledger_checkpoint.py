@@ -1,0 +1,132 @@
+"""Verifying a ledger outside the server (``dpcurator.chain``): the client recomputes the chain
+from the exported entries with the published rule, and a checkpoint the owner keeps catches
+what no recomputation can, a chain rewritten whole by someone who can write the database."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from dpcurator import CuratorClient
+from dpcurator.chain import Checkpoint, new_checkpoint, verify_entries
+from dpcurator.cli import cli
+from service.db.engine import get_sessionmaker
+from service.db.models import Budget, LedgerEntry
+from service.ledger import chain
+from tests.api.test_releases import post_release, wait
+from tests.conftest import Api
+
+
+def _setup(api: Api, client: TestClient) -> tuple[str, str, CuratorClient]:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], n=600)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    for epsilon in (0.1, 0.2):
+        r = post_release(client, analyst["api_key"], ds["id"], {"epsilon": epsilon})
+        assert r.status_code == 202, r.text
+        wait(client, analyst["api_key"], r.json()["id"])
+    curator = CuratorClient("http://testserver", owner["api_key"], transport=client._transport)
+    return ds["id"], owner["api_key"], curator
+
+
+def _rewrite_whole_chain(dataset_id: str, seq: int, **change: Any) -> None:
+    """What a database writer can do: change an entry, then recompute every hash after it and
+    the head, so that the chain is consistent again."""
+    with get_sessionmaker()() as s:
+        rows = list(
+            s.execute(
+                select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by("seq")
+            ).scalars()
+        )
+        prev = chain.genesis_hash(dataset_id)
+        for row in rows:
+            if row.seq == seq:
+                for k, v in change.items():
+                    setattr(row, k, v)
+            row.prev_hash = prev
+            row.row_hash = prev = chain.row_hash(
+                prev, {k: getattr(row, k) for k in chain.HASHED_FIELDS}
+            )
+        budget = s.get(Budget, dataset_id)
+        assert budget is not None
+        budget.last_hash = prev
+        s.commit()
+
+
+def test_local_verification_matches_the_server_and_a_checkpoint_catches_a_rewrite(
+    api: Api, client: TestClient
+) -> None:
+    dataset_id, _, curator = _setup(api, client)
+    server = curator.verify_ledger(dataset_id)
+    here = curator.verify_ledger_locally(dataset_id)
+    assert here.valid, here
+    assert (here.entries, here.head_hash) == (server.entries, server.head_hash)
+    assert here.entries == 5  # create, budget, grant, two charges
+    saved = new_checkpoint(dataset_id, here)
+
+    # an entry altered in place: the server and the client both see it
+    entries = curator.ledger(dataset_id)
+    altered = [
+        e.model_copy(update={"details_json": '{"x":1}'}) if e.seq == 4 else e for e in entries
+    ]
+    v = verify_entries(dataset_id, altered)
+    assert (v.valid, v.first_invalid_seq) == (False, 4)
+    # a spend that is not the charges' sum
+    v = verify_entries(dataset_id, entries, epsilon_spent=0.05)
+    assert (v.valid, "spend" in (v.reason or "")) == (False, True)
+
+    # the whole chain rewritten after entry 4's details changed: consistent again, so only
+    # the checkpoint shows it
+    _rewrite_whole_chain(dataset_id, 4, details_json='{"rewritten":true}')
+    assert curator.verify_ledger(dataset_id).valid
+    assert curator.verify_ledger_locally(dataset_id).valid
+    caught = curator.verify_ledger_locally(dataset_id, checkpoint=saved)
+    assert (caught.valid, caught.first_invalid_seq) == (False, 5)
+    assert "rewritten" in (caught.reason or "")
+    # and a ledger cut back below the checkpoint
+    short = verify_entries(dataset_id, curator.ledger(dataset_id)[:3], checkpoint=saved)
+    assert (short.valid, "removed" in (short.reason or "")) == (False, True)
+
+
+def test_the_cli_keeps_a_checkpoint_file(api: Api, client: TestClient, tmp_path: Path) -> None:
+    dataset_id, key, curator = _setup(api, client)
+    file = tmp_path / "ledger-checkpoint.json"
+
+    def run(*args: str, code: int = 0) -> Any:
+        runner = CliRunner()
+        import dpcurator.cli.app as app
+
+        original = app.CuratorClient
+        app.CuratorClient = lambda *a, **k: CuratorClient(  # type: ignore[misc, assignment]
+            *a, **{**k, "transport": client._transport}
+        )
+        try:
+            result = runner.invoke(
+                cli,
+                ["ledger", "verify", dataset_id, *args],
+                env={"CURATOR_URL": "http://testserver", "CURATOR_KEY": key},
+                catch_exceptions=False,
+            )
+        finally:
+            app.CuratorClient = original  # type: ignore[misc]
+        assert result.exit_code == code, (result.stdout, result.stderr)
+        return result
+
+    assert "valid: 5 entries" in run("--local").stdout
+    first = run("--checkpoint", str(file))
+    assert "saved to" in first.stderr
+    saved = Checkpoint.load(file)
+    assert saved is not None
+    assert (saved.dataset_id, saved.seq) == (dataset_id, 5)
+    assert json.loads(file.read_text())["row_hash"] == curator.verify_ledger(dataset_id).head_hash
+    again = run("--checkpoint", str(file))
+    assert "entry 5 unchanged" in again.stderr
+    _rewrite_whole_chain(dataset_id, 2, details_json='{"rewritten":true}')
+    broken = run("--checkpoint", str(file), code=1)
+    assert "INVALID at seq 5" in broken.stdout
+    assert Checkpoint.load(file) == saved  # a failed check does not move the checkpoint
