@@ -50,8 +50,16 @@ def locked(session: Session, principal_id: str) -> Principal:
     return principal
 
 
-def record(session: Session, principal: Principal, event: EventType, *, actor_id: str) -> None:
-    """Append ``event`` to ``principal``'s chain (same transaction; the row must be locked)."""
+def record(
+    session: Session,
+    principal: Principal,
+    event: EventType,
+    *,
+    actor_id: str,
+    at: str | None = None,
+) -> None:
+    """Append ``event`` to ``principal``'s chain (same transaction; the row must be locked);
+    ``at``: its time (default now; the creation event takes the principal's ``created_at``)."""
     prev = principal.last_event_hash or genesis_hash(principal.id)
     fields: dict[str, Any] = {
         "principal_id": principal.id,
@@ -61,7 +69,7 @@ def record(session: Session, principal: Principal, event: EventType, *, actor_id
         # only what a listing shows: older rows store 2 more characters, which the hash would
         # let anyone recover by trying 64^2 values
         "key_prefix": principal.key_prefix[:KEY_PREFIX_SHOWN],
-        "created_at": now_iso(),
+        "created_at": at or now_iso(),
     }
     digest = row_hash(prev, fields)
     session.add(PrincipalEvent(**fields, prev_hash=prev, row_hash=digest))

@@ -64,7 +64,7 @@ def create_principal(
     )
     session.add(principal)
     session.flush()
-    events.record(session, principal, "created", actor_id=created_by)
+    events.record(session, principal, "created", actor_id=created_by, at=principal.created_at)
     return principal, key
 
 

@@ -56,6 +56,10 @@ def test_each_account_change_is_recorded_with_its_actor(client: TestClient, api:
         (4, "key_replaced", "admin"),
         (5, "key_replaced", pid),
     ]
+    # the creation is dated as the principal is
+    listed = client.get("/v1/principals", headers=Api.auth(ADMIN_KEY)).json()
+    created_at = next(p["created_at"] for p in listed if p["id"] == pid)
+    assert page["events"][0]["created_at"] == created_at
     prefixes = [e["key_prefix"] for e in page["events"]]
     assert events.KEY_PREFIX_SHOWN == KEY_PREFIX_SHOWN  # the record hashes what a listing shows
     assert prefixes[0] == analyst["api_key"][:8]
