@@ -19,7 +19,7 @@ DEFAULT_STATE_KEY = "ZGV2ZWxvcG1lbnQtb25seS1zdGF0ZS1rZXktMzJieXQ="
 
 def _is_aes256_key(value: str) -> bool:
     try:
-        return len(base64.b64decode(value, validate=True)) == 32
+        return len(base64.b64decode(value.strip(), validate=True)) == 32
     except ValueError:
         return False
 

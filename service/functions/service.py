@@ -51,7 +51,7 @@ from service.db.models import (
 )
 from service.functions import keys, prefault
 from service.functions.payload import FunctionSecret
-from service.functions.sealing import seal, unseal
+from service.functions.sealing import UnknownKey, seal, unseal
 from service.mechanisms import cate_function as mech
 from service.mechanisms import gp
 from service.mechanisms.noise import OpenDPSampler
@@ -167,18 +167,12 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
 
 
 def view_with_key(*, authorization: str | None, function_id: str) -> dict[str, Any]:
-    """Public metadata of a function (no state, no counts of other clients' points; the
-    caller's own count where a ``points_per_principal`` share applies)."""
+    """Public metadata of a function (no state, no counts of points: a caller's own count
+    would show which of its points others had asked first)."""
     key = bearer_key(authorization)
     row = read(lambda conn: _access(conn, key, function_id))
     public: dict[str, Any] = json.loads(row.public_json)
     exact = row.basis == "exact"
-    share = row.points_per_principal if exact else None
-    added = None
-    if share is not None:
-        caller = getattr(row, "principal_id", None) or "admin"
-        with get_sessionmaker()() as session:
-            added = _points_added(session, row.function_id, caller)
     return {
         "id": row.function_id,
         "dataset_id": row.dataset_id,
@@ -186,8 +180,7 @@ def view_with_key(*, authorization: str | None, function_id: str) -> dict[str, A
         "basis": row.basis,
         "q": row.q,
         "t_max": row.t_max if exact else None,
-        "points_per_principal": share,
-        "points_you_added": added,
+        "points_per_principal": row.points_per_principal if exact else None,
         "batch_max": row.batch_max,
         "public": public,
     }
@@ -365,6 +358,8 @@ def _unseal_fitted(function_id: str, payload: bytes, digest: str) -> mech.Fitted
         raise _CorruptState()
     try:
         return mech.FittedFunction.from_bytes(unseal(payload, context=f"{function_id}:fitted"))
+    except UnknownKey:  # this process's keys are wrong, not the state: never close for it
+        raise keys.StateKeyMismatch(keys.MISMATCH) from None
     except Exception:  # SealError, or a malformed payload
         raise _CorruptState() from None
 
@@ -389,6 +384,8 @@ def _decode_batch(
             u = np.asarray(z["u"], dtype=np.float64)
             y = np.asarray(z["y"], dtype=np.float64)
             d = np.asarray(z["d"], dtype=np.float64)
+    except UnknownKey:
+        raise keys.StateKeyMismatch(keys.MISMATCH) from None
     except Exception:
         raise _CorruptState() from None
     if not (codes.shape[0] == u.size == y.size == d.size == row.size):
@@ -618,14 +615,14 @@ def _evaluate_exact(
             raise FunctionClosed("the function's state is unavailable") from None
         assert entry.path is not None
 
-        keys = [row.tobytes() for row in codes]
+        point_keys = [row.tobytes() for row in codes]
         new_index: dict[bytes, int] = {}
-        for i, key in enumerate(keys):
+        for i, key in enumerate(point_keys):
             if key not in entry.answers and key not in new_index:
                 new_index[key] = i
         if not new_index:
             session.rollback()
-            return [entry.answers[key] for key in keys]
+            return [entry.answers[key] for key in point_keys]
         if locked.t + len(new_index) > locked.t_max:
             session.rollback()
             raise FunctionCapacityReached(
@@ -640,8 +637,8 @@ def _evaluate_exact(
                 session.rollback()
                 raise FunctionCapacityReached(
                     f"each caller adds at most {share} new points to this function and this "
-                    f"batch's {len(new_index)} would take you past that ({added} so far); "
-                    "nothing was stored (points it has already answered are still served)"
+                    "batch's would take you past that; nothing was stored (points it has "
+                    "already answered are still served)"
                 )
         rows = list(new_index.values())
         new_codes = codes[rows]
@@ -685,7 +682,7 @@ def _evaluate_exact(
         for key, value in zip(new_index, values, strict=True):
             entry.answers[key] = float(value)
         entry.version = locked.version
-        return [entry.answers[key] for key in keys]
+        return [entry.answers[key] for key in point_keys]
 
 
 def _points_added(session: Session, function_id: str, caller: str) -> int:

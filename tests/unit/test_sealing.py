@@ -98,10 +98,58 @@ def test_a_rotated_key_opens_old_state_and_reseal_moves_it(
 
 
 def test_previous_state_keys_must_be_keys() -> None:
-    settings = Settings(state_key=KEY_B, state_key_previous=f" {KEY_A}, ")
+    settings = Settings(state_key=KEY_B + "\n", state_key_previous=f" {KEY_A}, ")
     assert settings.previous_state_keys == (KEY_A,)
     for bad in ("not base64!", "c2hvcnQ=", f"{KEY_A},c2hvcnQ="):
         with pytest.raises(ValueError, match="CURATOR_STATE_KEY_PREVIOUS"):
             Settings(state_key=KEY_B, state_key_previous=bad)
     with pytest.raises(ValueError, match="base64 of 32 bytes"):
         Settings(state_key="c2hvcnQ=")
+
+
+def test_values_name_their_key_and_legacy_values_still_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A value sealed under a key this process lacks is ``UnknownKey`` (its configuration is
+    wrong), not corrupt; values from before key names (DPCS1) open under any configured key and
+    the rotation moves them to the current format."""
+    import base64
+    import os
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from service.config import get_settings
+    from service.functions.sealing import LEGACY_MAGIC, UnknownKey, key_id, reseal
+
+    try:
+        _use(monkeypatch, KEY_A)
+        sealed = seal(b"state", context="f:fitted")
+        assert sealed.startswith(MAGIC)
+        assert key_id(base64.b64decode(KEY_A)) in sealed[:20]
+        _use(monkeypatch, KEY_B)
+        with pytest.raises(UnknownKey):
+            unseal(sealed, context="f:fitted")
+        _use(monkeypatch, KEY_A)
+        altered = sealed[:-1] + bytes([sealed[-1] ^ 1])
+        with pytest.raises(SealError) as caught:
+            unseal(altered, context="f:fitted")
+        assert not isinstance(caught.value, UnknownKey)  # names our key: corrupt
+
+        nonce = os.urandom(12)
+        legacy = (
+            LEGACY_MAGIC
+            + nonce
+            + AESGCM(base64.b64decode(KEY_A)).encrypt(nonce, b"old state", b"f:batch:1")
+        )
+        assert unseal(legacy, context="f:batch:1") == b"old state"
+        upgraded = reseal(legacy, context="f:batch:1")  # same key, new format
+        assert upgraded is not None
+        assert upgraded.startswith(MAGIC)
+        assert reseal(upgraded, context="f:batch:1") is None
+        _use(monkeypatch, KEY_B)
+        with pytest.raises(SealError) as caught:
+            unseal(legacy, context="f:batch:1")
+        assert not isinstance(caught.value, UnknownKey)  # a legacy value names no key
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
