@@ -41,9 +41,5 @@ class FunctionRead(BaseModel):
         description="Exact basis: the most new distinct points any one caller may add "
         "(null: only t_max bounds them).",
     )
-    points_you_added: int | None = Field(
-        default=None,
-        description="Where points_per_principal applies: the new points you have added so far.",
-    )
     batch_max: int
     public: dict[str, Any]

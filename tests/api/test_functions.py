@@ -166,7 +166,8 @@ def test_each_caller_has_its_share_of_the_capacity(
     fid = release(client, setup, {**FAST, "t_max": 10, "points_per_principal": 3})["id"]
     c_key, a_key = setup["client"]["api_key"], setup["analyst"]["api_key"]
     info = client.get(f"/v1/functions/{fid}", headers=Api.auth(c_key)).json()
-    assert (info["t_max"], info["points_per_principal"], info["points_you_added"]) == (10, 3, 0)
+    assert (info["t_max"], info["points_per_principal"]) == (10, 3)
+    assert "points_you_added" not in info  # a count would tell which points others asked
 
     first = evaluate(client, c_key, fid, [[20.0, 0.5, 1.0], [21.0, 0.5, 1.0]])
     assert first.status_code == 200
@@ -174,7 +175,6 @@ def test_each_caller_has_its_share_of_the_capacity(
     assert past.status_code == 409
     assert past.json()["type"].endswith("function-capacity-reached")
     assert "at most 3" in past.json()["detail"]
-    assert "2 so far" in past.json()["detail"]
     # a repeat of the client's own points and of another's are free; one new point still fits
     assert evaluate(client, c_key, fid, [[21.0, 0.5, 1.0], [22.0, 0.5, 1.0]]).status_code == 200
     assert evaluate(client, c_key, fid, [[23.0, 0.5, 1.0]]).status_code == 409
@@ -182,10 +182,6 @@ def test_each_caller_has_its_share_of_the_capacity(
     mine = evaluate(client, a_key, fid, [[20.0, 0.5, 1.0], [30.0, 0.5, 1.0], [31.0, 0.5, 1.0]])
     assert mine.status_code == 200
     assert mine.json()["values"][0] == first.json()["values"][0]
-    info = client.get(f"/v1/functions/{fid}", headers=Api.auth(c_key)).json()
-    assert info["points_you_added"] == 3
-    info = client.get(f"/v1/functions/{fid}", headers=Api.auth(a_key)).json()
-    assert info["points_you_added"] == 2
     engine = create_engine(db_url)
     with Session(engine) as session:
         who = session.execute(
@@ -202,7 +198,7 @@ def test_each_caller_has_its_share_of_the_capacity(
     # without a share the info says so
     plain = release(client, setup, FAST)["id"]
     info = client.get(f"/v1/functions/{plain}", headers=Api.auth(c_key)).json()
-    assert (info["points_per_principal"], info["points_you_added"]) == (None, None)
+    assert info["points_per_principal"] is None
 
 
 def test_access_is_by_grant(client: TestClient, api: Api, setup: Any) -> None:
@@ -607,4 +603,39 @@ def test_the_rotate_command(
     get_settings.cache_clear()
     assert rotate.main() == 1
     assert "does not open" in capsys.readouterr().err
+    get_settings.cache_clear()
+
+
+def test_a_half_rolled_out_rotation_closes_no_function(
+    client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During a rolling restart a process with the new key seals a batch that one still on the
+    old key cannot open. The state key check still opens for the old process, so only the
+    value's own key name tells it that its configuration, not the state, is at fault: 500, and
+    the function stays open for the processes that have the key."""
+    import base64
+
+    from service.config import get_settings
+
+    fid = release(client, setup, FAST)["id"]
+    key = setup["client"]["api_key"]
+    old = get_settings().state_key
+    new = base64.b64encode(b"q" * 32).decode()
+
+    def use(state_key: str, previous: str = "") -> None:
+        monkeypatch.setenv("CURATOR_STATE_KEY", state_key)
+        monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", previous)
+        get_settings.cache_clear()
+        functions.forget()
+
+    use(new, previous=old)  # a restarted process
+    fresh = evaluate(client, key, fid, [[33.0, 0.5, 1.0]])  # its batch, sealed under the new key
+    assert fresh.status_code == 200
+    use(old)  # a process not restarted yet
+    refused = evaluate(client, key, fid, [[33.0, 0.5, 1.0]])
+    assert refused.status_code == 500
+    use(new, previous=old)
+    assert evaluate(client, key, fid, [[33.0, 0.5, 1.0]]).json() == fresh.json()
+    info = client.get(f"/v1/functions/{fid}", headers=Api.auth(key)).json()
+    assert info["status"] == "open"
     get_settings.cache_clear()

@@ -193,8 +193,8 @@ class FunctionInfo:
 
     ``status`` is ``open`` while it answers; ``t_max`` (exact basis only) is its capacity of
     distinct points, ``points_per_principal`` the most new ones any one caller may add (None:
-    no share) and ``points_you_added`` how many you have (where a share applies); ``public``
-    holds the release's public constants and the box (``x_lower``, ``x_upper``).
+    no share); ``public`` holds the release's public constants and the box (``x_lower``,
+    ``x_upper``).
     """
 
     id: str
@@ -206,7 +206,6 @@ class FunctionInfo:
     batch_max: int
     public: dict[str, Any]
     points_per_principal: int | None = None
-    points_you_added: int | None = None
 
     @classmethod
     def from_response(cls, body: dict[str, Any]) -> FunctionInfo:
@@ -221,7 +220,6 @@ class FunctionInfo:
             batch_max=int(body["batch_max"]),
             public=dict(body.get("public") or {}),
             points_per_principal=_optional_int(body.get("points_per_principal")),
-            points_you_added=_optional_int(body.get("points_you_added")),
         )
 
     @property

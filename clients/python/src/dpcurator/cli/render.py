@@ -292,7 +292,6 @@ def function_info(info: FunctionInfo) -> str:
             ("q", info.q),
             ("t max", info.t_max),
             ("points per principal", info.points_per_principal),
-            ("points you added", info.points_you_added),
             ("batch max", info.batch_max),
             ("bandwidth", info.public.get("bandwidth")),
             ("lambda0", info.public.get("lambda0")),
