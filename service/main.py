@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Response
+from fastapi import FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import inspect, text
 from starlette.datastructures import Headers, MutableHeaders
@@ -117,10 +117,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ready"}
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
-    def metrics_endpoint(authorization: Annotated[str | None, Header()] = None) -> Response:
+    def metrics_endpoint(
+        request: Request, authorization: Annotated[str | None, Header()] = None
+    ) -> Response:
         """Prometheus metrics. Send ``Authorization: Bearer <CURATOR_METRICS_TOKEN or the admin
-        key>``; open without one only in development on a loopback host."""
-        if not settings.metrics_open:
+        key>``; open without one only in development on a loopback host, to a local request."""
+        if not (settings.metrics_open and is_local_request(request.scope)):
             key = bearer_key(authorization)
             token = settings.metrics_token
             if not (
@@ -235,24 +237,35 @@ def is_loopback_address(server: Any) -> bool:
     return bool((mapped or address).is_loopback)
 
 
+FORWARDING_HEADERS = (b"forwarded", b"x-forwarded-for", b"x-real-ip")
+
+
+def is_local_request(scope: Scope) -> bool:
+    """A request that arrived on a loopback address and carries no proxy forwarding header (a
+    reverse proxy on this machine connects over loopback on behalf of remote clients)."""
+    if not is_loopback_address(scope.get("server")):
+        return False
+    return not any(name in FORWARDING_HEADERS for name, _ in scope.get("headers", ()))
+
+
 class LoopbackOnlyMiddleware:
     """Installed only while a development default secret is in use (``Settings.
-    development_secrets``): refuse every request that arrived on a non-loopback address with
-    ``development-secrets-exposed`` (503). ``CURATOR_HOST`` is checked when the settings load, but
-    ``uvicorn service.main:app --host 0.0.0.0`` binds wherever it is told without it."""
+    development_secrets``): refuse every request that is not local (``is_local_request``: it
+    arrived on a non-loopback address, or through a proxy) with ``development-secrets-exposed``
+    (503). ``CURATOR_HOST`` is checked when the settings load, but ``uvicorn service.main:app
+    --host 0.0.0.0`` binds wherever it is told without it, and a proxy forwards from anywhere."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.warned = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not is_loopback_address(scope.get("server")):
+        if scope["type"] == "http" and not is_local_request(scope):
             if not self.warned:
                 self.warned = True
                 logger.error(
-                    "refusing requests on %s: the development default CURATOR_ADMIN_KEY or "
-                    "CURATOR_STATE_KEY is in use; set both to secrets",
-                    scope["server"][0],
+                    "refusing requests from off this machine: the development default "
+                    "CURATOR_ADMIN_KEY or CURATOR_STATE_KEY is in use; set both to secrets"
                 )
             problem = DevelopmentSecretsExposed(
                 "this service runs with a development default secret (CURATOR_ADMIN_KEY or "

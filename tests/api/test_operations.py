@@ -40,6 +40,15 @@ def test_metrics_need_a_key_unless_local_development(
             return c.get("/metrics", headers=headers or {})
 
     assert scrape().status_code == 200  # loopback, test environment, no token
+    # ...but not to a request from off this machine (uvicorn --host) or through a proxy, with
+    # real secrets too (then nothing else refuses it)
+    monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"m" * 32).decode())
+    get_settings.cache_clear()
+    with TestClient(create_app(), raise_server_exceptions=False) as c:
+        assert c.get("/metrics").status_code == 200
+        assert c.get("http://192.0.2.10/metrics").status_code == 401
+        assert c.get("/metrics", headers={"X-Forwarded-For": "198.51.100.7"}).status_code == 401
+    monkeypatch.delenv("CURATOR_STATE_KEY")
     r = scrape(CURATOR_METRICS_TOKEN="scrape-secret-0001")
     assert r.status_code == 401
     assert r.headers["content-type"].startswith("application/problem+json")
@@ -101,6 +110,12 @@ def test_development_secrets_are_served_on_loopback_only(
         assert r.headers["content-type"].startswith("application/problem+json")
         assert r.json()["type"].endswith("/development-secrets-exposed")
         assert ADMIN_KEY not in r.text
+    # a reverse proxy on this machine connects over loopback for anyone
+    for header in ("Forwarded", "X-Forwarded-For", "X-Real-IP"):
+        get_settings.cache_clear()
+        with TestClient(create_app(), raise_server_exceptions=False) as c:
+            proxied = c.get("http://127.0.0.1/healthz", headers={header: "for=198.51.100.7"})
+        assert proxied.status_code == 503, header
     monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"k" * 32).decode())
     get_settings.cache_clear()
     assert not get_settings().development_secrets
