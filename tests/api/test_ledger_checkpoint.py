@@ -130,3 +130,10 @@ def test_the_cli_keeps_a_checkpoint_file(api: Api, client: TestClient, tmp_path:
     broken = run("--checkpoint", str(file), code=1)
     assert "INVALID at seq 5" in broken.stdout
     assert Checkpoint.load(file) == saved  # a failed check does not move the checkpoint
+    bad = tmp_path / "not-a-checkpoint.json"
+    bad.write_text("[1, 2]")
+    refused = run("--checkpoint", str(bad), code=1)
+    assert "not a usable checkpoint file" in refused.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"dataset_id": "x" * 32, "seq": 1, "row_hash": "0" * 64}))
+    assert "checkpoint, not" in run("--checkpoint", str(other), code=1).stderr

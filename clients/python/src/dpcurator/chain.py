@@ -129,12 +129,13 @@ def verify_entries(
     entries: list[LedgerEntry],
     *,
     epsilon_spent: float | None = None,
+    delta_spent: float | None = None,
     checkpoint: Checkpoint | None = None,
 ) -> Verification:
     """Recompute the chain of ``entries`` (oldest first, all of them); ``epsilon_spent``: the
     budget's spend as the server reports it (a float of the same units), which must be the sum
-    of the charges; ``checkpoint``: an entry an earlier check saw, which must still be there
-    with the same hash."""
+    of the charges, and ``delta_spent`` likewise; ``checkpoint``: an entry an earlier check
+    saw, which must still be there with the same hash."""
 
     def bad(seq: int | None, reason: str) -> Verification:
         head = entries[-1].row_hash if entries else genesis_hash(dataset_id)
@@ -163,8 +164,14 @@ def verify_entries(
         if eps > fields["epsilon_total"] or dlt > fields["delta_total"]:
             return bad(expected, "spent exceeds total")
         prev = entry.row_hash
-    if epsilon_spent is not None and eps / EPSILON_SCALE != epsilon_spent:
-        return bad(None, "the budget's spend is not the sum of the ledger's charges")
+    if (epsilon_spent is not None and eps / EPSILON_SCALE != epsilon_spent) or (
+        delta_spent is not None and dlt / DELTA_SCALE != delta_spent
+    ):
+        return bad(
+            None,
+            "the budget's spend is not the sum of the ledger's charges (if charges kept "
+            "arriving during the check, run it again)",
+        )
     if checkpoint is not None:
         saved = f"the checkpoint saved {checkpoint.saved_at or 'earlier'}"
         if checkpoint.seq > len(entries):

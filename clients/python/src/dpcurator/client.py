@@ -341,11 +341,19 @@ class CuratorClient:
         the budget's spend against them and, given a ``checkpoint`` saved by an earlier check,
         that its entry is still there unchanged."""
         for _ in range(5):
-            before = self.get_budget(dataset_id).epsilon_spent
+            before = self.get_budget(dataset_id)
             entries = self.ledger(dataset_id)
-            if self.get_budget(dataset_id).epsilon_spent == before:
+            after = self.get_budget(dataset_id)
+            spent = (after.epsilon_spent, after.delta_spent)
+            if (before.epsilon_spent, before.delta_spent) == spent:
                 break  # no charge between the reads
-        return verify_entries(dataset_id, entries, epsilon_spent=before, checkpoint=checkpoint)
+        return verify_entries(
+            dataset_id,
+            entries,
+            epsilon_spent=after.epsilon_spent,
+            delta_spent=after.delta_spent,
+            checkpoint=checkpoint,
+        )
 
     # ---- quotes and releases (analysts) ----------------------------------------------------------
 

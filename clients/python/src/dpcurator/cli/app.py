@@ -526,7 +526,12 @@ def ledger_verify(state: State, dataset_id: str, local: bool, checkpoint: Path |
     if checkpoint is None and not local:
         _emit_verification(state, state.client.verify_ledger(dataset_id))
         return
-    saved = Checkpoint.load(checkpoint) if checkpoint is not None else None
+    try:
+        saved = Checkpoint.load(checkpoint) if checkpoint is not None else None
+        if saved is not None and saved.dataset_id != dataset_id:
+            raise ValueError(f"it is dataset {saved.dataset_id}'s checkpoint, not {dataset_id}'s")
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise click.ClickException(f"{checkpoint}: not a usable checkpoint file ({exc})") from None
     v = state.client.verify_ledger_locally(dataset_id, checkpoint=saved)
     if checkpoint is not None and v.valid and v.entries:
         if saved is not None:
