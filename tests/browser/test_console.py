@@ -294,6 +294,67 @@ def test_tampered_ledger_fails_verification(
     watch.assert_clean()
 
 
+def test_a_ledger_rewritten_whole_fails_against_the_browsers_checkpoint(
+    page: Any, live: Live, watch: Watch
+) -> None:
+    """A database writer who changes an entry and recomputes every hash after it leaves a
+    consistent chain (the server's check passes); the checkpoint this browser kept at its last
+    check does not match, and the console says so."""
+    from service.ledger import chain
+
+    study = make_study(live.base, "rewrite")
+    ds = study.dataset["id"]
+    sign_in(page, live.base, study.owner["api_key"])
+    expect(page.locator("#chain")).to_have_attribute("data-valid", "true")
+    # the ledger grows (a budget change): the next check finds the saved entry unchanged
+    raised = httpx.put(
+        f"{live.base}/v1/datasets/{ds}/budget",
+        json={"epsilon_total": 6.0, "delta_total": 1e-4},
+        headers=auth(study.owner["api_key"]),
+    )
+    raised.raise_for_status()
+    page.reload()
+    expect(page.locator("#chain")).to_have_attribute("data-valid", "true")
+    expect(page.locator("#chain")).to_contain_text("as this browser saw it")
+
+    engine = create_engine(live.db_url)
+    with engine.begin() as conn:
+        rows = (
+            conn.execute(
+                text("SELECT * FROM ledger_entry WHERE dataset_id = :d ORDER BY seq"), {"d": ds}
+            )
+            .mappings()
+            .all()
+        )
+        prev = chain.genesis_hash(ds)
+        for row in rows:
+            fields = {k: row[k] for k in chain.HASHED_FIELDS}
+            if row["seq"] == 5:  # a charge's recorded mechanism replaced
+                fields["details_json"] = '{"rewritten": true}'
+            digest = chain.row_hash(prev, fields)
+            conn.execute(
+                text(
+                    "UPDATE ledger_entry SET details_json = :j, prev_hash = :p, row_hash = :h "
+                    "WHERE dataset_id = :d AND seq = :s"
+                ),
+                {"j": fields["details_json"], "p": prev, "h": digest, "d": ds, "s": row["seq"]},
+            )
+            prev = digest
+        conn.execute(
+            text("UPDATE budget SET last_hash = :h WHERE dataset_id = :d"), {"h": prev, "d": ds}
+        )
+    engine.dispose()
+    assert httpx.get(
+        f"{live.base}/v1/datasets/{ds}/ledger/verify", headers=auth(study.owner["api_key"])
+    ).json()["valid"]  # the server's recomputation cannot see it
+    page.reload()
+    box = page.locator("#chain")
+    expect(box).to_have_attribute("data-valid", "false")
+    expect(box).to_contain_text(f"Ledger verification FAILED at entry {len(rows)}")
+    expect(box).to_contain_text("rewritten whole")
+    watch.assert_clean()
+
+
 def test_account_record_shows_who_changed_the_key(
     page: Any, live: Live, watch: Watch, shots: Path
 ) -> None:

@@ -578,17 +578,71 @@
       handleError(err);
       return;
     }
+    // The checkpoint this browser kept at its last valid check: the server can only recompute
+    // a chain, and a chain rewritten whole (hashes recomputed) is consistent again.
+    let rewritten = null;
+    let unchanged = null;
+    const saved = v.valid ? loadCheckpoint() : null;
+    if (saved) {
+      try {
+        rewritten = await checkpointMismatch(saved, v);
+      } catch (err) {
+        handleError(err);
+        return;
+      }
+      if (!rewritten) unchanged = saved;
+    }
+    if (v.valid && !rewritten && v.entries > 0) saveCheckpoint(v, unchanged);
     clear(box);
-    box.className = "chain " + (v.valid ? "ok" : "bad");
-    box.dataset.valid = v.valid ? "true" : "false";
-    if (v.valid) {
+    const valid = v.valid && !rewritten;
+    box.className = "chain " + (valid ? "ok" : "bad");
+    box.dataset.valid = valid ? "true" : "false";
+    if (rewritten) {
+      box.append("✘ Ledger verification FAILED at entry " + saved.seq + ": " + rewritten);
+      box.append(el("span", { className: "detail", text: "Its hash chain is consistent, so it was rewritten whole by someone with database access after this browser's check of " + saved.at + ". Export it and contact the operator." }));
+    } else if (v.valid) {
       box.append("✔ Ledger hash chain verified: " + v.entries + " entries intact.");
-      box.append(el("span", { className: "detail", text: "Head hash " + v.head_hash }));
+      const since = unchanged ? " Entry " + unchanged.seq + " is as this browser saw it on " + unchanged.at + "." : "";
+      box.append(el("span", { className: "detail", text: "Head hash " + v.head_hash + "." + since }));
     } else {
       box.append("✘ Ledger verification FAILED" + (v.first_invalid_seq ? " at entry " + v.first_invalid_seq : "") + ": " + (v.reason || "unknown reason") + ".");
       box.append(el("span", { className: "detail", text: "The ledger was altered outside the service. Export it and contact the operator; " + v.entries + " entries were checked." }));
     }
     box.hidden = false;
+  }
+
+  function checkpointKey() {
+    return "dpc-ledger-checkpoint:" + state.dataset.id;
+  }
+
+  function loadCheckpoint() {
+    try {
+      const saved = JSON.parse(window.localStorage.getItem(checkpointKey()) || "null");
+      return saved && Number.isInteger(saved.seq) && typeof saved.hash === "string" ? saved : null;
+    } catch (err) {
+      return null;
+    }
+  }
+
+  function saveCheckpoint(v, unchanged) {
+    // Kept at the entry first seen unchanged, moved to the new head when the ledger grew.
+    if (unchanged && unchanged.seq === v.entries) return;
+    const at = new Date().toISOString().slice(0, 16).replace("T", " ") + " UTC";
+    try {
+      window.localStorage.setItem(checkpointKey(), JSON.stringify({ seq: v.entries, hash: v.head_hash, at: at }));
+    } catch (err) {
+      // storage full or disabled: the check still ran
+    }
+  }
+
+  async function checkpointMismatch(saved, v) {
+    if (saved.seq > v.entries) return "the ledger has fewer entries than this browser saw on " + saved.at + ".";
+    const page = await api("GET", datasetPath("/ledger"), { query: { order: "asc", limit: 1, offset: saved.seq - 1 } });
+    const entry = page.entries[0];
+    if (!entry || entry.seq !== saved.seq || entry.row_hash !== saved.hash) {
+      return "it is not the entry this browser saw on " + saved.at + ".";
+    }
+    return null;
   }
 
   function ledgerQuery() {
