@@ -8,7 +8,9 @@ import sys
 BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.upload",
     "bench.load",
-    "bench.scale",
+    # PostgreSQL only in CI: scale-out is its workers' (issue 14); SQLite's accept, overspend
+    # and kill paths are the test suite's (tests/db), and the CI run must stay within 30 min.
+    ("bench.scale", "--only", "postgres"),
     "bench.accept_profile",
     "bench.functions",
     ("bench.functions", "--batch", "--functions", "1"),
