@@ -467,6 +467,17 @@ def test_anchored_function_answers_its_reference_points_consistently(
     _no_secrets(done)
 
 
+def use_state_keys(monkeypatch: pytest.MonkeyPatch, state_key: str, previous: str = "") -> None:
+    """Configure this process as one started with these state keys: settings re-read, the
+    function cache dropped (state is read from the database again)."""
+    from service.config import get_settings
+
+    monkeypatch.setenv("CURATOR_STATE_KEY", state_key)
+    monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", previous)
+    get_settings.cache_clear()
+    functions.forget()
+
+
 def test_state_key_rotation_keeps_every_answer(
     client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -488,13 +499,7 @@ def test_state_key_rotation_keeps_every_answer(
     old = get_settings().state_key
     new = base64.b64encode(b"n" * 32).decode()
 
-    def use(previous: str) -> None:
-        monkeypatch.setenv("CURATOR_STATE_KEY", new)
-        monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", previous)
-        get_settings.cache_clear()
-        functions.forget()  # as a freshly started process: state read from the database
-
-    use(previous=old)
+    use_state_keys(monkeypatch, new, previous=old)
     for f in (exact, finite):
         assert evaluate(client, key, f, points).json()["values"] == before[f]
     more = evaluate(client, key, exact, [[30.0, 0.5, 1.0]])  # sealed under the new key
@@ -508,7 +513,7 @@ def test_state_key_rotation_keeps_every_answer(
     assert report.check_resealed
     assert reseal_all(get_sessionmaker()).resealed == 0  # a second run has nothing to do
 
-    use(previous="")
+    use_state_keys(monkeypatch, new)
     for f in (exact, finite):
         assert evaluate(client, key, f, points).json()["values"] == before[f]
     assert evaluate(client, key, exact, [[30.0, 0.5, 1.0]]).json() == more.json()
@@ -534,14 +539,8 @@ def test_a_wrong_state_key_is_refused_not_taken_for_corrupt_state(
     answered = evaluate(client, key, fid, [[20.0, 0.5, 1.0]]).json()["values"]
     right = get_settings().state_key
 
-    def use(state_key: str, previous: str = "") -> None:
-        monkeypatch.setenv("CURATOR_STATE_KEY", state_key)
-        monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", previous)
-        get_settings.cache_clear()
-        functions.forget()
-
     wrong = base64.b64encode(b"w" * 32).decode()
-    use(wrong)
+    use_state_keys(monkeypatch, wrong)
     message = state_key_problem(configured)
     assert message is not None
     assert "CURATOR_STATE_KEY_PREVIOUS" in message
@@ -550,9 +549,9 @@ def test_a_wrong_state_key_is_refused_not_taken_for_corrupt_state(
     refused = evaluate(client, key, fid, [[20.0, 0.5, 1.0]])  # a process already running
     assert refused.status_code == 500
     assert refused.json()["type"].endswith("/internal-error")
-    use(wrong, previous=right)  # a rotation in progress: allowed
+    use_state_keys(monkeypatch, wrong, previous=right)  # a rotation in progress: allowed
     assert state_key_problem(configured) is None
-    use(right)
+    use_state_keys(monkeypatch, right)
     assert evaluate(client, key, fid, [[20.0, 0.5, 1.0]]).json()["values"] == answered
     info = client.get(f"/v1/functions/{fid}", headers=Api.auth(key)).json()
     assert info["status"] == "open"
@@ -568,8 +567,7 @@ def test_a_new_state_key_takes_over_where_no_function_needs_the_old(
     from service.functions.keys import state_key_problem
 
     assert state_key_problem(configured) is None  # sealed under the tests' key
-    monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"z" * 32).decode())
-    get_settings.cache_clear()
+    use_state_keys(monkeypatch, base64.b64encode(b"z" * 32).decode())
     assert state_key_problem(configured) is None  # no open function: re-sealed under this one
     fid = release(client, setup, FAST)["id"]
     assert evaluate(client, setup["client"]["api_key"], fid, [[20.0, 0.5, 1.0]]).status_code == 200
@@ -591,16 +589,13 @@ def test_the_rotate_command(
 
     release(client, setup, FAST)
     old = get_settings().state_key
-    monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"r" * 32).decode())
-    monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", old)
-    get_settings.cache_clear()
+    use_state_keys(monkeypatch, base64.b64encode(b"r" * 32).decode(), previous=old)
     assert rotate.main() == 0
     counts = json.loads(capsys.readouterr().out)
     assert (counts["functions"], counts["resealed"], counts["unreadable"]) == (1, 1, 0)
     assert counts["check_resealed"] is True
-    monkeypatch.setenv("CURATOR_STATE_KEY", base64.b64encode(b"x" * 32).decode())
-    monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", old)  # the key before the rotation
-    get_settings.cache_clear()
+    # the key before the rotation as the previous one: the state is under neither
+    use_state_keys(monkeypatch, base64.b64encode(b"x" * 32).decode(), previous=old)
     assert rotate.main() == 1
     assert "does not open" in capsys.readouterr().err
     get_settings.cache_clear()
@@ -622,19 +617,13 @@ def test_a_half_rolled_out_rotation_closes_no_function(
     old = get_settings().state_key
     new = base64.b64encode(b"q" * 32).decode()
 
-    def use(state_key: str, previous: str = "") -> None:
-        monkeypatch.setenv("CURATOR_STATE_KEY", state_key)
-        monkeypatch.setenv("CURATOR_STATE_KEY_PREVIOUS", previous)
-        get_settings.cache_clear()
-        functions.forget()
-
-    use(new, previous=old)  # a restarted process
+    use_state_keys(monkeypatch, new, previous=old)  # a restarted process
     fresh = evaluate(client, key, fid, [[33.0, 0.5, 1.0]])  # its batch, sealed under the new key
     assert fresh.status_code == 200
-    use(old)  # a process not restarted yet
+    use_state_keys(monkeypatch, old)  # a process not restarted yet
     refused = evaluate(client, key, fid, [[33.0, 0.5, 1.0]])
     assert refused.status_code == 500
-    use(new, previous=old)
+    use_state_keys(monkeypatch, new, previous=old)
     assert evaluate(client, key, fid, [[33.0, 0.5, 1.0]]).json() == fresh.json()
     info = client.get(f"/v1/functions/{fid}", headers=Api.auth(key)).json()
     assert info["status"] == "open"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -11,6 +14,8 @@ from service.db.models import Dataset, Principal
 from service.ledger import service as ledger
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord
 from service.problems import BudgetExhausted, PrincipalCapExceeded
+
+T = TypeVar("T")
 
 
 def record(epsilon: float, delta: float = 0.0) -> MechanismRecord:
@@ -112,3 +117,29 @@ def try_charge(url: str, dataset: str, principal: str, epsilon: float) -> bool:
                 return False
     finally:
         engine.dispose()
+
+
+def checks_during(url: str, write: Callable[[], None], check: Callable[[Session], T]) -> list[T]:
+    """Run ``write`` in a thread and ``check`` (a fresh session each time, committed) in a loop
+    until it is done, at least once; return every check's result."""
+    done = threading.Event()
+
+    def writer() -> None:
+        try:
+            write()
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    engine = make_engine(url)
+    results: list[T] = []
+    try:
+        while not done.is_set() or not results:
+            with Session(engine) as s:
+                results.append(check(s))
+                s.commit()
+    finally:
+        thread.join()
+        engine.dispose()
+    return results

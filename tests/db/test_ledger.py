@@ -14,7 +14,7 @@ from service.db.models import Budget, LedgerEntry
 from service.ledger import amounts
 from service.ledger import service as ledger
 from service.problems import BudgetBelowSpent, BudgetExhausted
-from tests.db.ledger_helpers import record, seed_dataset, try_charge
+from tests.db.ledger_helpers import checks_during, record, seed_dataset, try_charge
 
 
 def _spent(url: str, dataset: str) -> int:
@@ -156,30 +156,13 @@ def test_verify_during_concurrent_charges_sees_a_consistent_chain(db_url: str) -
     """A check that reads the head and then the entries must not call a charge committed in
     between an entry "removed from the end" (PostgreSQL, READ COMMITTED): the head is read
     FOR SHARE, so the charge waits for the check."""
-    import threading
-
     dataset, _, people = seed_dataset(db_url, epsilon_total=100.0)
-    done = threading.Event()
 
     def charges() -> None:
-        try:
-            for _ in range(40):
-                assert try_charge(db_url, dataset, people[0], 0.01)
-        finally:
-            done.set()
+        for _ in range(40):
+            assert try_charge(db_url, dataset, people[0], 0.01)
 
-    writer = threading.Thread(target=charges)
-    writer.start()
-    engine = make_engine(db_url)
-    results = []
-    try:
-        while not done.is_set() or not results:
-            with Session(engine) as s:
-                results.append(ledger.verify(s, dataset_id=dataset))
-                s.commit()
-    finally:
-        writer.join()
-        engine.dispose()
+    results = checks_during(db_url, charges, lambda s: ledger.verify(s, dataset_id=dataset))
     assert [v for v in results if not v.valid] == []
     assert results[-1].entries >= 3
 

@@ -3,13 +3,12 @@ the head of one moment (the row is read FOR SHARE on PostgreSQL), never a false 
 
 from __future__ import annotations
 
-import threading
-
 from sqlalchemy.orm import Session
 
 from service.auth import events
 from service.auth.service import Role, create_principal, rotate_key
 from service.db.engine import make_engine
+from tests.db.ledger_helpers import checks_during
 
 
 def test_verify_during_concurrent_key_replacements_sees_a_consistent_chain(db_url: str) -> None:
@@ -18,7 +17,6 @@ def test_verify_during_concurrent_key_replacements_sees_a_consistent_chain(db_ur
         pid = create_principal(s, name="a", role=Role.ANALYST, created_by="admin")[0].id
         s.commit()
     engine.dispose()
-    done = threading.Event()
 
     def replacements() -> None:
         engine = make_engine(db_url)
@@ -31,20 +29,11 @@ def test_verify_during_concurrent_key_replacements_sees_a_consistent_chain(db_ur
                     s.commit()
         finally:
             engine.dispose()
-            done.set()
 
-    writer = threading.Thread(target=replacements)
-    writer.start()
-    engine = make_engine(db_url)
-    results = []
-    try:
-        while not done.is_set() or not results:
-            with Session(engine) as s:
-                principal = events.locked(s, pid)  # any read of the row; verify re-reads it
-                s.rollback()
-                results.append(events.verify(s, principal))
-                s.commit()
-    finally:
-        writer.join()
-        engine.dispose()
+    def check(s: Session) -> events.Verification:
+        principal = events.locked(s, pid)  # any read of the row; verify re-reads it
+        s.rollback()
+        return events.verify(s, principal)
+
+    results = checks_during(db_url, replacements, check)
     assert [v for v in results if not v.valid] == []
