@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from typing import Any
 import httpx2 as httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+# A start takes 2-4 s; the shared CI machine has been seen to need far longer.
+READY_SECONDS = 120
 
 
 def free_port() -> int:
@@ -52,7 +55,9 @@ def live_server(
     for name in unset_env:
         env.pop(name, None)
     proc = subprocess.Popen(
-        command or [sys.executable, "-m", "service"],
+        # -X faulthandler: a server that never becomes ready is sent SIGABRT and its threads'
+        # stacks land in the error message.
+        command or [sys.executable, "-X", "faulthandler", "-m", "service"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -66,25 +71,37 @@ def live_server(
         assert proc.stderr is not None
         for line in iter(proc.stderr.readline, b""):
             tail.append(line.decode(errors="replace"))
-            del tail[:-50]
+            del tail[:-200]
 
     drainer = threading.Thread(target=drain, daemon=True)
     drainer.start()
     base = f"http://127.0.0.1:{port}"
     worker_procs: list[subprocess.Popen[bytes]] = []
     try:
-        deadline = time.time() + 60
+        started = time.time()
+        last = "no answer yet"
         while True:
             if proc.poll() is not None:
                 time.sleep(0.2)
                 raise RuntimeError(f"server exited early: {''.join(tail)[-2000:]}")
             try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
+                answer = httpx.get(base + "/readyz", timeout=2)
+                if answer.status_code == 200:
                     break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("server did not become ready")
+                last = f"{answer.status_code} {answer.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if time.time() > started + READY_SECONDS:
+                proc.send_signal(signal.SIGABRT)
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
+                time.sleep(0.5)
+                raise RuntimeError(
+                    f"server did not become ready in {READY_SECONDS} s on port {port} (last "
+                    f"/readyz: {last}); its stderr, with its stacks: {''.join(tail)[-8000:]}"
+                )
             time.sleep(0.1)
         jobs_off = env.get("CURATOR_START_JOB_RUNNER", "").lower() == "false"
         if database_url.startswith("postgresql") and not jobs_off:
