@@ -20,6 +20,7 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.db.engine import snapshot
 from service.db.models import Principal, PrincipalEvent
 from service.ledger.chain import canonical_json
 from service.ledger.service import Verification, now_iso
@@ -103,11 +104,12 @@ def verify(session: Session, principal: Principal) -> Verification:
     (Principals disabled before the record existed got their ``disabled`` event from the
     migration that followed it.)
 
-    The row is read ``FOR SHARE`` on PostgreSQL so that a change committed during the check
-    (which moves the head and appends an event in one transaction) cannot make the rows and
-    the head disagree; it waits for the check instead. SQLite's write transaction is already
-    exclusive."""
-    session.refresh(principal, with_for_update={"read": True})
+    The row and its events are read in one snapshot (``db.engine.snapshot``, which commits the
+    session first): a change committed during the check (it moves the head and appends an
+    event in one transaction) cannot make the rows and the head disagree, and it never waits
+    for the check."""
+    snapshot(session)
+    session.refresh(principal)
     _, rows = page(session, principal_id=principal.id, limit=None, offset=0)
     head = principal.last_event_hash or genesis_hash(principal.id)
 

@@ -150,6 +150,16 @@ def get_session() -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
+def snapshot(session: Session) -> None:
+    """Commit ``session``'s transaction and start one whose reads all see one state of the
+    database, without locking anything: ``REPEATABLE READ`` on PostgreSQL (a check that reads a
+    head and then the rows it heads cannot see a write committed between the two, and writers
+    never wait for it). SQLite's transactions (``BEGIN IMMEDIATE``) are already exclusive."""
+    session.commit()
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+
+
 def reset_caches() -> None:
     """Forget the cached engine (tests and process forks)."""
     if get_engine.cache_info().currsize:

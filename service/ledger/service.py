@@ -28,6 +28,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from service.db.engine import snapshot
 from service.db.models import Budget, Grant, LedgerEntry, Release
 from service.jobs import queue
 from service.ledger import amounts
@@ -551,11 +552,12 @@ class Verification:
 def verify(session: Session, *, dataset_id: str) -> Verification:
     """Recompute the chain and the totals from the entries; report the first inconsistency.
 
-    The budget row (the chain's head) is read ``FOR SHARE`` on PostgreSQL: a charge committed
-    during the check would otherwise add an entry the head read before it does not count, and
-    the check would report entries removed. Charges wait for the check instead; SQLite's write
-    transaction is already exclusive."""
-    budget = session.get(Budget, dataset_id, with_for_update={"read": True}, populate_existing=True)
+    The budget row (the chain's head) and the entries are read in one snapshot
+    (``db.engine.snapshot``, which commits the session first): a charge committed during the
+    check would otherwise add an entry the head read before it does not count, and the check
+    would report entries removed. Charges never wait for the check."""
+    snapshot(session)
+    budget = session.get(Budget, dataset_id, populate_existing=True)
     if budget is None:
         raise NotFound("dataset not found")
     prev = genesis_hash(dataset_id)

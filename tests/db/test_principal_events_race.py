@@ -1,5 +1,5 @@
 """A principal's record checked while its key is being replaced: every check sees the chain and
-the head of one moment (the row is read FOR SHARE on PostgreSQL), never a false "removed"."""
+the head of one moment (one snapshot on PostgreSQL), never a false "removed"."""
 
 from __future__ import annotations
 
