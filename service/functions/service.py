@@ -54,6 +54,7 @@ from service.functions.payload import FunctionSecret
 from service.functions.sealing import UnknownKey, seal, unseal
 from service.mechanisms import cate_function as mech
 from service.mechanisms import gp
+from service.mechanisms.domain import codes_text, points_summary
 from service.mechanisms.noise import OpenDPSampler
 from service.problems import (
     FunctionBatchRejected,
@@ -199,6 +200,9 @@ class _Public:
     lower: NDArray[np.float64]
     upper: NDArray[np.float64]
     public: dict[str, Any]
+    # per coordinate, a categorical covariate's codes (None: numeric); functions released
+    # before the codes were stored have none and are checked against the box only
+    codes: tuple[frozenset[float] | None, ...] | None = None
 
 
 _publics: OrderedDict[str, _Public] = OrderedDict()
@@ -221,6 +225,9 @@ def _public_facts(
         lower=np.asarray(public["x_lower"], dtype=np.float64),
         upper=np.asarray(public["x_upper"], dtype=np.float64),
         public=public,
+        codes=None
+        if public.get("x_codes") is None
+        else tuple(None if c is None else frozenset(map(float, c)) for c in public["x_codes"]),
     )
     with _cache_guard:
         _publics[function_id] = facts
@@ -240,29 +247,35 @@ def validate_points(
             f"at most {facts.batch_max} points per request",
             errors=[{"pointer": "#/points", "detail": f"at most {facts.batch_max} points"}],
         )
+    codes = facts.codes or (None,) * facts.q
     if all(len(point) == facts.q for point in points):
         array = np.asarray(points, dtype=np.float64).reshape(-1, facts.q)
-        if np.all(np.isfinite(array)) and np.all((array >= facts.lower) & (array <= facts.upper)):
+        if (
+            np.all(np.isfinite(array))
+            and np.all((array >= facts.lower) & (array <= facts.upper))
+            and all(c is None or set(array[:, j].tolist()) <= c for j, c in enumerate(codes))
+        ):
             return mech.canonicalise(mech.scale_to_unit(array, facts.lower, facts.upper))
     errors: list[dict[str, str]] = []
     for i, point in enumerate(points):
         if len(point) != facts.q:
-            errors.append({"pointer": f"#/points/{i}", "detail": f"expected {facts.q} values"})
+            errors.append(
+                {"pointer": f"#/points/{i}", "detail": f"each point needs {facts.q} coordinates"}
+            )
             continue
         for j, value in enumerate(point):
+            detail = None
             if not np.isfinite(value):
-                errors.append({"pointer": f"#/points/{i}/{j}", "detail": "must be finite"})
+                detail = "must be finite"
             elif not facts.lower[j] <= value <= facts.upper[j]:
-                errors.append(
-                    {
-                        "pointer": f"#/points/{i}/{j}",
-                        "detail": f"outside the public bounds "
-                        f"[{facts.lower[j]:g}, {facts.upper[j]:g}]",
-                    }
-                )
+                detail = f"outside the public bounds [{facts.lower[j]:g}, {facts.upper[j]:g}]"
+            elif (allowed := codes[j]) is not None and value not in allowed:
+                detail = "a categorical covariate: one of its codes " + codes_text(sorted(allowed))
+            if detail is not None:
+                errors.append({"pointer": f"#/points/{i}/{j}", "detail": detail})
         if len(errors) >= 20:
             break
-    raise ValidationFailed("points outside the public domain", errors=errors)
+    raise ValidationFailed(points_summary([e["detail"] for e in errors]), errors=errors)
 
 
 # ---- per-process caches ---------------------------------------------------------------------

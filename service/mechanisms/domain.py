@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -123,3 +124,15 @@ def project(
         return arrays, domain
     x = project_covariates(arrays.x, columns)
     return replace(arrays, x=x), project_domain(domain, columns)
+
+
+def codes_text(codes: Any) -> str:
+    """A categorical covariate's codes for a message (at most 10 shown)."""
+    shown = [str(int(c)) for c in list(codes)[:10]]
+    return "{" + ", ".join(shown) + (", …}" if len(codes) > 10 else "}")
+
+
+def points_summary(messages: list[str]) -> str:
+    """The problem's detail for invalid points: the first error and how many more."""
+    more = len(messages) - 1
+    return f"invalid query point: {messages[0]}" + (f" (and {more} more)" if more else "")

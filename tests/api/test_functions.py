@@ -451,17 +451,30 @@ def test_anchored_function_answers_its_reference_points_consistently(
     fid = done["id"]
     assert len(_stored_noise(configured, fid)) == 25
     # the first Sobol reference point, mapped back to the SCHEMA box
+    from service.db.engine import get_sessionmaker
     from service.mechanisms import cate_function as mech
     from service.mechanisms import gp
 
-    unit = mech.canonicalise(gp.sobol_centres(25, 3))[1][0]
+    codes, units = mech.canonicalise(gp.sobol_centres(25, 3))
     lower, upper = np.array([18.0, 0.0, 0.0]), np.array([90.0, 1.0, 1.0])
-    point = (lower + unit * (upper - lower)).tolist()
+    point = (lower + units[0] * (upper - lower)).tolist()
     before = spent(client, setup)
-    first = evaluate(client, setup["client"]["api_key"], fid, [point])
-    assert first.status_code == 200, first.text
-    second = evaluate(client, setup["analyst"]["api_key"], fid, [point])
-    assert first.json()["values"] == second.json()["values"]
+    # A reference point is inside the box but its third coordinate, a categorical covariate
+    # (codes 0 / 1), is not a code: a client cannot ask it...
+    refused = evaluate(client, setup["client"]["api_key"], fid, [point])
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"] == [
+        {"pointer": "#/points/0/2", "detail": "a categorical covariate: one of its codes {0, 1}"}
+    ]
+    # ...and the evaluation below the HTTP check answers it from the reference draw, the same
+    # on every ask, storing nothing new.
+    answers = []
+    for _ in range(2):
+        with get_sessionmaker()() as session:
+            answers.append(
+                functions._evaluate_exact(session, fid, codes[:1], units[:1], caller="admin")
+            )
+    assert answers[0] == answers[1]
     assert len(_stored_noise(configured, fid)) == 25  # answered from the reference draw
     assert spent(client, setup) == before
     _no_secrets(done)

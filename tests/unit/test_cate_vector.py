@@ -105,6 +105,14 @@ def test_points_outside_the_box_are_reported_with_paths() -> None:
     assert [path for path, _ in errors] == [(1, 0), (2,), (3, 1)]
 
 
+def test_a_categorical_coordinate_must_be_one_of_its_codes() -> None:
+    coded = replace(domain(), x_codes=(None, (0, 1)))
+    errors = cv.point_errors([[0.5, 1.0], [0.5, 0.5], [0.25, 0.0]], coded)
+    assert errors == [((1, 1), "a categorical covariate: one of its codes {0, 1}")]
+    with pytest.raises(InvalidParameters, match=r"invalid query point: a categorical covariate"):
+        cv.plan(coded, cv.CateVectorParams(points=[[0.5, 0.5]], epsilon=1.0, delta=1e-5))
+
+
 def test_plan_strict_record() -> None:
     params = cv.CateVectorParams(points=POINTS, epsilon=1.0, delta=1e-5)
     record = cv.plan(domain(), params)

@@ -29,7 +29,7 @@ from service.mechanisms.calibration import (
     validate_epsilon,
     validate_finite_positive,
 )
-from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.domain import PublicDomain, StudyDesign, codes_text, points_summary
 from service.mechanisms.dp_ebm import (
     DpEbmAccounting,
     dp_ebm_event,
@@ -130,9 +130,11 @@ def default_delta_for(
 
 
 def point_errors(points: Any, domain: PublicDomain) -> list[tuple[tuple[int, ...], str]]:
-    """Validation errors of the query points against the public box: (path, message) pairs."""
+    """Validation errors of the query points against the public box and a categorical
+    covariate's declared codes: (path, message) pairs."""
     errors: list[tuple[tuple[int, ...], str]] = []
     lower, upper = domain.x_lower, domain.x_upper
+    codes = domain.x_codes or (None,) * domain.q
     for i, point in enumerate(points):
         if len(point) != domain.q:
             errors.append(((i,), f"each point needs {domain.q} coordinates"))
@@ -141,6 +143,10 @@ def point_errors(points: Any, domain: PublicDomain) -> list[tuple[tuple[int, ...
             v = float(value)
             if not (math.isfinite(v) and float(lower[j]) <= v <= float(upper[j])):
                 errors.append(((i, j), f"outside the public bounds [{lower[j]:g}, {upper[j]:g}]"))
+            elif (allowed := codes[j]) is not None and v not in allowed:
+                errors.append(
+                    ((i, j), f"a categorical covariate: one of its codes {codes_text(allowed)}")
+                )
     return errors
 
 
@@ -190,8 +196,9 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         raise PaperModeDisabled("paper mode is not enabled for this dataset by its owner")
     if not 1 <= len(params.points) <= MAX_POINTS:
         raise InvalidParameters(f"send between 1 and {MAX_POINTS} points")
-    if point_errors(params.points, domain):
-        raise InvalidParameters("query points must lie inside the public covariate box")
+    errors = point_errors(params.points, domain)
+    if errors:
+        raise InvalidParameters(points_summary([message for _, message in errors]))
     epsilon = validate_epsilon(params.epsilon, minimum=MIN_EPSILON, maximum=MAX_EPSILON)
     names = modules(domain, params.mode)
     sizes = fold_sizes(domain.n, _fractions(domain, params.mode, params.fold_fractions))

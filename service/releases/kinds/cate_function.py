@@ -242,6 +242,10 @@ def _with_secret(
         **result,
         "x_lower": [float(v) for v in domain.x_lower],
         "x_upper": [float(v) for v in domain.x_upper],
+        # a categorical covariate's declared codes (None: numeric); points must take one
+        "x_codes": None
+        if domain.x_codes is None
+        else [None if c is None else [int(v) for v in c] for c in domain.x_codes],
     }
     secret = FunctionSecret(
         fitted=fitted,

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import Field, StrictFloat, StrictInt
 
 from service.mechanisms import cate_vector, ebm_cate
-from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.domain import Arrays, PublicDomain, points_summary
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
 from service.problems import ValidationFailed
@@ -68,9 +68,7 @@ def check_points(points: list[list[float]], domain: PublicDomain, prefix: str) -
         for path, message in cate_vector.point_errors(points, domain)
     ]
     if errors:
-        raise ValidationFailed(
-            "query points must lie inside the public covariate box", errors=errors
-        )
+        raise ValidationFailed(points_summary([e["detail"] for e in errors]), errors=errors)
 
 
 # The ridge estimator's own fields and their defaults: a request changing any keeps the ridge.
