@@ -216,6 +216,38 @@ def _pointer(loc: tuple[int | str, ...]) -> str:
     return "#/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
+def validation_error(error: Any, *, json_body: bool = True) -> dict[str, str]:
+    """One of FastAPI's validation errors as ``{"pointer", "detail"}``, in words a caller can act
+    on: a JSON syntax error names the character and the reason (its location is an offset in
+    the body, not a pointer), pydantic's "Value error, " prefix is dropped, and an object
+    expected where the body was not sent as JSON says how to send it."""
+    loc = tuple(error.get("loc", ()))
+    message = str(error.get("msg", ""))
+    kind = error.get("type", "")
+    if kind == "json_invalid":
+        reason = str((error.get("ctx") or {}).get("error", "")) or "JSON decode error"
+        at = next((p for p in loc[1:] if isinstance(p, int)), None)
+        where = f" at character {at}" if at is not None else ""
+        return {"pointer": "#", "detail": f"the body is not valid JSON{where}: {reason}"}
+    message = message.removeprefix("Value error, ")
+    if kind in ("model_attributes_type", "dict_type") and loc == ("body",) and not json_body:
+        message = "send a JSON object with 'Content-Type: application/json'"
+    if kind == "string_type" and loc == ("body", "schema"):
+        # curl's -F schema=@file sends a file part; the upload's schema is a text field
+        message = "the schema is a text field: send it with -F 'schema=<schema.json' ('<', not '@')"
+    return {"pointer": _pointer(loc), "detail": message}
+
+
+def validation_summary(errors: list[dict[str, str]]) -> str | None:
+    """The problem's detail: the first error with where it is, and how many more."""
+    if not errors:
+        return None
+    first = errors[0]
+    where = "" if first["pointer"] in ("#", "#/") else f"{first['pointer']}: "
+    more = len(errors) - 1
+    return f"{where}{first['detail']}" + (f" (and {more} more)" if more else "")
+
+
 def responses(*problems: type[Problem]) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entry declaring the problems a route may return."""
     out: dict[int | str, dict[str, Any]] = {}
@@ -251,11 +283,11 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"pointer": _pointer(tuple(e.get("loc", ()))), "detail": str(e.get("msg", ""))}
-            for e in exc.errors()
-        ]
-        return problem_response(ValidationFailed(errors=errors), request.url.path)
+        json_body = "json" in request.headers.get("content-type", "").lower()
+        errors = [validation_error(e, json_body=json_body) for e in exc.errors()]
+        return problem_response(
+            ValidationFailed(validation_summary(errors), errors=errors), request.url.path
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -43,6 +43,8 @@ from service.problems import (
     Unauthenticated,
     ValidationFailed,
     responses,
+    validation_error,
+    validation_summary,
 )
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -70,14 +72,12 @@ def create_dataset(
     try:
         public = UploadSchema.model_validate_json(schema_text)
     except ValidationError as exc:
-        errors = [
-            {
-                "pointer": "#/schema/" + "/".join(str(p) for p in e["loc"]),
-                "detail": e["msg"],
-            }
-            for e in exc.errors()
-        ]
-        raise InvalidSchema(errors=errors) from None
+        errors = [validation_error({**e, "loc": ("schema", *e["loc"])}) for e in exc.errors()]
+        for error in errors:
+            if error["pointer"] == "#":  # a JSON syntax error is the schema field's
+                error["pointer"] = "#/schema"
+                error["detail"] = error["detail"].replace("the body", "the schema", 1)
+        raise InvalidSchema(validation_summary(errors), errors=errors) from None
     except json.JSONDecodeError:
         raise InvalidSchema("the schema is not valid JSON") from None
     with tempfile.TemporaryDirectory(prefix="curator-upload-") as tmp:

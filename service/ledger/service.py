@@ -447,10 +447,18 @@ def _refuse(reason: str, record: MechanismRecord) -> NoReturn:
         raise NotFound("dataset not found")
     if reason == "not_set":
         raise BudgetNotSet("the dataset's owner has not set a privacy budget")
+    cost = f"epsilon {record.epsilon:g}, delta {record.delta:g}"
     if reason == "cap":
-        raise PrincipalCapExceeded("this release would exceed your per-principal cap")
+        raise PrincipalCapExceeded(
+            f"this release ({cost}) would exceed your per-principal cap on this dataset; a "
+            "quote of the same request shows what is left of it (cap_epsilon_remaining, "
+            "cap_delta_remaining)",
+            epsilon_requested=record.epsilon,
+            delta_requested=record.delta,
+        )
     raise BudgetExhausted(
-        "this release would exceed the dataset's privacy budget",
+        f"this release ({cost}) would exceed the dataset's privacy budget; a quote of the "
+        "same request shows what is left (epsilon_remaining, delta_remaining)",
         epsilon_requested=record.epsilon,
         delta_requested=record.delta,
     )

@@ -246,7 +246,10 @@ def test_quote_answers_for_the_callers_cap(client: TestClient, api: Api) -> None
     assert over["cap_delta_remaining"] == 2e-5
     # The quote's answer is the release's: refused by the cap, nothing charged.
     r = post_release(client, analyst["api_key"], ds["id"], {"epsilon": 2.0, "nuisance": "none"})
-    problem(r, 409, "principal-cap-exceeded")
+    refused = problem(r, 409, "principal-cap-exceeded")
+    assert refused["epsilon_requested"] == 2.0
+    assert "(epsilon 2, delta " in refused["detail"]
+    assert "cap_epsilon_remaining" in refused["detail"]  # where to read what is left
     assert _spent_and_charges(client, owner, ds) == (0.0, 0.0, [])
 
     within = _quote(client, analyst["api_key"], ds["id"], epsilon=1.0)
@@ -349,3 +352,60 @@ def test_an_idempotency_key_a_spreadsheet_would_run_is_refused(
     r = post_release(client, analyst["api_key"], ds["id"], params, idem="run-1 a=b+c-d@e")
     assert r.status_code == 202, r.text
     assert wait(client, analyst["api_key"], r.json()["id"])["status"] == "done"
+
+
+def test_a_body_that_is_not_json_says_where_and_why(client: TestClient, api: Api) -> None:
+    """A trailing comma: the problem names the character and the parser's reason, at the body
+    (a character offset is not a JSON Pointer), and the top-level detail says it too."""
+    owner = api.principal("owner")
+    ds = api.upload(owner["api_key"], synthetic_csv(50), SCHEMA).json()
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        content=b'{"kind": "ate", "params": {"epsilon": 1.0,}}',
+        headers={**api.auth(owner["api_key"]), "Content-Type": "application/json"},
+    )
+    body = problem(r, 422, "validation-failed")
+    (error,) = body["errors"]
+    assert error["pointer"] == "#"
+    assert error["detail"].startswith("the body is not valid JSON at character 42: ")
+    assert body["detail"] == error["detail"]
+    # the same body without its Content-Type: how to send it
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        content=b'{"kind": "ate", "params": {"epsilon": 1.0}}',
+        headers=api.auth(owner["api_key"]),
+    )
+    body = problem(r, 422, "validation-failed")
+    assert "Content-Type: application/json" in body["detail"]
+
+
+def test_schema_problems_have_a_detail_in_plain_words(client: TestClient, api: Api) -> None:
+    owner = api.principal("owner")
+    schema = copy.deepcopy(SCHEMA)
+    schema["covariates"][0]["lower"] = schema["covariates"][0]["upper"] + 1
+    body = problem(api.upload(owner["api_key"], synthetic_csv(50), schema), 422, "invalid-schema")
+    assert body["detail"].startswith("#/schema")
+    assert "lower must be below upper" in body["detail"]
+    assert "Value error" not in json.dumps(body)
+    # a schema sent as a file part (curl -F schema=@schema.json): how to send it as text
+    r = client.post(
+        "/v1/datasets",
+        data={"name": "ds"},
+        files={
+            "schema": ("schema.json", io.BytesIO(json.dumps(SCHEMA).encode()), "application/json"),
+            "file": ("rows.csv", io.BytesIO(synthetic_csv(50).encode()), "text/csv"),
+        },
+        headers=api.auth(owner["api_key"]),
+    )
+    body = problem(r, 422, "validation-failed")
+    assert "schema=<schema.json" in body["detail"]
+    # not JSON at all
+    r = client.post(
+        "/v1/datasets",
+        data={"name": "ds", "schema": "{'covariates': []}"},
+        files={"file": ("rows.csv", io.BytesIO(synthetic_csv(50).encode()), "text/csv")},
+        headers=api.auth(owner["api_key"]),
+    )
+    body = problem(r, 422, "invalid-schema")
+    assert body["errors"][0]["pointer"] == "#/schema"
+    assert body["detail"].startswith("#/schema: the schema is not valid JSON")
