@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import uvicorn
 
+from service import __version__
 from service.config import get_settings
 from service.db import migrate, preflight
 from service.functions.keys import state_key_problem
@@ -20,6 +23,12 @@ def main() -> None:
     problem = state_key_problem(settings.database_url)
     if problem is not None:
         raise SystemExit(problem)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    base = f"http://{host}:{settings.port}"
+    sys.stderr.write(
+        f"dp-curator {__version__}: serving {preflight.safe_url(settings.database_url)} on "
+        f"{base} (console {base}/console, API docs {base}/docs, health {base}/readyz)\n"
+    )
     uvicorn.run(
         "service.main:create_app",
         factory=True,
