@@ -58,17 +58,24 @@ def test_a_long_cate_vector_is_cut_too() -> None:
 
 
 def test_the_dataset_view_numbers_the_covariates_and_shows_their_declared_roles() -> None:
-    """The positions are what effect_columns and adjustment_columns take."""
+    """The positions are what effect_columns and adjustment_columns take; each covariate's
+    public box (bounds or codes) is what a query point must lie in."""
     from dpcurator.models import Dataset
 
     schema = {
         "covariates": [
-            {"name": "age", "adjust_for": True},
-            {"name": "severity", "adjust_for": True, "effect_modifier": True},
-            {"name": "sex"},
+            {"name": "age", "lower": 18, "upper": 90, "adjust_for": True},
+            {
+                "name": "severity",
+                "lower": 0.0,
+                "upper": 1.5,
+                "adjust_for": True,
+                "effect_modifier": True,
+            },
+            {"name": "sex", "type": "categorical", "codes": [0, 1]},
         ],
         "treatment": {"name": "treated"},
-        "outcome": {"name": "outcome"},
+        "outcome": {"name": "outcome", "lower": -5, "upper": 65},
     }
     zero = dict.fromkeys(("epsilon_total", "delta_total", "epsilon_spent", "delta_spent"), 0.0) | {
         "epsilon_remaining": 0.0,
@@ -91,5 +98,53 @@ def test_the_dataset_view_numbers_the_covariates_and_shows_their_declared_roles(
     )
     line = next(x for x in render.dataset(dataset).splitlines() if x.startswith("covariates"))
     assert line.split(None, 1)[1] == (
-        "0 age (adjustment set), 1 severity (adjustment set, effect modifier), 2 sex"
+        "0 age [18, 90] (adjustment set), 1 severity [0, 1.5] (adjustment set, effect "
+        "modifier), 2 sex {0, 1}"
     )
+    outcome = next(x for x in render.dataset(dataset).splitlines() if x.startswith("outcome"))
+    assert outcome.split(None, 1)[1] == "outcome [-5, 65]"
+
+
+def test_the_quote_view_shows_the_expected_width_and_the_verdict_against_the_ate() -> None:
+    from dpcurator.models import Quote
+
+    quote = Quote.model_validate(
+        {
+            "kind": "cate_function",
+            "guarantee": "strict",
+            "epsilon": 1.0,
+            "delta": 1e-5,
+            "fits_budget": True,
+            "epsilon_remaining": 9.0,
+            "delta_remaining": 1e-4,
+            "accuracy": {
+                "basis": "ebm",
+                "expected_half_width": 4.42,
+                "min_half_width": 4.24,
+                "versus_ate": {"verdict": "not_expected", "message": "request the ATE instead"},
+            },
+            "mechanism": {},
+        }
+    )
+    shown = {
+        key.strip(): value.strip()
+        for key, value in (line.split("  ", 1) for line in render.quote(quote).splitlines())
+    }
+    assert shown["basis"] == "ebm"
+    assert shown["expected half width"] == "4.42"
+    assert shown["min half width"] == "4.24"
+    assert shown["versus the ATE"] == "not_expected"
+    assert shown["why"] == "request the ATE instead"
+
+
+def test_an_anchored_cate_at_factor_zero_says_every_estimate_is_the_anchor() -> None:
+    result = {
+        "estimates": [0.33, 0.33],
+        "points": [[1.0], [2.0]],
+        "ate_anchor": 0.33,
+        "shrinkage_factor": 0.0,
+        "guarantee": "strict",
+    }
+    text = render.result(CateVectorResult.from_result(result))
+    assert "shrinkage factor" in text
+    assert "every estimate is the anchor" in text

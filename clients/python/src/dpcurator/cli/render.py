@@ -81,8 +81,10 @@ def dataset(d: Dataset) -> str:
     schema = d.public_schema
     # 0-based positions (what effect_columns and adjustment_columns take) and declared roles
     covariates = ", ".join(
-        f"{i} {c.get('name')}{_roles(c)}" for i, c in enumerate(schema.get("covariates", []))
+        f"{i} {c.get('name')} {_box(c)}{_roles(c)}"
+        for i, c in enumerate(schema.get("covariates", []))
     )
+    outcome = schema.get("outcome", {})
     head = pairs(
         [
             ("id", d.id),
@@ -91,7 +93,7 @@ def dataset(d: Dataset) -> str:
             ("n", d.n),
             ("design", schema.get("design", "observational")),
             ("treatment", schema.get("treatment", {}).get("name")),
-            ("outcome", schema.get("outcome", {}).get("name")),
+            ("outcome", f"{outcome.get('name')} {_box(outcome)}" if outcome else None),
             ("covariates", covariates),
             ("paper mode", d.allow_paper_mode),
             ("schema hash", d.schema_hash),
@@ -99,6 +101,15 @@ def dataset(d: Dataset) -> str:
         ]
     )
     return head + "\n\n" + budget(d.budget)
+
+
+def _box(column: dict[str, Any]) -> str:
+    """A column's public values: its codes {0, 1} or its bounds [lower, upper]."""
+    codes = column.get("codes")
+    if codes:
+        shown = ", ".join(fmt(c) for c in codes[:10])
+        return "{" + shown + (", …}" if len(codes) > 10 else "}")
+    return f"[{fmt(column.get('lower'))}, {fmt(column.get('upper'))}]"
 
 
 def _roles(covariate: dict[str, Any]) -> str:
@@ -163,19 +174,29 @@ def quote(q: Quote) -> str:
     coverage = q.accuracy.get("coverage")
     if isinstance(coverage, dict) and coverage.get("message"):
         items.append(("interval covers", coverage["message"]))
+    versus = q.accuracy.get("versus_ate")
+    if isinstance(versus, dict) and versus.get("verdict"):
+        items.append(("versus the ATE", versus["verdict"]))
+        if versus.get("message"):
+            items.append(("why", versus["message"]))
     return pairs(items)
 
 
 # The accuracy fields a quote view shows, per kind where present (``--json`` shows all):
 # ate; cate_vector; ebm_cate; uplift_table.
 _QUOTE_ACCURACY_KEYS = (
+    "basis",
+    "estimator",
     "ci_level",
+    "expected_half_width",
     "min_half_width",
     "target_half_width",
     "epsilon_for_target_half_width",
     "target_message",
     "noise_sd_upper_bound",
     "noise_sd_lower_bound",
+    "pointwise_noise_sd",
+    "prediction_noise_sd",
     "learner",
     "fold_sizes",
     "pseudo_outcome_clip",
@@ -256,11 +277,13 @@ def result(parsed: TypedResult, max_rows: int | None = MAX_ROWS) -> str:
         return head + "\n\n" + _capped(parsed.columns, rows, max_rows)
     if isinstance(parsed, CateVectorResult):
         points = parsed.points or [[] for _ in parsed.estimates]
-        return _capped(
+        body = _capped(
             ["point", "estimate"],
             [[fmt(p), e] for p, e in zip(points, parsed.estimates, strict=True)],
             max_rows,
         )
+        head = _shrinkage(parsed.raw)
+        return head + "\n\n" + body if head else body
     if isinstance(parsed, EbmShapeResult):
         return pairs(
             [
@@ -271,13 +294,28 @@ def result(parsed: TypedResult, max_rows: int | None = MAX_ROWS) -> str:
                 ("delta", parsed.delta),
                 ("shape functions", ", ".join(f.feature for f in parsed.shape_functions)),
             ]
-        )
+        ) + ("\n" + _shrinkage(parsed.raw) if _shrinkage(parsed.raw) else "")
     if isinstance(parsed, FunctionHandle):
         raw_fn: dict[str, Any] = parsed.raw
         items = [(k, v) for k, v in raw_fn.items() if not isinstance(v, dict | list)]
         return pairs([("function id", parsed.function_id), *items])
     raw: dict[str, Any] = parsed.raw
     return pairs([(k, v) for k, v in raw.items() if not isinstance(v, dict | list)])
+
+
+def _shrinkage(raw: dict[str, Any]) -> str:
+    """An anchored CATE's anchor and factor: at factor 0 every estimate is the anchor."""
+    if raw.get("shrinkage_factor") is None:
+        return ""
+    items: list[tuple[str, Any]] = [
+        ("ate anchor", raw.get("ate_anchor")),
+        ("shrinkage factor", raw.get("shrinkage_factor")),
+    ]
+    if raw.get("shrinkage_factor") == 0:
+        items.append(
+            ("note", "factor 0: no heterogeneity above the noise; every estimate is the anchor")
+        )
+    return pairs(items)
 
 
 def function_info(info: FunctionInfo) -> str:
