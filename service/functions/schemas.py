@@ -25,7 +25,10 @@ class EvaluateRead(BaseModel):
     values: list[float] = Field(description="DP values of the released function, in order.")
     guarantee: str
     pointwise_noise_sd: float | None = Field(
-        default=None, description="Public sd of the privacy noise at any point (strict mode)."
+        default=None,
+        description="Kernel bases, strict mode: the public sd of the fitted function's privacy "
+        "noise at any point, before shrinkage (an answer carries shrinkage_factor times it, plus "
+        "the anchor's error); null on the ebm basis.",
     )
 
 
