@@ -43,6 +43,38 @@ _ROW_RE = re.compile(r"Row #(\d+)")
 _COL_RE = re.compile(r"column #(\d+)")
 
 
+# A column clipped (or rows rejected) in more than this share of the rows gets a warning: the
+# declared bounds are then probably not the column's honest range.
+WARN_SHARE = 0.01
+
+
+def bound_warnings(
+    clipped: dict[str, int],
+    rejected: int,
+    received: int,
+    bounds: dict[str, tuple[float, float]],
+) -> list[str]:
+    """The ingest report's warnings: columns clipped to their declared bounds in more than
+    ``WARN_SHARE`` of the rows, and rows rejected for values outside them."""
+    warnings = []
+    for name, count in clipped.items():
+        if count > WARN_SHARE * received:
+            lo, hi = bounds[name]
+            warnings.append(
+                f"{count} of {received} values of '{name}' ({count / received:.0%}) were outside "
+                f"its declared bounds [{lo:g}, {hi:g}] and were clipped to them: if those are "
+                "not the column's honest range, every estimate on this dataset is biased; "
+                "upload again with the bounds corrected"
+            )
+    if rejected > WARN_SHARE * received:
+        warnings.append(
+            f"{rejected} of {received} rows ({rejected / received:.0%}) were rejected under "
+            "the schema's policies (values outside the declared bounds or codes, missing "
+            "values): check the schema, as the rows left may no longer represent the study"
+        )
+    return warnings
+
+
 def _header(path: Path) -> list[str]:
     with path.open(newline="", encoding="utf-8-sig") as f:
         try:
@@ -231,5 +263,8 @@ def _apply_policies(
         rows_rejected=rows_received - n,
         cells_clipped=clipped,
         cells_imputed=imputed,
+        warnings=bound_warnings(
+            clipped, rows_received - n, rows_received, dict(zip(names, bounds, strict=True))
+        ),
     )
     return Ingested(matrix=np.ascontiguousarray(matrix), report=report)

@@ -201,6 +201,11 @@ class IngestReport(BaseModel):
     rows_rejected: int
     cells_clipped: dict[str, int]
     cells_imputed: dict[str, int]
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Columns clipped (or rows rejected) in more than 1 % of the rows: the "
+        "declared bounds are probably not the column's honest range.",
+    )
 
 
 class BudgetRead(BaseModel):

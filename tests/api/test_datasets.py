@@ -151,6 +151,13 @@ def test_policies_clip_reject_and_impute(api: Api) -> None:
     rep = clip.json()["ingest_report"]
     assert (rep["rows_received"], rep["n"]) == (13, 11)  # the blank and the unknown code dropped
     assert rep["cells_clipped"] == {"age": 1, "outcome": 1}
+    # 1 of 13 (8 %) is above the 1 % that suggests dishonest bounds: each column is named
+    assert [w.split(" (")[0] for w in rep["warnings"]] == [
+        "1 of 13 values of 'age'",
+        "1 of 13 values of 'outcome'",
+        "2 of 13 rows",
+    ]
+    assert "were outside its declared bounds" in rep["warnings"][0]
     reject = api.upload(
         owner["api_key"], rows, _schema(missing="reject_row", out_of_bounds="reject_row")
     )

@@ -57,6 +57,8 @@ class IngestReport(Model):
     rows_rejected: int
     cells_clipped: dict[str, int]
     cells_imputed: dict[str, int]
+    # Columns clipped (or rows rejected) in more than 1 % of the rows (empty: an older server).
+    warnings: list[str] = []
 
 
 class Dataset(Model):

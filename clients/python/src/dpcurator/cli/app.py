@@ -333,6 +333,7 @@ def dataset_upload(
                     ("cells imputed", report.cells_imputed or "none"),
                 ]
             ),
+            *(f"warning: {w}" for w in report.warnings),
         ]
         if epsilon_total is not None:
             lines += ["", f"budget set: epsilon {epsilon_total:g}, delta {delta_total:g}"]
