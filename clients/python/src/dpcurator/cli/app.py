@@ -23,7 +23,7 @@ from dpcurator.cli import render
 from dpcurator.client import DEFAULT_URL, CuratorClient
 from dpcurator.errors import CuratorError, ProblemError
 from dpcurator.models import PrincipalCreated, Release, Verification
-from dpcurator.results import AteResult
+from dpcurator.results import AteResult, EbmShapeResult
 
 ROLES = ("owner", "analyst", "client")
 
@@ -642,11 +642,24 @@ def _show_finished(state: State, r: Release, *, every_row: bool = False) -> None
         return
     parsed = state.client.result(r)
     max_rows = None if every_row else render.MAX_ROWS
-    emit(
-        state,
-        lambda: render.release(r) + "\n\nresult:\n" + render.result(parsed, max_rows),
-        lambda: dump(r),
-    )
+
+    def text() -> str:
+        names = (
+            _covariate_names(state, r.dataset_id) if isinstance(parsed, EbmShapeResult) else None
+        )
+        return render.release(r) + "\n\nresult:\n" + render.result(parsed, max_rows, names)
+
+    emit(state, text, lambda: dump(r))
+
+
+def _covariate_names(state: State, dataset_id: str) -> list[str] | None:
+    """The dataset's covariate names in schema order, to label EBM features; None where the
+    caller may not read the dataset (a decision-support client) or the call fails."""
+    try:
+        schema = state.client.get_dataset(dataset_id).public_schema
+    except CuratorError:
+        return None
+    return [str(c.get("name")) for c in schema.get("covariates", [])]
 
 
 every_row_option = click.option(

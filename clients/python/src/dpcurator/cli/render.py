@@ -249,8 +249,22 @@ def _capped(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int
     )
 
 
-def result(parsed: TypedResult, max_rows: int | None = MAX_ROWS) -> str:
-    """The human view of a result; tables longer than ``max_rows`` are cut (None: no cut)."""
+def feature_label(feature: str, learner: str | None, names: Sequence[str] | None) -> str:
+    """An EBM feature as the server names it (``x3``) with its schema column's name when known:
+    ``x3 (bmi)``. The S-learner's ``x0`` is the treatment and its covariates start at ``x1``."""
+    if not names or not feature.startswith("x") or not feature[1:].isdigit():
+        return feature
+    j = int(feature[1:]) - (1 if learner == "s" else 0)
+    if learner == "s" and j == -1:
+        return f"{feature} (treatment)"
+    return f"{feature} ({names[j]})" if 0 <= j < len(names) else feature
+
+
+def result(
+    parsed: TypedResult, max_rows: int | None = MAX_ROWS, names: Sequence[str] | None = None
+) -> str:
+    """The human view of a result; tables longer than ``max_rows`` are cut (None: no cut).
+    ``names``: the dataset's covariate names in schema order, to label EBM features."""
     if isinstance(parsed, AteResult):
         return pairs(
             [
@@ -292,7 +306,13 @@ def result(parsed: TypedResult, max_rows: int | None = MAX_ROWS) -> str:
                 ("guarantee", parsed.guarantee),
                 ("epsilon", parsed.epsilon),
                 ("delta", parsed.delta),
-                ("shape functions", ", ".join(f.feature for f in parsed.shape_functions)),
+                (
+                    "shape functions",
+                    ", ".join(
+                        feature_label(f.feature, parsed.learner, names)
+                        for f in parsed.shape_functions
+                    ),
+                ),
             ]
         ) + ("\n" + _shrinkage(parsed.raw) if _shrinkage(parsed.raw) else "")
     if isinstance(parsed, FunctionHandle):
