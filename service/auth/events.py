@@ -104,12 +104,15 @@ def verify(session: Session, principal: Principal) -> Verification:
     (Principals disabled before the record existed got their ``disabled`` event from the
     migration that followed it.)
 
-    The row and its events are read in one snapshot (``db.engine.snapshot``, which commits the
-    session first): a change committed during the check (it moves the head and appends an
-    event in one transaction) cannot make the rows and the head disagree, and it never waits
-    for the check."""
-    snapshot(session)
-    session.refresh(principal)
+    The row and its events are read in one snapshot (``db.engine.snapshot``) where the session
+    has no transaction in progress, else with the row read ``FOR SHARE``: a change committed
+    during the check (it moves the head and appends an event in one transaction) cannot make
+    the rows and the head disagree. In a snapshot it never waits for the check (the route
+    commits its reads first)."""
+    if snapshot(session):
+        session.refresh(principal)
+    else:
+        session.refresh(principal, with_for_update={"read": True})
     _, rows = page(session, principal_id=principal.id, limit=None, offset=0)
     head = principal.last_event_hash or genesis_hash(principal.id)
 

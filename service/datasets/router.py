@@ -288,6 +288,7 @@ def get_ledger(
 )
 def verify_ledger(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> VerificationRead:
     service.owned(session, caller=caller, dataset_id=dataset_id)
+    session.commit()  # the check then reads one snapshot and holds up no writer
     v = ledger.verify(session, dataset_id=dataset_id)
     return VerificationRead(
         valid=v.valid,

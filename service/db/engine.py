@@ -150,14 +150,19 @@ def get_session() -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def snapshot(session: Session) -> None:
-    """Commit ``session``'s transaction and start one whose reads all see one state of the
-    database, without locking anything: ``REPEATABLE READ`` on PostgreSQL (a check that reads a
-    head and then the rows it heads cannot see a write committed between the two, and writers
-    never wait for it). SQLite's transactions (``BEGIN IMMEDIATE``) are already exclusive."""
-    session.commit()
+def snapshot(session: Session) -> bool:
+    """Start ``session``'s transaction as one whose reads all see one state of the database
+    without locking anything, if none is in progress: ``REPEATABLE READ`` on PostgreSQL (a
+    check that reads a head and then the rows it heads cannot see a write committed between the
+    two, and writers never wait for it); SQLite's transactions (``BEGIN IMMEDIATE``) are
+    exclusive anyway. Returns False, changing nothing, inside a transaction already begun:
+    the caller then reads its head ``FOR SHARE`` (consistent, and its own uncommitted writes
+    stay visible, but writers wait). Routes commit their reads before a check for the first."""
+    if session.in_transaction():
+        return False
     if session.get_bind().dialect.name == "postgresql":
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    return True
 
 
 def reset_caches() -> None:

@@ -561,11 +561,12 @@ def verify(session: Session, *, dataset_id: str) -> Verification:
     """Recompute the chain and the totals from the entries; report the first inconsistency.
 
     The budget row (the chain's head) and the entries are read in one snapshot
-    (``db.engine.snapshot``, which commits the session first): a charge committed during the
-    check would otherwise add an entry the head read before it does not count, and the check
-    would report entries removed. Charges never wait for the check."""
-    snapshot(session)
-    budget = session.get(Budget, dataset_id, populate_existing=True)
+    (``db.engine.snapshot``) where the session has no transaction in progress, else with the
+    head read ``FOR SHARE``: a charge committed during the check would otherwise add an entry
+    the head read before it does not count, and the check would report entries removed. In a
+    snapshot charges never wait for the check (the route commits its reads first)."""
+    lock = None if snapshot(session) else {"read": True}
+    budget = session.get(Budget, dataset_id, with_for_update=lock, populate_existing=True)
     if budget is None:
         raise NotFound("dataset not found")
     prev = genesis_hash(dataset_id)

@@ -6,7 +6,7 @@ import multiprocessing as mp
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from service.db.engine import make_engine
@@ -185,7 +185,14 @@ def test_a_check_in_progress_does_not_hold_up_charges(db_url: str) -> None:
                     waited = False
                 except TimeoutError:
                     waited = True
+                # the check's snapshot still holds the ledger of its start
+                in_snapshot = s.execute(
+                    select(func.count())
+                    .select_from(LedgerEntry)
+                    .where(LedgerEntry.dataset_id == dataset)
+                ).scalar_one()
             assert not waited, "the charge waited for the check's transaction to end"
+            assert in_snapshot == before.entries
             assert charged.result()
         with Session(engine) as s:
             after = ledger.verify(s, dataset_id=dataset)
