@@ -151,10 +151,12 @@ def test_an_anchored_cate_at_factor_zero_says_every_estimate_is_the_anchor() -> 
 
 
 def test_ebm_features_are_labelled_with_their_column_names() -> None:
+    """The server names covariate j ``xj`` for every learner; the S-learner's treatment term is
+    ``treatment`` (service/mechanisms/dp_ebm.py)."""
     names = ["age", "bmi", "sex"]
-    assert render.feature_label("x1", "dr", names) == "x1 (bmi)"
-    assert render.feature_label("x0", "s", names) == "x0 (treatment)"  # the S-learner's
-    assert render.feature_label("x1", "s", names) == "x1 (age)"
-    assert render.feature_label("x7", "dr", names) == "x7"  # not a column: as the server says
-    assert render.feature_label("x1 & x2", "dr", names) == "x1 & x2"
-    assert render.feature_label("x1", "dr", None) == "x1"
+    assert render.feature_label("x0", names) == "x0 (age)"
+    assert render.feature_label("x1", names) == "x1 (bmi)"
+    assert render.feature_label("treatment", names) == "treatment"
+    assert render.feature_label("x7", names) == "x7"  # not a column: as the server says
+    assert render.feature_label("x1 & x2", names) == "x1 & x2"
+    assert render.feature_label("x1", None) == "x1"

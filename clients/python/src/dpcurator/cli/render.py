@@ -249,15 +249,13 @@ def _capped(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int
     )
 
 
-def feature_label(feature: str, learner: str | None, names: Sequence[str] | None) -> str:
-    """An EBM feature as the server names it (``x3``) with its schema column's name when known:
-    ``x3 (bmi)``. The S-learner's ``x0`` is the treatment and its covariates start at ``x1``."""
+def feature_label(feature: str, names: Sequence[str] | None) -> str:
+    """An EBM feature as the server names it (``x3``: covariate 3 in schema order; the
+    S-learner's ``treatment`` as it is) with its schema column's name when known: ``x3 (bmi)``."""
     if not names or not feature.startswith("x") or not feature[1:].isdigit():
         return feature
-    j = int(feature[1:]) - (1 if learner == "s" else 0)
-    if learner == "s" and j == -1:
-        return f"{feature} (treatment)"
-    return f"{feature} ({names[j]})" if 0 <= j < len(names) else feature
+    j = int(feature[1:])
+    return f"{feature} ({names[j]})" if j < len(names) else feature
 
 
 def result(
@@ -308,10 +306,7 @@ def result(
                 ("delta", parsed.delta),
                 (
                     "shape functions",
-                    ", ".join(
-                        feature_label(f.feature, parsed.learner, names)
-                        for f in parsed.shape_functions
-                    ),
+                    ", ".join(feature_label(f.feature, names) for f in parsed.shape_functions),
                 ),
             ]
         ) + ("\n" + _shrinkage(parsed.raw) if _shrinkage(parsed.raw) else "")
