@@ -213,6 +213,8 @@ def problem_response(problem: Problem, instance: str | None) -> JSONResponse:
 
 def _pointer(loc: tuple[int | str, ...]) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    if not parts:
+        return "#"  # the whole body ('#/' would be a member named '')
     return "#/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
@@ -243,7 +245,7 @@ def validation_summary(errors: list[dict[str, str]]) -> str | None:
     if not errors:
         return None
     first = errors[0]
-    where = "" if first["pointer"] in ("#", "#/") else f"{first['pointer']}: "
+    where = "" if first["pointer"] == "#" else f"{first['pointer']}: "
     more = len(errors) - 1
     return f"{where}{first['detail']}" + (f" (and {more} more)" if more else "")
 

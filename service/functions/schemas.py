@@ -13,8 +13,9 @@ class EvaluateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     points: list[list[StrictFloat]] = Field(
-        description="Points in the dataset's covariate units, each inside the public box; at "
-        "most the function's batch_max (itself at most 1000).",
+        description="Points in the dataset's covariate units, each inside the public box, a "
+        "categorical covariate at one of its codes (the function's public x_codes); at most the "
+        "function's batch_max (itself at most 1000).",
         examples=[[[50.0, 0.5, 1.0]]],
         max_length=MAX_BATCH,
     )

@@ -467,12 +467,12 @@ def test_anchored_function_answers_its_reference_points_consistently(
         {"pointer": "#/points/0/2", "detail": "a categorical covariate: one of its codes {0, 1}"}
     ]
     # ...and the evaluation below the HTTP check answers it from the reference draw, the same
-    # on every ask, storing nothing new.
+    # for every caller, storing nothing new.
     answers = []
-    for _ in range(2):
+    for caller in (setup["client"]["id"], setup["analyst"]["id"]):
         with get_sessionmaker()() as session:
             answers.append(
-                functions._evaluate_exact(session, fid, codes[:1], units[:1], caller="admin")
+                functions._evaluate_exact(session, fid, codes[:1], units[:1], caller=caller)
             )
     assert answers[0] == answers[1]
     assert len(_stored_noise(configured, fid)) == 25  # answered from the reference draw

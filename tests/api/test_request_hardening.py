@@ -377,6 +377,7 @@ def test_a_body_that_is_not_json_says_where_and_why(client: TestClient, api: Api
     )
     body = problem(r, 422, "validation-failed")
     assert "Content-Type: application/json" in body["detail"]
+    assert [e["pointer"] for e in body["errors"]] == ["#"]  # the whole body
 
 
 def test_schema_problems_have_a_detail_in_plain_words(client: TestClient, api: Api) -> None:

@@ -251,7 +251,12 @@ WIDE = 12  # more covariates than ebm_cate's effect-modifier screen keeps (proof
         ("ebm_cate", {"epsilon": 2.0}, StudyDesign.OBSERVATIONAL),
         ("ebm_cate", {"epsilon": 4.0}, StudyDesign.RCT),
         # n eps / q >= 1500: the estimator rule runs the screened ebm_cate default
-        ("cate_vector", {"epsilon": 8.0, "points": [[0.5] * WIDE]}, StudyDesign.OBSERVATIONAL),
+        # (a point takes a categorical covariate's codes: 1 for the ten 0/1 columns)
+        (
+            "cate_vector",
+            {"epsilon": 8.0, "points": [[1.0] * (WIDE - 2) + [0.5, 0.5]]},
+            StudyDesign.OBSERVATIONAL,
+        ),
     ],
 )
 def test_the_effect_screens_draws_are_planned(
