@@ -111,7 +111,16 @@ def ingest(path: Path, schema: PublicSchema) -> Ingested:
     wanted = [c.name for c in schema.covariates] + [schema.treatment.name, schema.outcome.name]
     missing = [c for c in wanted if c not in header]
     if missing:
-        raise CsvError(f"missing column(s): {', '.join(missing)}", "#/header")
+        near = {h.strip().casefold(): h for h in header}
+        hints = [
+            f"the CSV has '{near[m.strip().casefold()]}' (names must match exactly)"
+            for m in missing
+            if m.strip().casefold() in near
+        ]
+        raise CsvError(
+            f"missing column(s): {', '.join(missing)}" + (f"; {'; '.join(hints)}" if hints else ""),
+            "#/header",
+        )
     extra = [c for c in header if c not in wanted and c not in schema.drop_columns]
     if extra:
         raise CsvError(

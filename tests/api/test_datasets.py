@@ -136,6 +136,15 @@ def test_schema_not_json(api: Api, client: TestClient) -> None:
     problem(r, 422, "invalid-schema")
 
 
+def test_a_column_named_in_another_case_is_pointed_out(api: Api) -> None:
+    owner = api.principal("owner")
+    rows = "Age,severity,sex,treated,outcome,patient_id\n30,0.5,0,1,1.0,P1\n31,0.5,1,0,2.0,P2\n"
+    body = problem(api.upload(owner["api_key"], rows, SCHEMA), 422, "invalid-csv")
+    assert body["detail"] == (
+        "missing column(s): age; the CSV has 'Age' (names must match exactly)"
+    )
+
+
 def test_policies_clip_reject_and_impute(api: Api) -> None:
     owner = api.principal("owner")
     rows = (
