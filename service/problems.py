@@ -218,26 +218,31 @@ def _pointer(loc: tuple[int | str, ...]) -> str:
     return "#/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def validation_error(error: Any, *, json_body: bool = True) -> dict[str, str]:
-    """One of FastAPI's validation errors as ``{"pointer", "detail"}``, in words a caller can act
-    on: a JSON syntax error names the character and the reason (its location is an offset in
-    the body, not a pointer), pydantic's "Value error, " prefix is dropped, and an object
-    expected where the body was not sent as JSON says how to send it."""
+def validation_error(
+    error: Any, *, json_body: bool = True, field: str | None = None
+) -> dict[str, str]:
+    """One of pydantic's validation errors as ``{"pointer", "detail"}``, in words a caller can
+    act on: a JSON syntax error names the character and the reason (its location is an offset,
+    not a pointer), pydantic's "Value error, " prefix is dropped, and an object expected where
+    the body was not sent as JSON says how to send it. ``field``: the form field whose JSON was
+    validated (its errors point inside it); None: the request body."""
     loc = tuple(error.get("loc", ()))
     message = str(error.get("msg", ""))
     kind = error.get("type", "")
     if kind == "json_invalid":
         reason = str((error.get("ctx") or {}).get("error", "")) or "JSON decode error"
-        at = next((p for p in loc[1:] if isinstance(p, int)), None)
+        at = next((p for p in loc if isinstance(p, int)), None)
         where = f" at character {at}" if at is not None else ""
-        return {"pointer": "#", "detail": f"the body is not valid JSON{where}: {reason}"}
+        what = f"the {field}" if field else "the body"
+        pointer = _pointer((field,)) if field else "#"
+        return {"pointer": pointer, "detail": f"{what} is not valid JSON{where}: {reason}"}
     message = message.removeprefix("Value error, ")
     if kind in ("model_attributes_type", "dict_type") and loc == ("body",) and not json_body:
         message = "send a JSON object with 'Content-Type: application/json'"
     if kind == "string_type" and loc == ("body", "schema"):
         # curl's -F schema=@file sends a file part; the upload's schema is a text field
         message = "the schema is a text field: send it with -F 'schema=<schema.json' ('<', not '@')"
-    return {"pointer": _pointer(loc), "detail": message}
+    return {"pointer": _pointer((field, *loc) if field else loc), "detail": message}
 
 
 def validation_summary(errors: list[dict[str, str]]) -> str | None:

@@ -72,11 +72,7 @@ def create_dataset(
     try:
         public = UploadSchema.model_validate_json(schema_text)
     except ValidationError as exc:
-        errors = [validation_error({**e, "loc": ("schema", *e["loc"])}) for e in exc.errors()]
-        for error in errors:
-            if error["pointer"] == "#":  # a JSON syntax error is the schema field's
-                error["pointer"] = "#/schema"
-                error["detail"] = error["detail"].replace("the body", "the schema", 1)
+        errors = [validation_error(e, field="schema") for e in exc.errors()]
         raise InvalidSchema(validation_summary(errors), errors=errors) from None
     except json.JSONDecodeError:
         raise InvalidSchema("the schema is not valid JSON") from None

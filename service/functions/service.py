@@ -54,7 +54,7 @@ from service.functions.payload import FunctionSecret
 from service.functions.sealing import UnknownKey, seal, unseal
 from service.mechanisms import cate_function as mech
 from service.mechanisms import gp
-from service.mechanisms.domain import codes_text, points_summary
+from service.mechanisms.domain import coordinate_error, points_summary
 from service.mechanisms.noise import OpenDPSampler
 from service.problems import (
     FunctionBatchRejected,
@@ -264,13 +264,11 @@ def validate_points(
             )
             continue
         for j, value in enumerate(point):
-            detail = None
-            if not np.isfinite(value):
-                detail = "must be finite"
-            elif not facts.lower[j] <= value <= facts.upper[j]:
-                detail = f"outside the public bounds [{facts.lower[j]:g}, {facts.upper[j]:g}]"
-            elif (allowed := codes[j]) is not None and value not in allowed:
-                detail = "a categorical covariate: one of its codes " + codes_text(sorted(allowed))
+            detail = (
+                coordinate_error(value, float(facts.lower[j]), float(facts.upper[j]), codes[j])
+                if np.isfinite(value)
+                else "must be finite"
+            )
             if detail is not None:
                 errors.append({"pointer": f"#/points/{i}/{j}", "detail": detail})
         if len(errors) >= 20:

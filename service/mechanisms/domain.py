@@ -6,6 +6,7 @@ the neighbouring relation (n, replace-one). Nothing in it is ever derived from t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -127,9 +128,19 @@ def project(
 
 
 def codes_text(codes: Any) -> str:
-    """A categorical covariate's codes for a message (at most 10 shown)."""
-    shown = [str(int(c)) for c in list(codes)[:10]]
+    """A categorical covariate's codes for a message, in order (at most 10 shown)."""
+    shown = [str(int(c)) for c in sorted(codes)[:10]]
     return "{" + ", ".join(shown) + (", …}" if len(codes) > 10 else "}")
+
+
+def coordinate_error(value: float, lower: float, upper: float, codes: Any) -> str | None:
+    """Why a query point's coordinate is refused (outside the public bounds, a non-finite
+    value included, or not one of a categorical covariate's ``codes``); None if it is valid."""
+    if not (math.isfinite(value) and lower <= value <= upper):
+        return f"outside the public bounds [{lower:g}, {upper:g}]"
+    if codes is not None and value not in codes:
+        return f"a categorical covariate: one of its codes {codes_text(codes)}"
+    return None
 
 
 def points_summary(messages: list[str]) -> str:

@@ -29,7 +29,12 @@ from service.mechanisms.calibration import (
     validate_epsilon,
     validate_finite_positive,
 )
-from service.mechanisms.domain import PublicDomain, StudyDesign, codes_text, points_summary
+from service.mechanisms.domain import (
+    PublicDomain,
+    StudyDesign,
+    coordinate_error,
+    points_summary,
+)
 from service.mechanisms.dp_ebm import (
     DpEbmAccounting,
     dp_ebm_event,
@@ -140,13 +145,9 @@ def point_errors(points: Any, domain: PublicDomain) -> list[tuple[tuple[int, ...
             errors.append(((i,), f"each point needs {domain.q} coordinates"))
             continue
         for j, value in enumerate(point):
-            v = float(value)
-            if not (math.isfinite(v) and float(lower[j]) <= v <= float(upper[j])):
-                errors.append(((i, j), f"outside the public bounds [{lower[j]:g}, {upper[j]:g}]"))
-            elif (allowed := codes[j]) is not None and v not in allowed:
-                errors.append(
-                    ((i, j), f"a categorical covariate: one of its codes {codes_text(allowed)}")
-                )
+            error = coordinate_error(float(value), float(lower[j]), float(upper[j]), codes[j])
+            if error is not None:
+                errors.append(((i, j), error))
     return errors
 
 
