@@ -40,6 +40,17 @@ release (DP-EBM nuisances, the outcome-heavy folds from n·epsilon = 2·10^4) pe
   replace-one neighbour of that arm's fit only, one that moves a record across arms is an
   add/remove neighbour of each (sqrt 2 of the add/remove mu by GDP composition, below the
   replace-one 2 mu), so the pair costs what the one model did;
+* ``outcome_recal``: each arm's DP-EBM outcome prediction replaced by its exact least-squares
+  line (a + b mu_hat) on the estimation fold's rows of that arm (a linear repair of an
+  under-fitted outcome model; exact, a diagnosis);
+* ``platt``: the DP-EBM propensity recalibrated by an exact logistic regression of A on its
+  logit on the estimation fold (Platt scaling; a diagnosis); ``platt_outcome`` both repairs;
+  ``platt_prognostic``: the logistic regression also on the two outcome predictions
+  (balancing the prognostic score);
+* ``platt_dp:<share>:<cells>``: a charged Platt emulation: Gaussian-noised treated and control
+  counts over ``cells`` public cells of logit(pi_hat) on the estimation fold at ``share`` of the
+  release's epsilon (delta 1e-6; the other modules' budgets not reduced, so it flatters the
+  design), the 2-parameter logistic fitted to the noisy counts;
 * ``interaction_outcome``: one DP-EBM regressor on (A, X, X_treated), X_treated = X for the
   treated and the covariates' public lower bounds for the controls, so each covariate's shape
   may differ by arm (2q + 1 features at the fold's accounting).
@@ -70,6 +81,12 @@ intervals covering the true ATE. All variants run on the same samples.
     python -m bench.nuisance_oracle --cells 20000:1,20000:4,100000:1 \\
         --variants default,interaction_outcome --reps 20 --workers 2 --seed 20261501 \\
         --name nuisance_outcome_interactions
+    python -m bench.nuisance_oracle --cells 20000:1,20000:4,5000:4 \\
+        --variants default,outcome_recal,platt,platt_outcome,platt_prognostic --reps 12 \\
+        --workers 2 --seed 20261801 --name nuisance_linear_repair
+    python -m bench.nuisance_oracle --cells 20000:1,20000:4,5000:4 \\
+        --variants default,platt,platt_dp:0.1:8,platt_dp:0.2:8,platt_dp:0.1:4 --reps 12 \\
+        --workers 2 --seed 20261801 --name nuisance_platt_dp
     python -m bench.nuisance_oracle --quick       # CI smoke: n 2000, eps 4, none, 1 rep
 """
 
@@ -88,6 +105,7 @@ from unittest import mock
 
 import numpy as np
 from numpy.typing import NDArray
+from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits
 
 from bench import studies
@@ -98,6 +116,7 @@ from service.mechanisms import dp_ebm, partition
 from service.mechanisms.ate_strict import estimation
 from service.mechanisms.ate_strict.rules import AteStrictParams
 from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.noise import OpenDPSampler, calibrate_gaussian, release_gaussian
 from service.releases.kinds.ate import AteParams
 
 FloatArray = NDArray[np.float64]
@@ -114,6 +133,10 @@ VARIANTS = (
     "uniform_bins",
     "confounders",
     "confounders_propensity",
+    "outcome_recal",
+    "platt",
+    "platt_outcome",
+    "platt_prognostic",
 )
 # Parametrised variants that change only the request (``variant_params``), not the estimation.
 REQUEST_VARIANT_PREFIXES = ("folds:", "pclip:")
@@ -238,6 +261,39 @@ def variant(name: str, study: Study) -> Iterator[None]:
             return pseudo_outcomes(a, y, recalibrated_propensity(a, pi_hat), *args, **kwargs)
 
         patches["pseudo_outcomes"] = recalibrated
+    elif name in ("outcome_recal", "platt", "platt_outcome", "platt_prognostic"):
+        plain: Callable[..., Any] = estimation.pseudo_outcomes
+
+        def linear_repaired(
+            a: FloatArray,
+            y: FloatArray,
+            pi_hat: FloatArray,
+            mu0_hat: FloatArray,
+            mu1_hat: FloatArray,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            if name in ("outcome_recal", "platt_outcome"):
+                mu0_hat, mu1_hat = recalibrated_outcomes(a, y, mu0_hat, mu1_hat)
+            if name in ("platt", "platt_outcome"):
+                pi_hat = platt_propensity(a, pi_hat, None)
+            if name == "platt_prognostic":
+                pi_hat = platt_propensity(a, pi_hat, np.column_stack([mu0_hat, mu1_hat]))
+            return plain(a, y, pi_hat, mu0_hat, mu1_hat, *args, **kwargs)
+
+        patches["pseudo_outcomes"] = linear_repaired
+    elif name.startswith("platt_dp:"):
+        _, share_text, bins_text = name.split(":")
+        plain_dp: Callable[..., Any] = estimation.pseudo_outcomes
+        epsilon_r = float(share_text) * EMULATED_EPSILON[0]
+
+        def dp_repaired(
+            a: FloatArray, y: FloatArray, pi_hat: FloatArray, *args: Any, **kwargs: Any
+        ) -> Any:
+            pi = dp_platt_propensity(a, pi_hat, epsilon_r, 1e-6, int(bins_text))
+            return plain_dp(a, y, pi, *args, **kwargs)
+
+        patches["pseudo_outcomes"] = dp_repaired
     elif name not in ("default", "quantile_bins", "uniform_bins", "confounders") and not (
         name.startswith(REQUEST_VARIANT_PREFIXES)
     ):
@@ -311,6 +367,66 @@ def recalibrated_propensity(a: FloatArray, pi_hat: FloatArray) -> FloatArray:
     return np.asarray(np.clip(share[bins], clip, 1.0 - clip), np.float64)
 
 
+def recalibrated_outcomes(
+    a: FloatArray, y: FloatArray, mu0_hat: FloatArray, mu1_hat: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Each arm's outcome model replaced by its exact least-squares line on the rows given
+    (``outcome_recal``: what a charged 2-parameter DP regression per arm could at best do)."""
+    out = []
+    for arm, mu in ((0.0, mu0_hat), (1.0, mu1_hat)):
+        rows = a == arm
+        design = np.column_stack([np.ones(int(rows.sum())), mu[rows]])
+        coef, *_ = np.linalg.lstsq(design, y[rows], rcond=None)
+        out.append(np.asarray(coef[0] + coef[1] * mu, np.float64))
+    return out[0], out[1]
+
+
+def platt_propensity(a: FloatArray, pi_hat: FloatArray, extra: FloatArray | None) -> FloatArray:
+    """``pi_hat`` recalibrated by an exact logistic regression of A on its logit (and, with
+    ``extra``, on the outcome models' predictions: balance of the prognostic score)."""
+    clip = AteStrictParams.propensity_clip
+    p = np.clip(pi_hat, 1e-6, 1.0 - 1e-6)
+    features = np.log(p / (1.0 - p))[:, None]
+    if extra is not None:
+        features = np.column_stack([features, (extra - extra.mean(0)) / (extra.std(0) + 1e-9)])
+    model = LogisticRegression(C=1e6, max_iter=1000).fit(features, a)
+    return np.asarray(np.clip(model.predict_proba(features)[:, 1], clip, 1.0 - clip), np.float64)
+
+
+EMULATED_EPSILON = [1.0]
+
+
+def dp_platt_propensity(
+    a: FloatArray, pi_hat: FloatArray, epsilon: float, delta: float, bins: int
+) -> FloatArray:
+    """Platt recalibration from Gaussian-noised treated / control counts over ``bins`` public
+    cells of logit(pi_hat) in [logit c, logit(1 - c)] (replace-one L2 sensitivity sqrt 2), the
+    2-parameter logistic fitted to the noisy counts (post-processing), slope in [0.5, 4]."""
+    clip = AteStrictParams.propensity_clip
+    edge = math.log((1.0 - clip) / clip)
+    p = np.clip(pi_hat, clip, 1.0 - clip)
+    logit = np.log(p / (1.0 - p))
+    cells = np.clip(((logit + edge) / (2 * edge) * bins).astype(int), 0, bins - 1)
+    treated = np.bincount(cells, weights=a, minlength=bins)
+    control = np.bincount(cells, weights=1.0 - a, minlength=bins)
+    cal = calibrate_gaussian(epsilon, delta, math.sqrt(2.0), dim=2 * bins)
+    noisy = release_gaussian(np.concatenate([treated, control]), cal, OpenDPSampler())
+    t, c = np.maximum(noisy[:bins], 0.0), np.maximum(noisy[bins:], 0.0)
+    centres = -edge + (np.arange(bins) + 0.5) * (2 * edge / bins)
+    alpha, beta = 0.0, 1.0
+    for _ in range(50):
+        q = 1.0 / (1.0 + np.exp(-(alpha + beta * centres)))
+        w = (t + c) * q * (1 - q) + 1e-9
+        g = np.array([np.sum(t - (t + c) * q), np.sum((t - (t + c) * q) * centres)])
+        h = np.array(
+            [[w.sum(), (w * centres).sum()], [(w * centres).sum(), (w * centres**2).sum()]]
+        )
+        step = np.linalg.solve(h + 1e-9 * np.eye(2), g)
+        alpha, beta = alpha + step[0], float(np.clip(beta + step[1], 0.5, 4.0))
+    out = 1.0 / (1.0 + np.exp(-(alpha + beta * logit)))
+    return np.asarray(np.clip(out, clip, 1.0 - clip), np.float64)
+
+
 def variant_data(name: str, arrays: Arrays, domain: PublicDomain) -> tuple[Arrays, PublicDomain]:
     """The data a variant releases on: the sample, or (``quantile_bins``) its continuous
     covariates replaced by their ranks in (0, 1) with bounds [0, 1], or (``confounders``) only
@@ -354,6 +470,7 @@ def variant_params(name: str, epsilon: float) -> AteParams:
 def run_cell(
     n: int, epsilon: float, het: str, reps: int, seed: int, variants: tuple[str, ...] = VARIANTS
 ) -> dict[str, Any]:
+    EMULATED_EPSILON[0] = epsilon
     study = STUDIES[het]
     domain = study.domain(n)
     rng = np.random.default_rng(seed)
@@ -403,7 +520,9 @@ def main(argv: list[str] | None = None) -> None:
         cells = ((2000, 4.0),)
     variants = tuple(args.variants.split(","))
     known = set(VARIANTS) | {
-        name for name in variants if name.startswith(("lr:", *REQUEST_VARIANT_PREFIXES))
+        name
+        for name in variants
+        if name.startswith(("lr:", "platt_dp:", *REQUEST_VARIANT_PREFIXES))
     }
     if variants[0] != "default" or not set(variants) <= known:
         parser.error(f"--variants: 'default' first, then any of {', '.join(VARIANTS[1:])}")
