@@ -72,7 +72,12 @@ class ReleaseRead(BaseModel):
     guarantee: str
     epsilon: float
     delta: float
-    params: dict[str, Any]
+    params: dict[str, Any] = Field(
+        description="The request's parameters that differ from the kind's defaults (what the "
+        "caller set; a parameter left at its default or null is omitted). The values the public "
+        "rules chose for omitted ones (estimator, nuisance models, clip, delta, ...) are in "
+        "`result` and `mechanism`"
+    )
     mechanism: dict[str, Any] = Field(description="The public mechanism record of the charge")
     result: dict[str, Any] | None = None
     error: ReleaseError | None = None

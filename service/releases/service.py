@@ -59,6 +59,23 @@ def resolve_kind(name: str, raw: dict[str, Any]) -> tuple[ReleaseKind, KindParam
     return kind, params
 
 
+def requested_params(name: str, stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored request's parameters as the caller set them: those that differ from the kind's
+    defaults (a default, or a null that the public rules resolve, is left out; what the rules
+    chose is in the release's ``result`` and ``mechanism``). The stored form (every field) is
+    what the request hash and retries compare; it is returned as it is if the kind's model no
+    longer reads it."""
+    kind = REGISTRY.get(name)
+    if kind is None:
+        return stored
+    try:
+        return dict(
+            kind.Params.model_validate(stored).model_dump(mode="json", exclude_defaults=True)
+        )
+    except ValidationError:
+        return stored
+
+
 def _plan(
     dataset: Dataset, name: str, raw: dict[str, Any]
 ) -> tuple[ReleaseKind, KindParams, PublicDomain, MechanismRecord]:
@@ -364,7 +381,7 @@ def view(release: Release, *, cached: bool = False, now: float | None = None) ->
         guarantee=release.guarantee,
         epsilon=amounts.epsilon_value(release.epsilon),
         delta=amounts.delta_value(release.delta),
-        params=stored["params"],
+        params=requested_params(release.kind, stored["params"]),
         mechanism=json.loads(release.record_json),
         result=json.loads(release.result_json) if finished and release.result_json else None,
         error=error,

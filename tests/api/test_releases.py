@@ -72,6 +72,8 @@ def test_strict_ate_end_to_end(client: TestClient, rct: Any) -> None:
     assert res["estimate"] - res["ci_lower"] == pytest.approx(res["half_width"])
     assert res["half_width"] >= 1.959963984540054 * res["s_theta"] * (1 - 1e-12)
     assert done["mechanism"]["neighbouring"] == "replace-one"
+    # the request as set: defaults and rule-resolved nulls (trim, ate_share, delta, ...) omitted
+    assert done["params"] == FAST
     budget = client.get(
         f"/v1/datasets/{ds['id']}/budget", headers=Api.auth(owner["api_key"])
     ).json()
@@ -98,6 +100,19 @@ def test_same_key_same_body_charges_once(client: TestClient, rct: Any) -> None:
         f"/v1/datasets/{ds['id']}/budget", headers=Api.auth(owner["api_key"])
     ).json()
     assert budget["epsilon_spent"] == pytest.approx(1.0)
+
+
+def test_a_default_spelled_out_is_the_same_request(client: TestClient, rct: Any) -> None:
+    _, analyst, ds = rct
+    first = post_release(client, analyst["api_key"], ds["id"], FAST, idem="key-2")
+    spelled = {**FAST, "alpha": 0.05, "delta": None, "mode": "strict"}
+    again = post_release(client, analyst["api_key"], ds["id"], spelled, idem="key-2")
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["params"] == FAST
+    other = post_release(client, analyst["api_key"], ds["id"], {**FAST, "alpha": 0.1})
+    assert other.status_code == 202
+    assert wait(client, analyst["api_key"], other.json()["id"])["params"] == {**FAST, "alpha": 0.1}
 
 
 def test_same_key_different_body_is_422(client: TestClient, rct: Any) -> None:
