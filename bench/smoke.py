@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.upload",
@@ -45,10 +46,18 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
 
 
 def main() -> None:
+    seconds: list[tuple[float, str]] = []
     for bench in BENCHES:
         name, *extra = (bench,) if isinstance(bench, str) else bench
-        print(f"== {' '.join([name, *extra])} --quick", flush=True)
+        label = " ".join([name, *extra])
+        print(f"== {label} --quick", flush=True)
+        started = time.perf_counter()
         subprocess.run([sys.executable, "-m", name, *extra, "--quick"], check=True)
+        seconds.append((time.perf_counter() - started, label))
+    total = sum(s for s, _ in seconds)
+    print(f"== smoke: {total:.0f} s; slowest:", flush=True)
+    for spent, label in sorted(seconds, reverse=True)[:8]:
+        print(f"   {spent:6.1f} s  {label}", flush=True)
 
 
 if __name__ == "__main__":
