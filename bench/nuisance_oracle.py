@@ -171,8 +171,9 @@ def _half(accounting: dp_ebm.DpEbmAccounting) -> dp_ebm.DpEbmAccounting:
 
 
 @contextmanager
-def variant(name: str, study: Study) -> Iterator[None]:
-    """The estimation module's nuisance functions (and folds) replaced for one variant."""
+def variant(name: str, study: Study, epsilon: float | None = None) -> Iterator[None]:
+    """The estimation module's nuisance functions (and folds) replaced for one variant
+    (``epsilon``, the release's: needed by ``platt_dp`` only)."""
     propensity: Callable[..., Any] = dp_ebm.propensity_scores
     outcome: Callable[..., Any] = dp_ebm.outcome_predictions
     folds: Callable[..., Any] = partition.random_folds
@@ -259,7 +260,7 @@ def variant(name: str, study: Study) -> Iterator[None]:
             return pseudo_outcomes(a, y, recalibrated_propensity(a, pi_hat), *args, **kwargs)
 
         patches["pseudo_outcomes"] = recalibrated
-    elif name in ("outcome_recal", "platt", "platt_outcome", "platt_prognostic"):
+    elif name in NAMED_ONLY:
         plain: Callable[..., Any] = estimation.pseudo_outcomes
 
         def linear_repaired(
@@ -281,9 +282,11 @@ def variant(name: str, study: Study) -> Iterator[None]:
 
         patches["pseudo_outcomes"] = linear_repaired
     elif name.startswith("platt_dp:"):
+        if epsilon is None:
+            raise ValueError("platt_dp needs the release's epsilon")
         _, share_text, bins_text = name.split(":")
         plain_dp: Callable[..., Any] = estimation.pseudo_outcomes
-        epsilon_r = float(share_text) * EMULATED_EPSILON[0]
+        epsilon_r = float(share_text) * epsilon
 
         def dp_repaired(
             a: FloatArray, y: FloatArray, pi_hat: FloatArray, *args: Any, **kwargs: Any
@@ -391,9 +394,6 @@ def platt_propensity(a: FloatArray, pi_hat: FloatArray, extra: FloatArray | None
     return np.asarray(np.clip(model.predict_proba(features)[:, 1], clip, 1.0 - clip), np.float64)
 
 
-EMULATED_EPSILON = [1.0]
-
-
 def dp_platt_propensity(
     a: FloatArray, pi_hat: FloatArray, epsilon: float, delta: float, bins: int
 ) -> FloatArray:
@@ -468,7 +468,6 @@ def variant_params(name: str, epsilon: float) -> AteParams:
 def run_cell(
     n: int, epsilon: float, het: str, reps: int, seed: int, variants: tuple[str, ...] = VARIANTS
 ) -> dict[str, Any]:
-    EMULATED_EPSILON[0] = epsilon
     study = STUDIES[het]
     domain = study.domain(n)
     rng = np.random.default_rng(seed)
@@ -478,7 +477,7 @@ def run_cell(
         arrays, _ = study.sample(n, rng)
         for name in variants:
             data, public = variant_data(name, arrays, domain)
-            with variant(name, study):
+            with variant(name, study, epsilon):
                 estimate, half, _ = ate_release(data, public, variant_params(name, epsilon))
             errors[name].append(estimate - study.true_ate)
             halves[name].append(half)
