@@ -27,11 +27,12 @@ towards zero: a row-wise map with a DP constant, adaptive sequential composition
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.special import ndtri
 from scipy.stats import chi2
 
 from service.mechanisms import ate_strict
@@ -254,10 +255,13 @@ ANCHOR_ALL_IN_N_EPSILON = 10_000.0
 # n 20 000, eps 4 gave the CATE kinds 1.8-2.6x the constant DP ATE's PEHE (3 releases,
 # bench/results/realistic-cate-whole-anchor-obs.json). No observational CATE gain at these sizes
 # came from cate_function or cate_vector.
-# Only the anchor release's estimate is used (its interval needs the second moment), so nearly
-# all of its estimation budget goes to the mean; the second moment it also draws, at the rest,
-# is discarded. At 0.8 (the ate default's) the anchor's noise sd would be 1.25x larger.
+# The CATE uses only the anchor release's estimate, so nearly all of its estimation budget goes
+# to the mean; the second moment it also draws, at the rest, serves only the anchor's released
+# interval (anchor_interval). At 0.8 (the ate default's) the anchor's noise sd would be 1.25x
+# larger.
 ANCHOR_MEAN_SHARE = 0.98
+# The anchor's interval inflates its noisy variance estimate by z_{1 - this} times its noise sd.
+ANCHOR_INTERVAL_ALPHA_V = 0.05
 
 
 def ate_anchor_params(
@@ -338,6 +342,26 @@ def plan_ate_anchor(domain: PublicDomain, epsilon: float, delta: float) -> AteAn
     return AteAnchorPlan(params=params, record=state.record, n2=state.n2)
 
 
+def anchor_interval(out: Mapping[str, float], *, bound: float) -> dict[str, float]:
+    """The anchor release's interval for the ATE (post-processing of its DP outputs and public
+    constants): ``ate_strict.confidence_interval`` at the release's level with the variance
+    inflated by ``z_{1 - ANCHOR_INTERVAL_ALPHA_V} s_2``, its ends clipped to the public range
+    ``[-bound, bound]``. The anchor draws its second moment at 2 % of its estimation budget
+    (``ANCHOR_MEAN_SHARE``), so the variance it reads is noisy; the inflation keeps the interval
+    at its level where that noise would shrink it (proof: ate_ci.md §3.2, step 8's option)."""
+    z = float(ndtri(1.0 - (1.0 - float(out["ci_level"])) / 2.0))
+    variance = float(out["variance_estimate"]) + float(ndtri(1.0 - ANCHOR_INTERVAL_ALPHA_V)) * (
+        float(out["s_2"])
+    )
+    half = z * math.sqrt(variance / float(out["n2"]) + float(out["s_theta"]) ** 2)
+    estimate = float(out["estimate"])
+    return {
+        "lower": float(np.clip(estimate - half, -bound, bound)),
+        "upper": float(np.clip(estimate + half, -bound, bound)),
+        "level": float(out["ci_level"]),
+    }
+
+
 def draw_ate_anchor(
     arrays: Arrays,
     domain: PublicDomain,
@@ -346,10 +370,11 @@ def draw_ate_anchor(
     rng: np.random.Generator,
     noise: NoiseSampler,
     progress: Callable[[float, str], None],
-) -> float:
-    """Run the anchor release on all rows (after the charge); its DP estimate clipped to the
-    public CATE range ``[-R_Y, R_Y]`` (post-processing). Nothing else of it is kept: its
-    interval rests on a second moment drawn at 2 % of its estimation budget."""
+) -> tuple[float, dict[str, float]]:
+    """Run the anchor release on all rows (after the charge): its DP estimate clipped to the
+    public CATE range ``[-R_Y, R_Y]`` and its interval (``anchor_interval``), both
+    post-processing. Nothing else of it is kept."""
     out = ate_strict.run(arrays, domain, anchor.params, rng=rng, noise=noise, progress=progress)
     bound = domain.outcome_range
-    return float(np.clip(float(out["estimate"]), -bound, bound))
+    estimate = float(np.clip(float(out["estimate"]), -bound, bound))
+    return estimate, anchor_interval(out, bound=bound)

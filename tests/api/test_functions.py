@@ -446,6 +446,9 @@ def test_anchored_function_answers_its_reference_points_consistently(
     result = done["result"]
     assert result["shrinkage"] == "ate"
     assert -10.0 <= result["ate_anchor"] <= 10.0
+    interval = result["ate_anchor_interval"]  # the anchor release's own 95 % interval
+    assert interval["level"] == 0.95
+    assert -10.0 <= interval["lower"] < result["ate_anchor"] < interval["upper"] <= 10.0
     assert 0.0 <= result["shrinkage_factor"] <= 1.0
     assert result["reference_points"] == 25
     fid = done["id"]

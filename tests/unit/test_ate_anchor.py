@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from service.mechanisms import anchor, ate_strict
-from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
+from service.mechanisms.noise import SeededSampler
+from service.releases.kinds.ate import AteParams, to_mechanism_params
 
 
 def _domain(n: int, design: StudyDesign) -> PublicDomain:
@@ -81,3 +83,79 @@ def test_the_effect_fold_anchors_quantile_event_states_its_own_share_and_epsilon
     assert quantile.epsilon + plan.epsilon == pytest.approx(0.4)
     estimation = ate_strict.quantile_event(0.1, 18.0, 5000)
     assert estimation.params["share_of_estimation_epsilon"] == ate_strict.ADAPTIVE_CLIP_SHARE
+
+
+def test_the_anchor_interval_inflates_the_noisy_variance_and_stays_in_the_public_range() -> None:
+    """anchor_interval: ``estimate +- z sqrt((V_hat + z_0.95 s_2) / n2 + s_theta^2)`` from the
+    release's DP outputs, ends clipped to [-bound, bound]."""
+    out = {
+        "estimate": 1.5,
+        "variance_estimate": 9.0,
+        "s_2": 4.0,
+        "s_theta": 0.05,
+        "n2": 1000,
+        "ci_level": 0.95,
+    }
+    interval = anchor.anchor_interval(out, bound=10.0)
+    plain = ate_strict.confidence_interval(
+        1.5, 9.0 + 1.5**2 - 0.05**2, s_theta=0.05, s_2=4.0, n2=1000, alpha=0.05
+    )
+    inflated = 1.959964 * np.sqrt((9.0 + 1.644854 * 4.0) / 1000 + 0.05**2)
+    assert interval["level"] == 0.95
+    assert interval["upper"] - 1.5 == pytest.approx(inflated, rel=1e-5)
+    assert 1.5 - interval["lower"] == pytest.approx(inflated, rel=1e-5)
+    assert inflated > plain["half_width"]
+    clipped = anchor.anchor_interval({**out, "estimate": 9.9}, bound=10.0)
+    assert clipped["upper"] == 10.0
+    assert clipped["lower"] == pytest.approx(9.9 - inflated, rel=1e-5)
+
+
+def _trial(n: int, seed: int) -> tuple[Arrays, PublicDomain]:
+    """A trial with p = 0.5, tau = 1 everywhere and 5 covariates that explain most of Y."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, (n, 5))
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    y = np.clip(x @ np.linspace(3.0, 0.5, 5) + a + rng.normal(0, 0.5, n), -2.0, 14.0)
+    dom = PublicDomain(
+        x_lower=np.zeros(5),
+        x_upper=np.ones(5),
+        y_lower=-2.0,
+        y_upper=14.0,
+        n=n,
+        design=StudyDesign.RCT,
+        treatment_probability=0.5,
+    )
+    return Arrays(x, a, y), dom
+
+
+def test_the_anchor_interval_covers_the_trial_effect() -> None:
+    """The anchor release (mean share 0.98, so its second moment is noisy) on 40 seeded trials
+    (n 2000, eps 0.5, true ATE 1.0): its inflated 95 % interval covers the truth in at least 36
+    (binomial at 0.95: fewer than 36 with probability 0.05) and is on average at most 2.2x as
+    wide as the interval of the ``ate`` release at the whole budget on the same data (1.84x
+    here; 1.6-2.2x on the realistic trials, bench/README.md)."""
+    covered, ratios = 0, []
+    for seed in range(40):
+        arrays, dom = _trial(2000, seed)
+        plan = anchor.plan_ate_anchor(dom, 0.5, 1e-6)
+        estimate, interval = anchor.draw_ate_anchor(
+            arrays,
+            dom,
+            plan,
+            rng=np.random.default_rng(100 + seed),
+            noise=SeededSampler(np.random.default_rng(200 + seed)),
+            progress=lambda f, s: None,
+        )
+        assert interval["lower"] <= estimate <= interval["upper"]
+        covered += interval["lower"] <= 1.0 <= interval["upper"]
+        whole = ate_strict.run(
+            arrays,
+            dom,
+            to_mechanism_params(AteParams(epsilon=0.5, delta=1e-6), dom),
+            rng=np.random.default_rng(300 + seed),
+            noise=SeededSampler(np.random.default_rng(400 + seed)),
+            progress=lambda f, s: None,
+        )
+        ratios.append((interval["upper"] - interval["lower"]) / (2 * whole["half_width"]))
+    assert covered >= 36, covered
+    assert float(np.mean(ratios)) <= 2.2, ratios

@@ -503,6 +503,8 @@ def test_anchored_release_is_never_far_from_the_ate_on_a_constant_effect() -> No
             if anchor:
                 assert 0.0 <= out["shrinkage_factor"] <= 1.0
                 assert abs(out["ate_anchor"] - truth) < 0.5
+                interval = out["ate_anchor_interval"]
+                assert interval["lower"] < out["ate_anchor"] < interval["upper"]
     assert max(errors[True]) < 0.5
     assert np.mean(errors[True]) < np.mean(errors[False])
 

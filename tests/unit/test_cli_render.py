@@ -142,12 +142,14 @@ def test_an_anchored_cate_at_factor_zero_says_every_estimate_is_the_anchor() -> 
         "estimates": [0.33, 0.33],
         "points": [[1.0], [2.0]],
         "ate_anchor": 0.33,
+        "ate_anchor_interval": {"lower": 0.21, "upper": 0.45, "level": 0.95},
         "shrinkage_factor": 0.0,
         "guarantee": "strict",
     }
     text = render.result(CateVectorResult.from_result(result))
     assert "shrinkage factor" in text
     assert "every estimate is the anchor" in text
+    assert "ate anchor 95% CI  [0.21, 0.45]" in " ".join(text.split(" ")).replace("   ", "  ")
 
 
 def test_ebm_features_are_labelled_with_their_column_names() -> None:

@@ -569,7 +569,7 @@ def test_rct_anchor_is_as_accurate_as_the_constant_dp_ate() -> None:
     from service.mechanisms import ate_strict
     from service.releases.kinds.ate import AteParams, to_mechanism_params
 
-    anchor_errors, ate_errors = [], []
+    anchor_errors, ate_errors, covered = [], [], 0
     for seed in range(10):
         arrays, dom = _prognostic_rct(3000, 10, seed)
         result = ec.run(
@@ -585,6 +585,8 @@ def test_rct_anchor_is_as_accurate_as_the_constant_dp_ate() -> None:
             noise=SeededSampler(np.random.default_rng(200 + seed)),
         )
         anchor_errors.append(result["ate_anchor"] - 1.0)
+        interval = result["ate_anchor_interval"]
+        covered += interval["lower"] <= 1.0 <= interval["upper"]
         constant = ate_strict.run(
             arrays,
             dom,
@@ -597,6 +599,7 @@ def test_rct_anchor_is_as_accurate_as_the_constant_dp_ate() -> None:
     anchor_rmse = math.sqrt(np.mean(np.square(anchor_errors)))
     ate_rmse = math.sqrt(np.mean(np.square(ate_errors)))
     assert anchor_rmse <= 1.3 * ate_rmse, (anchor_rmse, ate_rmse)
+    assert covered >= 8  # the anchor's 95 % interval (binomial: fewer than 8 of 10, p 0.012)
 
 
 def test_cate_function_ebm_basis_answers_the_ebm_release() -> None:

@@ -197,9 +197,10 @@ def _run(
     progress: Progress,
 ) -> tuple[dict[str, Any], FittedFunction]:
     anchor: float | None = state.fixed_anchor
+    interval: dict[str, float] | None = None
     if state.anchor is not None:
         # proof §7 step 1: the whole-data anchor, the strict ate default on all n rows.
-        anchor = draw_ate_anchor(
+        anchor, interval = draw_ate_anchor(
             arrays,
             domain,
             state.anchor,
@@ -249,6 +250,8 @@ def _run(
     if anchor is not None:
         shrink(fitted, state, anchor, noise)
         result["ate_anchor"] = fitted.anchor
+        if interval is not None:
+            result["ate_anchor_interval"] = interval
         result["shrinkage_factor"] = fitted.shrink
     return result, fitted
 

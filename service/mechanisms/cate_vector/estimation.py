@@ -219,6 +219,7 @@ class VectorFit:
     phi_points: NDArray[np.float64]
     gamma_hat: float | None
     anchor: float | None = None  # the DP anchor ATE (strict with anchor; public once drawn)
+    anchor_interval: dict[str, float] | None = None  # its interval (anchor.anchor_interval)
 
 
 def fit(
@@ -238,11 +239,12 @@ def fit(
     """
     params = state.params
     anchor: float | None = None
+    interval: dict[str, float] | None = None
     if state.anchor is not None:
         # proof step 7: the whole-data anchor (the strict ate default on all n rows) first.
         if noise is None:
             raise ValueError("the anchor ATE needs the noise sampler")
-        anchor = draw_ate_anchor(
+        anchor, interval = draw_ate_anchor(
             arrays,
             domain,
             state.anchor,
@@ -285,7 +287,7 @@ def fit(
         overlap = float(np.mean(pi2 * (1.0 - pi2))) if params.learner == "r" else 1.0
         gamma_hat = influence_sup(params.learner, nuisance, g, domain, overlap=overlap, rng=rng)
     progress(0.9, "second stage")
-    return VectorFit(estimates, theta, phi_points, gamma_hat, anchor)
+    return VectorFit(estimates, theta, phi_points, gamma_hat, anchor, interval)
 
 
 def paper_noise_sd(fitted: VectorFit, state: Plan) -> float:
@@ -325,6 +327,11 @@ def release(fitted: VectorFit, state: Plan, *, noise: NoiseSampler) -> dict[str,
                 **_public(state),
                 "estimates": [float(v) for v in shrunk],
                 "ate_anchor": fitted.anchor,
+                **(
+                    {}
+                    if fitted.anchor_interval is None
+                    else {"ate_anchor_interval": fitted.anchor_interval}
+                ),
                 "shrinkage_factor": factor,
             }
     else:

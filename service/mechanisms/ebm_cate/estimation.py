@@ -96,12 +96,13 @@ def run_plan(
     low, high = domain.y_lower, domain.y_upper
 
     rct_anchor: float | None = None
+    rct_interval: dict[str, float] | None = None
     if state.rct_anchor is not None:
         # proof step 6.1 (RCT): the anchor release on all n records (its own partition), at the
-        # anchor's share; only its DP estimate is kept, clipped to [-R_Y, R_Y].
+        # anchor's share; its DP estimate clipped to [-R_Y, R_Y] and its interval are kept.
         if noise is None:
             raise ValueError("the anchor needs the noise sampler")
-        rct_anchor = draw_ate_anchor(
+        rct_anchor, rct_interval = draw_ate_anchor(
             arrays,
             domain,
             state.rct_anchor,
@@ -202,7 +203,18 @@ def run_plan(
             if noise is None:
                 raise ValueError("the anchor needs the noise sampler")
             return _run_anchored(
-                x2, a2, y2, e_hat, mu0, mu1, domain, state, noise, feature_names, rct_anchor
+                x2,
+                a2,
+                y2,
+                e_hat,
+                mu0,
+                mu1,
+                domain,
+                state,
+                noise,
+                feature_names,
+                rct_anchor,
+                rct_interval,
             )
     else:
         eta_model, mid = fit_regressor(
@@ -263,6 +275,7 @@ def _run_anchored(
     noise: NoiseSampler,
     feature_names: list[str],
     rct_anchor: float | None = None,
+    rct_interval: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """proof step 6: the anchor (the effect fold's, or the RCT anchor release's ``rct_anchor``),
     the centred effect model on the fitting rows, the DP calibration sums on the calibration
@@ -338,6 +351,7 @@ def _run_anchored(
         **screened,
         "ate": anchor,
         "ate_anchor": anchor,
+        **({} if rct_interval is None else {"ate_anchor_interval": rct_interval}),
         "shrinkage_factor": factor,
         "anchor_centre": centre,
         "model": {

@@ -186,6 +186,7 @@ PUBLIC_FIELDS = (
     "shrinkage",
     "anchor_share",
     "ate_anchor",
+    "ate_anchor_interval",
     "shrinkage_factor",
     "effect_columns",
     "adjustment_columns",

@@ -322,10 +322,13 @@ def _shrinkage(raw: dict[str, Any]) -> str:
     """An anchored CATE's anchor and factor: at factor 0 every estimate is the anchor."""
     if raw.get("shrinkage_factor") is None:
         return ""
-    items: list[tuple[str, Any]] = [
-        ("ate anchor", raw.get("ate_anchor")),
-        ("shrinkage factor", raw.get("shrinkage_factor")),
-    ]
+    items: list[tuple[str, Any]] = [("ate anchor", raw.get("ate_anchor"))]
+    interval = raw.get("ate_anchor_interval")
+    if isinstance(interval, dict):
+        level = float(interval.get("level", 0.95))
+        span = f"[{float(interval['lower']):.6g}, {float(interval['upper']):.6g}]"
+        items.append((f"ate anchor {level:.0%} CI", span))
+    items.append(("shrinkage factor", raw.get("shrinkage_factor")))
     if raw.get("shrinkage_factor") == 0:
         items.append(
             ("note", "factor 0: no heterogeneity above the noise; every estimate is the anchor")
