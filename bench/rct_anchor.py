@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_limits
 from bench.common import write_result
 from bench.studies import STUDIES
 from service.mechanisms import ate_strict, ebm_cate
-from service.mechanisms.anchor import ate_anchor_params
+from service.mechanisms.anchor import anchor_interval, ate_anchor_params, ate_anchor_share
 from service.mechanisms.noise import OpenDPSampler, secure_rng
 from service.releases.kinds.ate import AteKind, AteParams
 from service.releases.kinds.ebm_cate import EbmCateRequest, to_mechanism_params
@@ -35,19 +35,48 @@ def _quiet(_fraction: float, _stage: str) -> None:
     return None
 
 
-def run_cell(n: int, epsilon: float, reps: int, shares: tuple[float, ...]) -> dict[str, Any]:
-    study = STUDIES["rct_none"]
+def _interval(out: dict[str, Any], truth: float) -> dict[str, float]:
+    """One release's error, its interval (as released, and with the variance inflated by
+    ``z_0.95 s_2``: ``anchor.anchor_interval``) and whether each covers the truth."""
+    inflated = anchor_interval(out, bound=math.inf)
+    return {
+        "error": float(out["estimate"]) - truth,
+        "half_width": float(out["half_width"]),
+        "covered": float(out["ci_lower"] <= truth <= out["ci_upper"]),
+        "inflated_half_width": (inflated["upper"] - inflated["lower"]) / 2.0,
+        "inflated_covered": float(inflated["lower"] <= truth <= inflated["upper"]),
+    }
+
+
+def run_cell(
+    n: int, epsilon: float, reps: int, shares: tuple[float, ...], study_name: str = "rct_none"
+) -> dict[str, Any]:
+    study = STUDIES[study_name]
     domain = study.domain(n)
     params = to_mechanism_params(EbmCateRequest(epsilon=epsilon), domain)
-    plan = ebm_cate.make_plan(domain, params)
-    if plan.rct_anchor is None:
-        raise ValueError("not an anchored RCT plan")
-    arms = {"anchor_default": plan.rct_anchor.params}
+    if study.randomised:
+        # ebm_cate's RCT anchor (rct_anchor_share); cate_vector / cate_function use
+        # ate_anchor_share, which the observational arm below reads.
+        plan = ebm_cate.make_plan(domain, params)
+        if plan.rct_anchor is None:
+            raise ValueError("not an anchored RCT plan")
+        default_share = plan.anchor_share
+        arms = {"anchor_default": plan.rct_anchor.params}
+    else:
+        chosen = ate_anchor_share(domain, epsilon, params.delta)
+        if chosen is None:
+            raise ValueError("no room for the anchor")
+        default_share = chosen
+        arms = {
+            "anchor_default": ate_anchor_params(
+                domain, chosen * epsilon, ate_strict.split_share(params.delta, chosen)[0]
+            )
+        }
     for share in shares:
         arms[f"anchor_share_{share:g}"] = ate_anchor_params(
             domain, share * epsilon, share * params.delta
         )
-    errors: dict[str, list[float]] = {"constant_dp_ate": [], **{k: [] for k in arms}}
+    draws: dict[str, list[dict[str, float]]] = {"constant_dp_ate": [], **{k: [] for k in arms}}
     for rep in range(reps):
         arrays, _ = study.sample(n, np.random.default_rng([77, n, rep]))
         out = AteKind().run(
@@ -58,20 +87,29 @@ def run_cell(n: int, epsilon: float, reps: int, shares: tuple[float, ...]) -> di
             noise=OpenDPSampler(),
             progress=_quiet,
         )
-        errors["constant_dp_ate"].append(float(out["estimate"]) - study.true_ate)
+        draws["constant_dp_ate"].append(_interval(out, study.true_ate))
         for name, arm in arms.items():
             out = ate_strict.run(
                 arrays, domain, arm, rng=secure_rng(), noise=OpenDPSampler(), progress=_quiet
             )
-            errors[name].append(float(out["estimate"]) - study.true_ate)
-    rmse = {k: math.sqrt(float(np.mean(np.square(v)))) for k, v in errors.items()}
+            draws[name].append(_interval(out, study.true_ate))
+    rmse = {k: math.sqrt(float(np.mean([d["error"] ** 2 for d in v]))) for k, v in draws.items()}
+    summary = {
+        k: {
+            field: float(np.mean([d[field] for d in v]))
+            for field in ("half_width", "covered", "inflated_half_width", "inflated_covered")
+        }
+        for k, v in draws.items()
+    }
     return {
+        "study": study_name,
         "n": n,
         "epsilon": epsilon,
         "reps": reps,
-        "default_share": plan.anchor_share,
+        "default_share": default_share,
         "rmse": rmse,
         "ratio_to_constant_dp_ate": {k: v / rmse["constant_dp_ate"] for k, v in rmse.items()},
+        "intervals": summary,
     }
 
 
@@ -82,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--shares", default="")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--study", default="rct_none", choices=sorted(STUDIES))
     parser.add_argument("--name", default="rct-anchor-vs-ate")
     args = parser.parse_args(argv)
     shares = tuple(float(s) for s in args.shares.split(",") if s)
@@ -89,10 +128,13 @@ def main(argv: list[str] | None = None) -> None:
     with threadpool_limits(args.threads):
         for n in (int(v) for v in args.n.split(",")):
             for epsilon in (float(v) for v in args.eps.split(",")):
-                cell = run_cell(n, epsilon, args.reps, shares)
+                cell = run_cell(n, epsilon, args.reps, shares, args.study)
                 cells.append(cell)
                 ratios = {k: round(v, 2) for k, v in cell["ratio_to_constant_dp_ate"].items()}
+                cover = {k: round(v["covered"], 3) for k, v in cell["intervals"].items()}
+                width = {k: round(v["half_width"], 3) for k, v in cell["intervals"].items()}
                 print(f"n={n} eps={epsilon:g} rmse ratios {ratios}", flush=True)
+                print(f"   coverage {cover}; half-width {width}", flush=True)
     path = write_result(
         args.name,
         {"cells": cells, "threads": args.threads},
