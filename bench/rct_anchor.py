@@ -69,7 +69,10 @@ def run_cell(
         default_share = chosen
         arms = {
             "anchor_default": ate_anchor_params(
-                domain, chosen * epsilon, ate_strict.split_share(params.delta, chosen)[0]
+                domain,
+                ate_strict.split_share(epsilon, chosen)[0],
+                ate_strict.split_share(params.delta, chosen)[0],
+                epsilon,
             )
         }
     for share in shares:

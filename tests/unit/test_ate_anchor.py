@@ -85,6 +85,34 @@ def test_the_effect_fold_anchors_quantile_event_states_its_own_share_and_epsilon
     assert estimation.params["share_of_estimation_epsilon"] == ate_strict.ADAPTIVE_CLIP_SHARE
 
 
+def test_the_anchor_takes_the_nuisance_class_of_the_ate_release_at_the_whole_budget() -> None:
+    """Observational, 10 covariates, n 2500 at eps 4 (n eps = 10 000, the DP-EBM switch for 10
+    covariates): the anchor at 95 % of eps (n eps_a = 9500) gets DP-EBM models like the ``ate``
+    release at the whole budget, not the DP linear ones of an ``ate`` request at eps_a;
+    cross-fitting and folds follow its own budget. The CATE kinds' plans pass their whole
+    epsilon."""
+    from service.mechanisms import cate_vector as cv
+
+    domain = _domain(2500, StudyDesign.OBSERVATIONAL)
+    threshold = ate_strict.linear_nuisance_threshold(10)
+    assert 0.95 * 2500 * 4.0 < threshold <= 2500 * 4.0
+    share = anchor.ate_anchor_share(domain, 4.0, 1e-6)
+    assert share == 0.95
+    eps_a, delta_a = ate_strict.split_share(4.0, share)[0], ate_strict.split_share(1e-6, share)[0]
+    assert ate_strict.default_params(domain, eps_a, delta_a).nuisance == "dp_linear"
+    assert ate_strict.default_params(domain, 4.0).nuisance == "dp_ebm"
+    plan = anchor.plan_ate_anchor(domain, eps_a, delta_a, 4.0)
+    assert plan.params.nuisance == "dp_ebm"
+    assert plan.params.cross_fit == ate_strict.default_cross_fit(domain, "dp_ebm", None, eps_a)
+    assert plan.epsilon == pytest.approx(eps_a)
+    state = cv.make_plan(
+        domain,
+        cv.CateVectorParams(points=[[0.5] * 10], epsilon=4.0, delta=1e-6, anchor=True),
+    )
+    assert state.anchor is not None
+    assert state.anchor.params.nuisance == "dp_ebm"
+
+
 def test_the_anchor_interval_inflates_the_noisy_variance_and_stays_in_the_public_range() -> None:
     """anchor_interval: ``estimate +- z sqrt((V_hat + z_0.95 s_2) / n2 + s_theta^2)`` from the
     release's DP outputs, ends clipped to [-bound, bound]."""

@@ -478,15 +478,21 @@ def default_delta_for(
 
 
 def default_params(
-    domain: PublicDomain, epsilon: float, delta: float | None = None
+    domain: PublicDomain,
+    epsilon: float,
+    delta: float | None = None,
+    *,
+    nuisance_epsilon: float | None = None,
 ) -> AteStrictParams:
     """The strict ``ate`` kind's defaults at ``(epsilon, delta)``: the public rules for the
     nuisance, cross-fitting, the clip and (``delta=None``) delta, every other parameter at its
     default. What an ``ate`` request with only ``epsilon`` (and ``delta``) runs; other kinds reuse
     it as an adjusted DP ATE: the CATE kinds' whole-data anchor (``anchor.plan_ate_anchor``) and
     ``uplift_table``'s one-cell observational default (docs/proofs/uplift_table.md step 6).
-    Public inputs only."""
-    nuisance = default_nuisance(domain, epsilon)
+    ``nuisance_epsilon`` (default ``epsilon``) is the budget whose rule picks the nuisance class:
+    the anchor, at a share of a CATE's budget, takes the class of the ``ate`` release at the
+    whole budget it stands in for. Public inputs only."""
+    nuisance = default_nuisance(domain, epsilon if nuisance_epsilon is None else nuisance_epsilon)
     cross_fit = default_cross_fit(domain, nuisance, None, epsilon)
     if delta is None:
         delta = default_delta_for(domain, None, nuisance, cross_fit, epsilon)

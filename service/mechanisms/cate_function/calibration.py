@@ -423,7 +423,7 @@ def _plan(
                 raise no_room_for_anchor()
             epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, chosen)
             delta_anchor, delta_gp = ate_strict.split_share(delta, chosen)
-            anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
+            anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor, epsilon)
             share = chosen
         except InvalidParameters:
             if params.shrinkage is not None:

@@ -238,7 +238,7 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
             raise no_room_for_anchor()
         epsilon_anchor, epsilon_rest = ate_strict.split_share(epsilon, share)
         delta_anchor, delta_rest = ate_strict.split_share(delta, share)
-        anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
+        anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor, epsilon)
     if params.mode == "strict":
         guarantee = Guarantee.STRICT
         accounting = solve_dp_ebm_epsilon_p(epsilon_rest, delta_rest)

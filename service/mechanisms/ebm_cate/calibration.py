@@ -219,7 +219,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         share = chosen
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
-        rct_anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor)
+        rct_anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor, epsilon)
         # every DR module runs at the rest (sequential composition with the anchor)
         epsilon, delta = effect_epsilon, effect_delta
         accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
