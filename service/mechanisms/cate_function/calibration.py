@@ -49,8 +49,9 @@ Shrinkage = Literal["ate", "none"]
 
 MECHANISM = "cate_function_gp"
 # 3: the anchor is the strict ate default on all rows (proof §7); 4: the strict DP-EBM
-# nuisances adjust for the schema's declared adjustment set (proof §8)
-VERSION = "4"
+# nuisances adjust for the schema's declared adjustment set (proof §8); 5: the anchor's
+# nuisance class is the ate default's at the whole epsilon, its interval released (§7 step 1)
+VERSION = "5"
 # proof §7: public reference points (the first Sobol points of the scaled box) at which the
 # released function's deviation from the anchor is read to set the shrinkage factor; an exact
 # function's GP path is drawn there at release time and answers them like any other point.

@@ -46,7 +46,9 @@ from service.mechanisms.partition import checked_fractions, fold_sizes
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "cate_vector"
-VERSION = "2"  # 2: the anchor is the strict ate default on all rows (proof step 7)
+# 2: the anchor is the strict ate default on all rows (proof step 7); 3: its nuisance class is
+# the ate default's at the whole epsilon, and its interval is released (ate_anchor_interval)
+VERSION = "3"
 
 Learner = Literal["r", "dr"]
 Mode = Literal["strict", "paper"]
