@@ -11,6 +11,10 @@ other shares of the budget (the default's public rule is ``anchor.ate_anchor_sha
 
     python -m bench.rct_anchor --reps 40 --name rct-anchor-vs-ate
     python -m bench.rct_anchor --n 20000 --eps 4 --shares 0.2,0.5,0.7 --reps 40
+    python -m bench.rct_anchor --no-anchor --study rct_strong --reps 200   # the ate release only
+
+Each arm's interval is reported as drawn and with the variance inflated by z_0.95 s_2 (the
+anchor's released ``ate_anchor_interval``; for the ``ate`` release its ``variance_inflation``).
 """
 
 from __future__ import annotations
@@ -49,12 +53,21 @@ def _interval(out: dict[str, Any], truth: float) -> dict[str, float]:
 
 
 def run_cell(
-    n: int, epsilon: float, reps: int, shares: tuple[float, ...], study_name: str = "rct_none"
+    n: int,
+    epsilon: float,
+    reps: int,
+    shares: tuple[float, ...],
+    study_name: str = "rct_none",
+    anchor: bool = True,
 ) -> dict[str, Any]:
     study = STUDIES[study_name]
     domain = study.domain(n)
     params = to_mechanism_params(EbmCateRequest(epsilon=epsilon), domain)
-    if study.randomised:
+    arms: dict[str, ate_strict.AteStrictParams] = {}
+    default_share: float | None = None
+    if not anchor:
+        pass  # the constant DP ATE (and any --shares) only
+    elif study.randomised:
         # ebm_cate's RCT anchor (rct_anchor_share); cate_vector / cate_function use
         # ate_anchor_share, which the observational arm below reads.
         plan = ebm_cate.make_plan(domain, params)
@@ -77,7 +90,7 @@ def run_cell(
         }
     for share in shares:
         arms[f"anchor_share_{share:g}"] = ate_anchor_params(
-            domain, share * epsilon, share * params.delta
+            domain, share * epsilon, share * params.delta, epsilon
         )
     draws: dict[str, list[dict[str, float]]] = {"constant_dp_ate": [], **{k: [] for k in arms}}
     for rep in range(reps):
@@ -124,6 +137,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shares", default="")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--study", default="rct_none", choices=sorted(STUDIES))
+    parser.add_argument(
+        "--no-anchor",
+        action="store_true",
+        help="only the ate release at the whole budget (its interval as drawn and inflated)",
+    )
     parser.add_argument("--name", default="rct-anchor-vs-ate")
     args = parser.parse_args(argv)
     shares = tuple(float(s) for s in args.shares.split(",") if s)
@@ -131,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     with threadpool_limits(args.threads):
         for n in (int(v) for v in args.n.split(",")):
             for epsilon in (float(v) for v in args.eps.split(",")):
-                cell = run_cell(n, epsilon, args.reps, shares, args.study)
+                cell = run_cell(
+                    n, epsilon, args.reps, shares, args.study, anchor=not args.no_anchor
+                )
                 cells.append(cell)
                 ratios = {k: round(v, 2) for k, v in cell["ratio_to_constant_dp_ate"].items()}
                 cover = {k: round(v["covered"], 3) for k, v in cell["intervals"].items()}
