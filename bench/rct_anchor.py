@@ -117,6 +117,7 @@ def run_cell(
         }
         for k, v in draws.items()
     }
+    bias = {k: float(np.mean([d["error"] for d in v])) for k, v in draws.items()}
     return {
         "study": study_name,
         "n": n,
@@ -124,6 +125,7 @@ def run_cell(
         "reps": reps,
         "default_share": default_share,
         "rmse": rmse,
+        "bias": bias,
         "ratio_to_constant_dp_ate": {k: v / rmse["constant_dp_ate"] for k, v in rmse.items()},
         "intervals": summary,
     }
