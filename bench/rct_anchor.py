@@ -65,9 +65,7 @@ def run_cell(
     params = to_mechanism_params(EbmCateRequest(epsilon=epsilon), domain)
     arms: dict[str, ate_strict.AteStrictParams] = {}
     default_share: float | None = None
-    if not anchor:
-        pass  # the constant DP ATE (and any --shares) only
-    elif study.randomised:
+    if anchor and study.randomised:
         # ebm_cate's RCT anchor (rct_anchor_share); cate_vector / cate_function use
         # ate_anchor_share, which the observational arm below reads.
         plan = ebm_cate.make_plan(domain, params)
@@ -75,7 +73,7 @@ def run_cell(
             raise ValueError("not an anchored RCT plan")
         default_share = plan.anchor_share
         arms = {"anchor_default": plan.rct_anchor.params}
-    else:
+    elif anchor:
         chosen = ate_anchor_share(domain, epsilon, params.delta)
         if chosen is None:
             raise ValueError("no room for the anchor")

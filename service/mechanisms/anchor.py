@@ -361,11 +361,13 @@ def anchor_interval(out: Mapping[str, float], *, bound: float) -> dict[str, floa
     ``[-bound, bound]``. The anchor draws its second moment at 2 % of its estimation budget
     (``ANCHOR_MEAN_SHARE``), so the variance it reads is noisy; the inflation keeps the interval
     at its level where that noise would shrink it (proof: ate_ci.md §3.2, step 8's option)."""
-    z = float(ndtri(1.0 - (1.0 - float(out["ci_level"])) / 2.0))
-    variance = float(out["variance_estimate"]) + float(ndtri(1.0 - ANCHOR_INTERVAL_ALPHA_V)) * (
-        float(out["s_2"])
+    inflation = float(ndtri(1.0 - ANCHOR_INTERVAL_ALPHA_V)) * float(out["s_2"])
+    half = ate_strict.interval_half_width(
+        float(out["variance_estimate"]) + inflation,
+        s_theta=float(out["s_theta"]),
+        n2=int(out["n2"]),
+        alpha=1.0 - float(out["ci_level"]),
     )
-    half = z * math.sqrt(variance / float(out["n2"]) + float(out["s_theta"]) ** 2)
     estimate = float(out["estimate"])
     return {
         "lower": float(np.clip(estimate - half, -bound, bound)),

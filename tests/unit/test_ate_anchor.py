@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from service.mechanisms import anchor, ate_strict
-from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
+from service.mechanisms.domain import PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import SeededSampler
 from service.releases.kinds.ate import AteParams, to_mechanism_params
+from tests.unit.trials import prognostic_rct
 
 
 def _domain(n: int, design: StudyDesign) -> PublicDomain:
@@ -138,24 +139,6 @@ def test_the_anchor_interval_inflates_the_noisy_variance_and_stays_in_the_public
     assert clipped["lower"] == pytest.approx(9.9 - inflated, rel=1e-5)
 
 
-def _trial(n: int, seed: int) -> tuple[Arrays, PublicDomain]:
-    """A trial with p = 0.5, tau = 1 everywhere and 5 covariates that explain most of Y."""
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(0, 1, (n, 5))
-    a = (rng.uniform(size=n) < 0.5).astype(float)
-    y = np.clip(x @ np.linspace(3.0, 0.5, 5) + a + rng.normal(0, 0.5, n), -2.0, 14.0)
-    dom = PublicDomain(
-        x_lower=np.zeros(5),
-        x_upper=np.ones(5),
-        y_lower=-2.0,
-        y_upper=14.0,
-        n=n,
-        design=StudyDesign.RCT,
-        treatment_probability=0.5,
-    )
-    return Arrays(x, a, y), dom
-
-
 def test_the_anchor_interval_covers_the_trial_effect() -> None:
     """The anchor release (mean share 0.98, so its second moment is noisy) on 40 seeded trials
     (n 2000, eps 0.5, true ATE 1.0): its inflated 95 % interval covers the truth in at least 36
@@ -164,7 +147,7 @@ def test_the_anchor_interval_covers_the_trial_effect() -> None:
     here; 1.6-2.2x on the realistic trials, bench/README.md)."""
     covered, ratios = 0, []
     for seed in range(40):
-        arrays, dom = _trial(2000, seed)
+        arrays, dom = prognostic_rct(2000, 5, seed)
         plan = anchor.plan_ate_anchor(dom, 0.5, 1e-6)
         estimate, interval = anchor.draw_ate_anchor(
             arrays,

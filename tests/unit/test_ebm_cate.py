@@ -23,6 +23,7 @@ from service.mechanisms.dp_ebm import (
 from service.mechanisms.errors import InvalidParameters, PaperModeDisabled
 from service.mechanisms.noise import OpenDPSampler, SeededSampler
 from service.mechanisms.records import Composition, Guarantee
+from tests.unit.trials import prognostic_rct
 
 
 def domain(n: int = 4000, *, rct: bool = False, paper: bool = False) -> PublicDomain:
@@ -541,24 +542,6 @@ def test_small_effect_folds_fall_back_to_the_unanchored_default() -> None:
     assert sizes == {"propensity": 100, "outcome": 160, "effect": 100, "calibration": 40}
 
 
-def _prognostic_rct(n: int, q: int, seed: int) -> tuple[Arrays, PublicDomain]:
-    """A trial with p = 0.5, tau = 1 everywhere and q covariates that explain most of Y."""
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(0, 1, (n, q))
-    a = (rng.uniform(size=n) < 0.5).astype(float)
-    y = np.clip(x @ np.linspace(3.0, 0.5, q) + a + rng.normal(0, 0.5, n), -2.0, 14.0)
-    dom = PublicDomain(
-        x_lower=np.zeros(q),
-        x_upper=np.ones(q),
-        y_lower=-2.0,
-        y_upper=14.0,
-        n=n,
-        design=StudyDesign.RCT,
-        treatment_probability=0.5,
-    )
-    return Arrays(x, a, y), dom
-
-
 def test_rct_anchor_is_as_accurate_as_the_constant_dp_ate() -> None:
     """Issue 12 item 4 (proof step 6.1): on a trial without heterogeneity the anchored release
     is its anchor, so the anchor's error must be close to that of the strict ``ate`` kind's RCT
@@ -571,7 +554,7 @@ def test_rct_anchor_is_as_accurate_as_the_constant_dp_ate() -> None:
 
     anchor_errors, ate_errors, covered = [], [], 0
     for seed in range(10):
-        arrays, dom = _prognostic_rct(3000, 10, seed)
+        arrays, dom = prognostic_rct(3000, 10, seed)
         result = ec.run(
             arrays,
             dom,

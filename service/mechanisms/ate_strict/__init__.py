@@ -104,6 +104,7 @@ from service.mechanisms.ate_strict.estimation import (
     adaptive_clip,
     confidence_interval,
     d2_statistics,
+    interval_half_width,
     pseudo_outcomes,
     run,
 )
@@ -217,6 +218,7 @@ __all__ = [
     "assumed_pseudo_outcome_sd",
     "standard_normal_quadrature",
     "confidence_interval",
+    "interval_half_width",
     "cross_fit_mean_share",
     "d2_statistics",
     "default_adaptive_clip",

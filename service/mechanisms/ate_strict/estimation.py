@@ -111,6 +111,11 @@ def d2_statistics(gamma: NDArray[np.float64], *, bound: float) -> tuple[float, f
     return theta_hat, m2_hat
 
 
+def interval_half_width(variance: float, *, s_theta: float, n2: int, alpha: float) -> float:
+    """``z_{1 - alpha/2} sqrt(V / n2 + s_theta^2)`` (ate_ci.md §3.2 step 9; post-processing)."""
+    return float(ndtri(1.0 - alpha / 2.0)) * math.sqrt(variance / n2 + s_theta**2)
+
+
 def confidence_interval(
     theta_dp: float,
     m2_dp: float,
@@ -133,7 +138,7 @@ def confidence_interval(
     """
     variance = max(0.0, m2_dp - theta_dp * theta_dp + s_theta * s_theta)
     variance_used = variance + float(ndtri(1.0 - alpha_v)) * s_2 if variance_inflation else variance
-    half_width = float(ndtri(1.0 - alpha / 2.0)) * math.sqrt(variance_used / n2 + s_theta**2)
+    half_width = interval_half_width(variance_used, s_theta=s_theta, n2=n2, alpha=alpha)
     return {
         "variance_estimate": variance,
         "variance_used": variance_used,
