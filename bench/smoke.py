@@ -48,6 +48,7 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     # a configured ebm_cate kind (bench.realistic.CONFIGURED_EBM: request settings by name)
     ("bench.drlearner", "--kinds", "ebm_cate@eps100+bins24+k0.5", "--name", "ebm-configured"),
     "bench.cate_basis",
+    "bench.het_test",
     "bench.ebm_noise",
 )
 # With several runs at once each keeps to one BLAS thread, so they share the cores, not fight.
