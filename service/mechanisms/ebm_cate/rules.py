@@ -96,6 +96,10 @@ SCREENED_USEFUL_N_EPSILON_PER_COVARIATE = 900.0
 # realistic rct_none trial at n 20 000, eps 4 (q = 36): the anchor's RMSE 1.46x the whole-budget
 # ate release's at 0.2, 1.08x at 0.35, 0.97x at 0.5 (40 samples,
 # bench/results/rct-anchor-20000-4.json). 0.35 keeps the anchor within 1.1x and most of the gain.
+# A larger share trades the no-heterogeneity trial (1.12-1.81x the constant DP ATE at 0.35) for
+# the DRLearner target, and a charged heterogeneity test before the split, which could choose the
+# share per release, had no power where it was needed (bench/README.md, "Design probe: a charged
+# heterogeneity test before the trial split"; bench/results/het_test.json).
 RCT_USEFUL_ANCHOR_SHARE = 0.35
 # proof step 6.1 (randomised designs): the anchor is the strict ``ate`` kind's default release
 # (dp_linear outcome models, cross-fitted above n * epsilon = 10^4, adaptive clip; mean share
