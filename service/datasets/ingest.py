@@ -75,6 +75,34 @@ def bound_warnings(
     return warnings
 
 
+# An arm holding fewer than this many rows (none or one) gets a warning: no estimator can
+# contrast the arms, yet a release would still be charged and answered (the arm sizes are
+# private, so the mechanisms cannot refuse on them without revealing them).
+MIN_ARM_ROWS = 2
+
+
+def design_warnings(treatment: NDArray[np.float64], outcome: NDArray[np.float64]) -> list[str]:
+    """The ingest report's warnings on what no release can estimate from: an arm with fewer
+    than ``MIN_ARM_ROWS`` rows (a single-arm dataset included) and an outcome with one value.
+    The report is the owner's, who holds the data, so it may say so exactly."""
+    warnings = []
+    treated = int(np.count_nonzero(treatment == 1.0))
+    for arm, count in (("treated (1)", treated), ("untreated (0)", treatment.size - treated)):
+        if count < MIN_ARM_ROWS:
+            warnings.append(
+                f"only {count} of {treatment.size} rows are {arm}: no causal estimate can be "
+                "made from this dataset, yet every release on it would still be charged and "
+                "answered with DP noise (its arm sizes are private, so the service cannot refuse "
+                "it for analysts); check the treatment column, or delete the rows"
+            )
+    if outcome.size and np.all(outcome == outcome[0]):
+        warnings.append(
+            f"the outcome takes one value ({outcome[0]:g}) in every row: every effect is 0, and "
+            "releases would answer with DP noise only; check the outcome column"
+        )
+    return warnings
+
+
 def _header(path: Path) -> list[str]:
     with path.open(newline="", encoding="utf-8-sig") as f:
         try:
@@ -173,7 +201,7 @@ def _apply_policies(
     matrix: NDArray[np.float64], schema: PublicSchema, names: list[str], rows_received: int
 ) -> Ingested:
     q = len(schema.covariates)
-    t_col, _y_col = q, q + 1
+    t_col = q
     keep = np.ones(matrix.shape[0], dtype=bool)
     imputed: dict[str, int] = {}
     clipped: dict[str, int] = {}
@@ -274,6 +302,7 @@ def _apply_policies(
         cells_imputed=imputed,
         warnings=bound_warnings(
             clipped, rows_received - n, rows_received, dict(zip(names, bounds, strict=True))
-        ),
+        )
+        + design_warnings(matrix[:, t_col], matrix[:, q + 1]),
     )
     return Ingested(matrix=np.ascontiguousarray(matrix), report=report)

@@ -145,6 +145,17 @@ def test_a_column_named_in_another_case_is_pointed_out(api: Api) -> None:
     )
 
 
+def test_a_single_arm_upload_is_accepted_and_the_owners_report_says_so(api: Api) -> None:
+    owner = api.principal("owner")
+    rows = "age,severity,sex,treated,outcome,patient_id\n" + "\n".join(
+        f"{20 + i},0.5,{i % 2},0,{i % 3},P{i}" for i in range(12)
+    )
+    r = api.upload(owner["api_key"], rows + "\n", SCHEMA)
+    assert r.status_code == 201, r.text
+    (warning,) = r.json()["ingest_report"]["warnings"]
+    assert warning.startswith("only 0 of 12 rows are treated (1)")
+
+
 def test_policies_clip_reject_and_impute(api: Api) -> None:
     owner = api.principal("owner")
     rows = (
