@@ -327,7 +327,10 @@ def validate_delta(delta: object, *, n_min: int, name: str = "delta") -> float:
         raise InvalidParameters("the smallest fold size must be a positive integer")
     value = validate_finite_positive(delta, name)
     if not value < 1.0 / n_min:
-        raise InvalidParameters(f"{name} must be below 1/n = {1.0 / n_min:.6g} (n = {n_min})")
+        raise InvalidParameters(
+            f"{name} must be below 1/{n_min} = {1.0 / n_min:.6g}: one over the smallest fold "
+            f"of rows this release reads ({n_min}, a public share of the dataset's n)"
+        )
     return value
 
 

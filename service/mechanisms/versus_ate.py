@@ -167,6 +167,7 @@ def versus_ate(
         bound = min(bound, h)
     return {
         "verdict": verdict,
+        "prediction_noise_sd": noise_sd,
         "expected_pehe_lower_bound": bound,
         "heterogeneity_sd": h,
         "heterogeneity_sd_assumed": assumed,

@@ -216,7 +216,7 @@ def test_validation_limits() -> None:
     with pytest.raises(InvalidParameters):
         validate_epsilon(0.001, minimum=0.01)
     assert validate_delta(9.9e-4, n_min=1000) == 9.9e-4
-    with pytest.raises(InvalidParameters):
+    with pytest.raises(InvalidParameters, match=r"below 1/1000 = 0\.001: one over the smallest"):
         validate_delta(1e-3, n_min=1000)  # delta < 1/n is strict
     with pytest.raises(InvalidParameters):
         validate_delta(1e-6, n_min=0)

@@ -39,6 +39,7 @@ def test_verdict_thresholds_and_default_assumption() -> None:
         assert out["verdict"] == verdict
         assert out["heterogeneity_sd_assumed"] is True
         assert out["expected_pehe_lower_bound"] == noise
+        assert out["prediction_noise_sd"] == noise
     stated = versus_ate.versus_ate(1.0, domain, 1.0, heterogeneity_sd=5.0, epsilon_worth_it=None)
     assert stated["verdict"] == "possible"
     assert stated["heterogeneity_sd"] == 5.0
@@ -303,3 +304,14 @@ def test_an_anchored_message_does_not_say_the_constant_is_more_accurate(ratio: f
         ratio * h, domain, 1.0, anchored=True, heterogeneity_sd=None, epsilon_worth_it=None
     )
     assert "no epsilon up to the maximum" in unreachable["message"]
+
+
+def test_an_anchored_quote_states_the_noise_beside_its_smaller_bound() -> None:
+    domain = PublicDomain(
+        x_lower=np.zeros(2), x_upper=np.ones(2), y_lower=0.0, y_upper=48.0, n=1000
+    )
+    out = versus_ate.versus_ate(
+        5.0, domain, 1.0, heterogeneity_sd=None, epsilon_worth_it=None, anchored=True
+    )
+    assert out["prediction_noise_sd"] == 5.0
+    assert out["expected_pehe_lower_bound"] == out["heterogeneity_sd"] == 2.0
