@@ -492,3 +492,16 @@ def test_a_one_cell_quote_says_the_table_cannot_beat_the_ate() -> None:
     assert grid["cells"] == 4
     assert grid["versus_ate"]["verdict"] in ("marginal", "possible")
     assert grid["versus_ate"]["expected_pehe_lower_bound"] < h
+
+
+def test_the_suggested_pehe_is_in_outcome_units() -> None:
+    """The rule minimises a mean squared error; the quote states its root (a PEHE). With the
+    default L = W the bias term alone at one bin is W^2 / 12, so the PEHE there is at least
+    W / sqrt(12) and never above the whole of the terms' root."""
+    d = domain()
+    width = d.outcome_range
+    out = up.suggested_bins(d, 1.0)
+    assert out["approx_pehe_at_suggestion"] < width
+    one_cell = up.suggested_bins(d, 1e-9)  # the noise forces a single cell
+    assert one_cell["suggested_cells"] == 1
+    assert one_cell["approx_pehe_at_suggestion"] >= width / math.sqrt(12.0)

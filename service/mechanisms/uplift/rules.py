@@ -155,7 +155,8 @@ def suggested_bins(
     return {
         "suggested_bins": best_bins,
         "suggested_cells": math.prod(best_bins),
-        "approx_pehe_at_suggestion": best_value,
+        # the sum above is a mean squared error; the PEHE is its root
+        "approx_pehe_at_suggestion": math.sqrt(best_value),
         "assumptions": {"lipschitz": big_l, "noise_sd": s, "box_scaled_to_unit": True},
     }
 
