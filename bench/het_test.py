@@ -44,6 +44,8 @@ from scipy.stats import chi2
 from bench.common import write_result
 from bench.studies import N_BINARY, RCT_PROBABILITY, STUDIES
 from service.mechanisms.calibration import analytic_gaussian_multiplier, default_delta
+from service.mechanisms.domain import PublicDomain
+from service.mechanisms.effect_screen import scaled_covariates
 
 FloatArray = NDArray[np.float64]
 CELLS = ((20000, 4.0), (100000, 1.0), (50000, 1.0), (20000, 1.0))
@@ -54,11 +56,11 @@ CLIP_QUANTILE = 0.98
 VECTOR_SHARE = 0.75
 
 
-def scaled(x: FloatArray) -> FloatArray:
-    """Binary flags to +-1, continuous covariates to 2 F - 1 by their empirical CDF."""
-    z = np.empty_like(x)
+def scaled(x: FloatArray, domain: PublicDomain) -> FloatArray:
+    """Binary flags to +-1 (``effect_screen``'s box scaling), continuous covariates to
+    2 F - 1 by their empirical CDF."""
+    z = scaled_covariates(x, domain.x_lower, domain.x_upper)
     n = x.shape[0]
-    z[:, :N_BINARY] = 2.0 * x[:, :N_BINARY] - 1.0
     for j in range(N_BINARY, x.shape[1]):
         ranks = np.argsort(np.argsort(x[:, j], kind="stable"), kind="stable")
         z[:, j] = 2.0 * (ranks + 0.5) / n - 1.0
@@ -70,13 +72,19 @@ def _ols_arm(x: FloatArray, y: FloatArray) -> FloatArray:
     return np.asarray(np.linalg.lstsq(design, y, rcond=None)[0], dtype=np.float64)
 
 
-def pseudo_outcomes(x: FloatArray, a: FloatArray, y: FloatArray, kind: str) -> FloatArray:
-    """Trial pseudo-outcomes with the declared p: ``plain`` or cross-fitted ``dr``."""
+def pseudo_outcomes(
+    x: FloatArray, a: FloatArray, y: FloatArray, kind: str, domain: PublicDomain
+) -> FloatArray:
+    """Trial pseudo-outcomes with the declared p: ``plain`` (Y centred at its mean), ``median``
+    (at its median: the charged variants, whose centre is a DP quantile) or cross-fitted
+    ``dr``."""
     p = RCT_PROBABILITY
     weight = a / p - (1.0 - a) / (1.0 - p)
     if kind == "plain":
         return np.asarray(weight * (y - y.mean()), dtype=np.float64)
-    z = scaled(x)
+    if kind == "median":
+        return np.asarray(weight * (y - float(np.median(y))), dtype=np.float64)
+    z = scaled(x, domain)
     n = y.size
     half = np.arange(n) < n // 2
     psi = np.empty(n)
@@ -140,20 +148,16 @@ def run(reps: int, cells: tuple[tuple[int, float], ...], seed: int) -> dict[str,
             clips: dict[str, list[float]] = {}
             for _ in range(reps):
                 arrays, _ = study.sample(n, rng)
-                z = scaled(arrays.x)
-                z_box = z.copy()
-                z_box[:, N_BINARY:] = box_scaled(arrays.x[:, N_BINARY:], study, n)
+                domain = study.domain(n)
+                z = scaled(arrays.x, domain)
+                z_box = scaled_covariates(arrays.x, domain.x_lower, domain.x_upper)
                 q = z.shape[1]
                 threshold = float(chi2.ppf(LEVEL, q))
                 for kind in ("plain", "dr", "charged_cdf", "charged_box"):
                     if kind.startswith("charged"):
-                        weight = arrays.a / RCT_PROBABILITY - (1.0 - arrays.a) / (
-                            1.0 - RCT_PROBABILITY
-                        )
-                        psi = weight * (arrays.y - float(np.median(arrays.y)))
-                        centred = psi
+                        centred = pseudo_outcomes(arrays.x, arrays.a, arrays.y, "median", domain)
                     else:
-                        psi = pseudo_outcomes(arrays.x, arrays.a, arrays.y, kind)
+                        psi = pseudo_outcomes(arrays.x, arrays.a, arrays.y, kind, domain)
                         centred = psi - psi.mean()
                     bound = float(np.quantile(np.abs(centred), CLIP_QUANTILE))
                     clips.setdefault(kind, []).append(bound)
@@ -192,14 +196,6 @@ def run(reps: int, cells: tuple[tuple[int, float], ...], seed: int) -> dict[str,
                     flush=True,
                 )
     return {"level": LEVEL, "clip_quantile": CLIP_QUANTILE, "rows": rows}
-
-
-def box_scaled(cont: FloatArray, study: Any, n: int) -> FloatArray:
-    """Continuous covariates scaled to [-1, 1] by their declared bounds (free, public)."""
-    domain = study.domain(n)
-    low = domain.x_lower[N_BINARY:]
-    high = domain.x_upper[N_BINARY:]
-    return np.asarray((2.0 * np.clip(cont, low, high) - low - high) / (high - low))
 
 
 def main(argv: list[str] | None = None) -> None:
