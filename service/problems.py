@@ -70,7 +70,22 @@ class NotFound(Problem):
 
 
 class ValidationFailed(Problem):
+    """422. Always carries ``errors`` (docs/problems.md): given, or one entry at ``pointer``
+    (``#``, the whole request, unless named) with the detail."""
+
     slug, title, status = "validation-failed", "The request is invalid", 422
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        pointer: str = "#",
+        errors: list[dict[str, str]] | None = None,
+        **extensions: Any,
+    ) -> None:
+        if errors is None:
+            errors = [{"pointer": pointer, "detail": detail or self.title}]
+        super().__init__(detail, errors=errors, **extensions)
 
 
 class InvalidCsv(Problem):
@@ -276,7 +291,11 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidParameters)
     async def _invalid(request: Request, exc: InvalidParameters) -> JSONResponse:
-        return problem_response(ValidationFailed(str(exc)), request.url.path)
+        # a mechanism refuses the request's params (quotes and releases) or its points
+        # (predict); its message names the field
+        path = request.url.path
+        pointer = "#/points" if path.endswith(("/predict", "/evaluate")) else "#/params"
+        return problem_response(ValidationFailed(str(exc), pointer=pointer), path)
 
     @app.exception_handler(InvalidAmount)
     async def _amount(request: Request, exc: InvalidAmount) -> JSONResponse:

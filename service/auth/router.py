@@ -77,7 +77,9 @@ def _read(p: Principal) -> PrincipalRead:
 def create(session: SessionDep, caller: CurrentCaller, body: PrincipalCreate) -> PrincipalCreated:
     require(caller, Role.ADMIN)
     if body.role == Role.ADMIN:
-        raise ValidationFailed("the admin is configured by CURATOR_ADMIN_KEY, not created")
+        raise ValidationFailed(
+            "the admin is configured by CURATOR_ADMIN_KEY, not created", pointer="#/role"
+        )
     principal, key = create_principal(session, name=body.name, role=body.role, created_by=caller.id)
     session.commit()
     return PrincipalCreated(**_read(principal).model_dump(), api_key=key)
@@ -151,7 +153,7 @@ def _self_or_admin(caller: Caller, principal_id: str, *, admin_me: str, other: s
     ``me``: 422 ``admin_me``), a principal only itself, as ``me`` or its id (403 ``other``)."""
     if caller.role == Role.ADMIN:
         if principal_id == "me":
-            raise ValidationFailed(admin_me)
+            raise ValidationFailed(admin_me, pointer="#/principal_id")
         return principal_id
     if principal_id not in ("me", caller.id):
         raise Forbidden(other)

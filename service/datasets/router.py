@@ -181,7 +181,7 @@ def list_grants(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> 
     "/{dataset_id}/grants/{principal_id}",
     response_model=GrantRead,
     responses=responses(*AUTH, BudgetBelowSpent, ValidationFailed),
-    summary="Grant an analyst or client access, optionally with a per-principal cap",
+    summary="Grant an analyst (optionally with a per-principal cap) or a client access",
 )
 def put_grant(
     session: SessionDep,
@@ -193,7 +193,19 @@ def put_grant(
     service.owned(session, caller=caller, dataset_id=dataset_id)
     grantee = session.get(Principal, principal_id)
     if grantee is None or grantee.role not in (Role.ANALYST, Role.CLIENT):
-        raise ValidationFailed("grants go to an existing analyst or client principal")
+        raise ValidationFailed(
+            "grants go to an existing analyst or client principal", pointer="#/principal_id"
+        )
+    if grantee.role == Role.CLIENT:
+        capped = [name for name in ("epsilon_cap", "delta_cap") if getattr(body, name) is not None]
+        if capped:
+            # a client reads releases and evaluates functions; it can never spend budget, so a
+            # cap would only suggest that it could
+            raise ValidationFailed(
+                "a client never spends budget: caps are for analysts' grants; grant the client "
+                "without epsilon_cap and delta_cap",
+                errors=[{"pointer": f"#/{name}", "detail": "not for a client"} for name in capped],
+            )
     grant = ledger.set_grant(
         session,
         dataset_id=dataset_id,

@@ -24,7 +24,7 @@ NAME_PATTERN = r"^[^\x00-\x1f]{1,200}$"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class OutOfBoundsPolicy(StrEnum):

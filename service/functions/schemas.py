@@ -10,7 +10,7 @@ from service.mechanisms.cate_function import MAX_BATCH
 
 
 class EvaluateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     points: list[list[StrictFloat]] = Field(
         description="Points in the dataset's covariate units, each inside the public box, a "

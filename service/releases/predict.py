@@ -30,7 +30,7 @@ PREDICTORS = {"ebm_cate": ebm_cate.predict, "uplift_table": uplift.predict}
 
 
 class PredictRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     points: list[list[StrictFloat]] = Field(min_length=1, max_length=MAX_POINTS)
 

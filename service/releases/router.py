@@ -75,7 +75,8 @@ def create_release(
         raise ValidationFailed(
             "the Idempotency-Key must be printable ASCII and must not start with "
             "=, +, - or @ (it is written to the owner's ledger export, where a spreadsheet would "
-            "read such a value as a formula); a UUID is a good key"
+            "read such a value as a formula); a UUID is a good key",
+            pointer="#/idempotency-key",
         )
     release, created = service.create(
         session, caller=caller, dataset_id=dataset_id, body=body, idempotency_key=key

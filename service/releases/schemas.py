@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class ReleaseCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: str = Field(description="Release kind, e.g. 'ate'", examples=["ate"])
     params: dict[str, Any] = Field(default_factory=dict)
@@ -22,7 +22,7 @@ class ReleaseCreate(BaseModel):
 
 
 class QuoteCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: str
     params: dict[str, Any] = Field(default_factory=dict)
@@ -36,6 +36,12 @@ class QuoteRead(BaseModel):
     fits_budget: bool = Field(
         description="A release would be charged now: the dataset's budget is set, its remainder "
         "covers (epsilon, delta), and so does the caller's own per-principal cap, if any"
+    )
+    budget_note: str | None = Field(
+        default=None,
+        description="Why a release would not be charged now (fits_budget false): the budget is "
+        "not set, the dataset's remainder or the caller's cap is short (by how much), or the "
+        "caller may not spend; null when it fits",
     )
     epsilon_remaining: float = Field(description="Epsilon left in the dataset's budget")
     delta_remaining: float = Field(description="Delta left in the dataset's budget")

@@ -250,23 +250,45 @@ def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreat
     budget = datasets.budget_view(session, dataset_id)
     eps = amounts.epsilon_cost_units(record.epsilon)
     dlt = amounts.delta_cost_units(record.delta)
-    fits = (
-        budget.is_set
-        and eps <= amounts.epsilon_total_units(budget.epsilon_remaining) + 1
-        and dlt <= amounts.delta_total_units(budget.delta_remaining) + 1
-    )
+    short: list[str] = []
+    if not budget.is_set:
+        short.append(
+            "the dataset's budget is not set yet: its owner sets it "
+            f"(PUT /v1/datasets/{dataset_id}/budget) before any release"
+        )
+    else:
+        if eps > amounts.epsilon_total_units(budget.epsilon_remaining) + 1:
+            short.append(
+                f"it needs epsilon {amounts.epsilon_value(eps):g}; the dataset has "
+                f"{budget.epsilon_remaining:g} left"
+            )
+        if dlt > amounts.delta_total_units(budget.delta_remaining) + 1:
+            short.append(
+                f"it needs delta {amounts.delta_value(dlt):g}; the dataset has "
+                f"{budget.delta_remaining:g} left"
+            )
     cap_eps = cap_dlt = None
     if via_grant:
         cap_eps, cap_dlt = ledger.cap_remaining(
             session, dataset_id=dataset_id, principal_id=caller.id
         )
-        fits = fits and (cap_eps is None or eps <= cap_eps) and (cap_dlt is None or dlt <= cap_dlt)
+        if cap_eps is not None and eps > cap_eps:
+            short.append(
+                f"it needs epsilon {amounts.epsilon_value(eps):g}; your cap on this dataset "
+                f"leaves {amounts.epsilon_value(cap_eps):g}"
+            )
+        if cap_dlt is not None and dlt > cap_dlt:
+            short.append(
+                f"it needs delta {amounts.delta_value(dlt):g}; your cap on this dataset "
+                f"leaves {amounts.delta_value(cap_dlt):g}"
+            )
     return QuoteRead(
         kind=body.kind,
         guarantee=str(record.guarantee),
         epsilon=amounts.epsilon_value(eps),
         delta=amounts.delta_value(dlt),
-        fits_budget=bool(fits),
+        fits_budget=not short,
+        budget_note=("Not charged now: " + "; ".join(short) + ".") if short else None,
         epsilon_remaining=budget.epsilon_remaining,
         delta_remaining=budget.delta_remaining,
         cap_epsilon_remaining=None if cap_eps is None else amounts.epsilon_value(cap_eps),

@@ -244,6 +244,10 @@ def test_quote_answers_for_the_callers_cap(client: TestClient, api: Api) -> None
     assert over["fits_budget"] is False
     assert (over["epsilon_remaining"], over["cap_epsilon_remaining"]) == (3.0, 1.0)
     assert over["cap_delta_remaining"] == 2e-5
+    # ... and says why, in words: the cap, not the dataset's remainder
+    assert over["budget_note"] == (
+        "Not charged now: it needs epsilon 2; your cap on this dataset leaves 1."
+    )
     # The quote's answer is the release's: refused by the cap, nothing charged.
     r = post_release(client, analyst["api_key"], ds["id"], {"epsilon": 2.0, "nuisance": "none"})
     refused = problem(r, 409, "principal-cap-exceeded")
@@ -254,11 +258,15 @@ def test_quote_answers_for_the_callers_cap(client: TestClient, api: Api) -> None
 
     within = _quote(client, analyst["api_key"], ds["id"], epsilon=1.0)
     assert within["fits_budget"] is True
+    assert within["budget_note"] is None
     # The delta cap counts too: 5e-5 fits the dataset's 1e-4 but not the cap's 2e-5.
     over_delta = _quote(client, analyst["api_key"], ds["id"], epsilon=0.5, delta=5e-5)
     assert over_delta["fits_budget"] is False
     assert over_delta["delta"] > over_delta["cap_delta_remaining"]
     assert over_delta["delta"] < over_delta["delta_remaining"]
+    assert over_delta["budget_note"] == (
+        "Not charged now: it needs delta 5e-05; your cap on this dataset leaves 2e-05."
+    )
 
     # Without a cap (uncapped analyst, owner) only the dataset's remainder counts.
     for key in (uncapped["api_key"], owner["api_key"]):
@@ -273,6 +281,24 @@ def test_quote_answers_for_the_callers_cap(client: TestClient, api: Api) -> None
     assert after["cap_epsilon_remaining"] == pytest.approx(0.25)
     assert after["epsilon_remaining"] == pytest.approx(2.25)
     assert after["fits_budget"] is False
+    # more than the dataset holds: the remainder and the cap both named
+    both = _quote(client, analyst["api_key"], ds["id"], epsilon=2.5)
+    assert both["budget_note"] == (
+        "Not charged now: it needs epsilon 2.5; the dataset has 2.25 left; it needs epsilon "
+        "2.5; your cap on this dataset leaves 0.25."
+    )
+
+
+def test_quote_without_a_budget_says_the_owner_sets_it(api: Api, client: TestClient) -> None:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA, epsilon_total=None)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    q = _quote(client, analyst["api_key"], ds["id"], epsilon=1.0)
+    assert q["fits_budget"] is False
+    assert q["budget_note"] == (
+        "Not charged now: the dataset's budget is not set yet: its owner sets it "
+        f"(PUT /v1/datasets/{ds['id']}/budget) before any release."
+    )
 
 
 def test_categorical_value_outside_its_codes_names_the_column(api: Api) -> None:
@@ -410,3 +436,63 @@ def test_schema_problems_have_a_detail_in_plain_words(client: TestClient, api: A
     body = problem(r, 422, "invalid-schema")
     assert body["errors"][0]["pointer"] == "#/schema"
     assert body["detail"].startswith("#/schema: the schema is not valid JSON")
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_json_numbers_are_named_as_such(
+    client: TestClient, api: Api, token: str
+) -> None:
+    # Python's JSON parser reads these tokens as floats; a bound check alone would answer a NaN
+    # with "should be less than or equal to 1000000", which sends the caller the wrong way.
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA)
+    key = Api.auth(owner["api_key"])
+    json_key = {**key, "content-type": "application/json"}
+    for path, body, pointer in (
+        ("budget", f'{{"epsilon_total": {token}, "delta_total": 1e-5}}', "#/epsilon_total"),
+        (f"grants/{analyst['id']}", f'{{"delta_cap": {token}}}', "#/delta_cap"),
+    ):
+        r = client.put(f"/v1/datasets/{ds['id']}/{path}", content=body, headers=json_key)
+        refused = problem(r, 422, "validation-failed")
+        assert refused["errors"] == [
+            {"pointer": pointer, "detail": "Input should be a finite number"}
+        ]
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        content=f'{{"kind": "ate", "params": {{"epsilon": 1, "alpha": {token}}}}}',
+        headers=json_key,
+    )
+    refused = problem(r, 422, "validation-failed")
+    assert refused["errors"] == [
+        {"pointer": "#/params/alpha", "detail": "Input should be a finite number"}
+    ]
+
+
+def test_a_client_grant_takes_no_cap(client: TestClient, api: Api) -> None:
+    owner, reader = api.principal("owner"), api.principal("client")
+    ds = api.dataset(owner["api_key"])
+    key = Api.auth(owner["api_key"])
+    path = f"/v1/datasets/{ds['id']}/grants/{reader['id']}"
+    r = client.put(path, json={"epsilon_cap": 2.0, "delta_cap": 1e-6}, headers=key)
+    refused = problem(r, 422, "validation-failed")
+    assert "a client never spends budget" in refused["detail"]
+    assert [e["pointer"] for e in refused["errors"]] == ["#/epsilon_cap", "#/delta_cap"]
+    assert client.get(f"/v1/datasets/{ds['id']}/grants", headers=key).json() == []
+    granted = client.put(path, json={}, headers=key)
+    assert granted.status_code == 200, granted.text
+    assert (granted.json()["epsilon_cap"], granted.json()["delta_cap"]) == (None, None)
+
+
+def test_a_mechanisms_refusal_points_at_the_params(client: TestClient, api: Api) -> None:
+    # Refusals raised by the mechanisms (not by the request model) carry the errors list that
+    # docs/problems.md promises for every validation problem.
+    owner = api.principal("owner")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA)
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "ate", "params": {"epsilon": 1.0, "delta": 0.5}},
+        headers=Api.auth(owner["api_key"]),
+    )
+    refused = problem(r, 422, "validation-failed")
+    assert refused["detail"].startswith("delta must be below 1/")
+    assert refused["errors"] == [{"pointer": "#/params", "detail": refused["detail"]}]

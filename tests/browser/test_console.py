@@ -79,11 +79,15 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
 
     # Grant the client, change the analyst's cap, revoke the second analyst: each confirmed.
     page.get_by_label("Analyst or client").select_option(study.client["id"])
+    # a client never spends: its grant has no cap fields (the API refuses caps for a client)
+    expect(page.get_by_label("ε cap (optional)")).to_be_disabled()
+    expect(page.locator("#grant-client-help")).to_be_visible()
     page.get_by_role("button", name="Grant…").click()
     confirm(page)
     expect(page.locator("#notice")).to_contain_text(f"Granted {study.client['name']}")
     expect(grants.locator("tr")).to_have_count(3)
     capped.get_by_role("button", name="Change cap").click()
+    expect(page.get_by_label("ε cap (optional)")).to_be_enabled()
     expect(page.get_by_label("ε cap (optional)")).to_be_focused()
     page.get_by_label("ε cap (optional)").fill("3")
     page.get_by_role("button", name="Grant…").click()

@@ -451,11 +451,16 @@
       );
       if (isOwner()) {
         const name = principalName(g.principal_id);
+        const grantee = state.principals.get(g.principal_id);
+        // a client's grant has no cap to change; a revoked one can be granted again
+        const label = grantee && grantee.role === "client" ? (g.revoked ? "Grant again" : null) : "Change cap";
         row.append(
           el(
             "td",
             {},
-            el("button", { type: "button", text: "Change cap", "aria-label": "Change cap of " + name, onclick: () => prefillGrant(g) }),
+            label === null
+              ? null
+              : el("button", { type: "button", text: label, "aria-label": label + " of " + name, onclick: () => prefillGrant(g) }),
             " ",
             g.revoked
               ? null
@@ -476,11 +481,25 @@
           select.append(el("option", { value: id, text: p.name + " (" + p.role + ")" }));
         }
       }
+      syncGrantCaps();
     }
+  }
+
+  // A client never spends budget (the API refuses a cap in its grant): no cap fields for one.
+  function syncGrantCaps() {
+    const chosen = state.principals.get($("grant-principal").value);
+    const client = Boolean(chosen && chosen.role === "client");
+    for (const name of ["grant-epsilon", "grant-delta"]) {
+      const input = $(name);
+      input.disabled = client;
+      if (client) input.value = "";
+    }
+    $("grant-client-help").hidden = !client;
   }
 
   function prefillGrant(grant) {
     $("grant-principal").value = grant.principal_id;
+    syncGrantCaps();
     $("grant-epsilon").value = grant.epsilon_cap === null ? "" : String(grant.epsilon_cap);
     $("grant-delta").value = grant.delta_cap === null ? "" : String(grant.delta_cap);
     $("grant-epsilon").focus();
@@ -910,6 +929,7 @@
     }
     $("budget-form").addEventListener("submit", onBudgetSubmit);
     $("grant-form").addEventListener("submit", onGrantSubmit);
+    $("grant-principal").addEventListener("change", syncGrantCaps);
     $("paper-form").addEventListener("submit", onPaperSubmit);
     $("ledger-filters").addEventListener("submit", (event) => {
       event.preventDefault();

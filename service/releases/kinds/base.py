@@ -38,7 +38,7 @@ class KindParams(BaseModel):
     enumerates every field.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ReleaseKind(Protocol):

@@ -128,6 +128,8 @@ class Quote(Model):
     fits_budget: bool
     epsilon_remaining: float
     delta_remaining: float
+    # Why it would not be charged now (None: it fits, or an older server).
+    budget_note: str | None = None
     # The caller's own per-principal cap left (None: no cap applies, or an older server).
     cap_epsilon_remaining: float | None = None
     cap_delta_remaining: float | None = None

@@ -158,6 +158,7 @@ def quote(q: Quote) -> str:
         ("epsilon", q.epsilon),
         ("delta", q.delta),
         ("fits budget", q.fits_budget),
+        *((("why not", q.budget_note),) if q.budget_note else ()),
         ("epsilon remaining", q.epsilon_remaining),
         ("delta remaining", q.delta_remaining),
     ]
