@@ -48,6 +48,56 @@ _COL_RE = re.compile(r"column #(\d+)")
 WARN_SHARE = 0.01
 
 
+# What arrow's reader takes as a missing value (strings_can_be_null): not a conversion error.
+_ARROW_NULLS = frozenset(
+    [
+        "",
+        "#N/A",
+        "#N/A N/A",
+        "#NA",
+        "-1.#IND",
+        "-1.#QNAN",
+        "-NaN",
+        "-nan",
+        "1.#IND",
+        "1.#QNAN",
+        "N/A",
+        "NA",
+        "NULL",
+        "NaN",
+        "n/a",
+        "nan",
+        "null",
+    ]
+)
+
+
+def _first_bad_row(
+    path: Path, header: list[str], wanted: list[str], *, numbers: bool
+) -> int | None:
+    """The 1-based data row of the first field count other than the header's (``numbers``
+    false) or of the first value in a ``wanted`` column that is neither a number nor missing
+    (``numbers`` true); None if none is found. Names a row, never a value."""
+    columns = [header.index(c) for c in wanted]
+    with path.open(newline="", encoding="utf-8", errors="replace") as handle:
+        reader = csv.reader(handle)
+        next(reader, None)
+        for i, fields in enumerate(reader, start=1):
+            if not numbers:
+                if len(fields) != len(header):
+                    return i
+                continue
+            for j in columns:
+                value = fields[j].strip() if j < len(fields) else ""
+                if value in _ARROW_NULLS:
+                    continue
+                try:
+                    float(value)
+                except ValueError:
+                    return i
+    return None
+
+
 def bound_warnings(
     clipped: dict[str, int],
     rejected: int,
@@ -185,6 +235,11 @@ def ingest(path: Path, schema: PublicSchema) -> Ingested:
             what = "a row with the wrong number of fields"
         else:
             what = "malformed CSV"
+        if not row and what != "malformed CSV":
+            # arrow's parallel reader often names no row: find the first one (error path only)
+            found = _first_bad_row(path, header, wanted, numbers=what.startswith("a value"))
+            if found is not None:
+                where.append(f"data row {found}")
         raise CsvError(f"{what}" + (f" ({', '.join(where)})" if where else "")) from None
 
     rows_received = table.num_rows

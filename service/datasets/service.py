@@ -104,7 +104,10 @@ def usable_for_release(
         return dataset, True
     if caller.role == Role.OWNER and dataset.owner_id == caller.id:
         return dataset, False
-    raise Forbidden("only analysts (and the dataset's owner) may request releases")
+    raise Forbidden(
+        "only analysts (and the dataset's owner) may ask for quotes and releases; a client reads "
+        "the releases of the datasets it is granted"
+    )
 
 
 def visible(session: Session, *, caller: Caller) -> list[Dataset]:

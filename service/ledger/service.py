@@ -240,18 +240,30 @@ def cap_remaining(
 
 
 def revoke_grant(session: Session, *, dataset_id: str, owner_id: str, principal_id: str) -> None:
-    """Revoke a grant; what the principal spent stays spent."""
+    """Revoke a grant; what the principal spent stays spent. Revoking a revoked grant changes
+    nothing and appends no ledger entry."""
     session.execute(
         update(Budget).where(Budget.dataset_id == dataset_id).values(entries=Budget.entries)
     )
     done = session.execute(
         update(Grant)
-        .where(Grant.dataset_id == dataset_id, Grant.principal_id == principal_id)
+        .where(
+            Grant.dataset_id == dataset_id,
+            Grant.principal_id == principal_id,
+            Grant.revoked.is_(False),
+        )
         .values(revoked=True)
         .returning(Grant.id)
     ).first()
     if done is None:
-        raise NotFound("no such grant")
+        exists = session.execute(
+            select(Grant.id).where(
+                Grant.dataset_id == dataset_id, Grant.principal_id == principal_id
+            )
+        ).first()
+        if exists is None:
+            raise NotFound("no such grant")
+        return  # already revoked: nothing changes, so nothing is recorded
     _append(
         session,
         dataset_id=dataset_id,

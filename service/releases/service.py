@@ -33,6 +33,7 @@ from service.problems import (
     ReleaseFailedProblem,
     UnknownKind,
     ValidationFailed,
+    validation_summary,
 )
 from service.releases.kinds import REGISTRY
 from service.releases.kinds.base import KindParams, ReleaseKind
@@ -53,10 +54,13 @@ def resolve_kind(name: str, raw: dict[str, Any]) -> tuple[ReleaseKind, KindParam
         params = kind.Params.model_validate(raw)
     except ValidationError as exc:
         errors = [
-            {"pointer": "#/params/" + "/".join(str(p) for p in e["loc"]), "detail": e["msg"]}
+            {
+                "pointer": "#/params/" + "/".join(str(p) for p in e["loc"]),
+                "detail": str(e["msg"]).removeprefix("Value error, "),
+            }
             for e in exc.errors()
         ]
-        raise ValidationFailed("invalid parameters for this release kind", errors=errors) from None
+        raise ValidationFailed(validation_summary(errors), errors=errors) from None
     return kind, params
 
 
@@ -144,7 +148,7 @@ def create(
             # A concurrent request with the same key, or an identical reusable request, won
             # the race; it has committed (its insert held ours). Look again, from a new snapshot.
             session.rollback()
-        except (BudgetExhausted, PrincipalCapExceeded):
+        except (BudgetExhausted, PrincipalCapExceeded) as refusal:
             # The winner of a race of identical requests (or of retries with this key) may have
             # spent the last of the budget; then this request is still answered by its release.
             # Otherwise the refusal stands.
@@ -156,8 +160,31 @@ def create(
                 reusable = _reusable(session, dataset_id, caller.id, digest)
                 if reusable is not None:
                     return reusable, False
-            raise
+            raise _naming_the_shortfall(
+                refusal, session, caller, dataset_id, via_grant, record
+            ) from None
     raise IdempotencyKeyInFlight()
+
+
+def _naming_the_shortfall(
+    refusal: BudgetExhausted | PrincipalCapExceeded,
+    session: Session,
+    caller: Caller,
+    dataset_id: str,
+    via_grant: bool,
+    record: MechanismRecord,
+) -> BudgetExhausted | PrincipalCapExceeded:
+    """The refusal being raised, its detail extended by what is short (epsilon or delta, the
+    dataset's remainder or the caller's cap), read after the refusal: public to the caller."""
+    eps = amounts.epsilon_cost_units(record.epsilon)
+    dlt = amounts.delta_cost_units(record.delta)
+    short, _, _ = _shortfall(
+        session, caller=caller, dataset_id=dataset_id, via_grant=via_grant, eps=eps, dlt=dlt
+    )
+    session.rollback()
+    if short and refusal.detail:
+        refusal.detail = refusal.detail + " (" + "; ".join(short) + ")"
+    return refusal
 
 
 def _charge_and_record(
@@ -242,14 +269,13 @@ def _replay(existing: Release, digest: str, stored_params: dict[str, Any]) -> Re
     return existing
 
 
-def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreate) -> QuoteRead:
-    """Cost and accuracy for this caller: ``fits_budget`` only if both the dataset's remainder
-    and the caller's own per-principal cap (an analyst's grant) cover the cost."""
-    dataset, via_grant = datasets.usable_for_release(session, caller=caller, dataset_id=dataset_id)
-    kind, params, domain, record = _plan(dataset, body.kind, body.params)
+def _shortfall(
+    session: Session, *, caller: Caller, dataset_id: str, via_grant: bool, eps: int, dlt: int
+) -> tuple[list[str], int | None, int | None]:
+    """What keeps a release costing ``(eps, dlt)`` ledger units from being charged now, in words
+    (empty: it fits), and the caller's cap remainders (units; None: no cap). The remainders are
+    public to the caller (a quote shows them)."""
     budget = datasets.budget_view(session, dataset_id)
-    eps = amounts.epsilon_cost_units(record.epsilon)
-    dlt = amounts.delta_cost_units(record.delta)
     short: list[str] = []
     if not budget.is_set:
         short.append(
@@ -282,6 +308,20 @@ def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreat
                 f"it needs delta {amounts.delta_value(dlt):g}; your cap on this dataset "
                 f"leaves {amounts.delta_value(cap_dlt):g}"
             )
+    return short, cap_eps, cap_dlt
+
+
+def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreate) -> QuoteRead:
+    """Cost and accuracy for this caller: ``fits_budget`` only if both the dataset's remainder
+    and the caller's own per-principal cap (an analyst's grant) cover the cost."""
+    dataset, via_grant = datasets.usable_for_release(session, caller=caller, dataset_id=dataset_id)
+    kind, params, domain, record = _plan(dataset, body.kind, body.params)
+    budget = datasets.budget_view(session, dataset_id)
+    eps = amounts.epsilon_cost_units(record.epsilon)
+    dlt = amounts.delta_cost_units(record.delta)
+    short, cap_eps, cap_dlt = _shortfall(
+        session, caller=caller, dataset_id=dataset_id, via_grant=via_grant, eps=eps, dlt=dlt
+    )
     return QuoteRead(
         kind=body.kind,
         guarantee=str(record.guarantee),
@@ -370,6 +410,16 @@ def public_progress(elapsed: float) -> float:
     return 0.99 * elapsed / (elapsed + PROGRESS_HALF_SECONDS)
 
 
+def _shown_result(release: Release) -> dict[str, Any]:
+    """The stored result as shown: a released function's ``evaluate`` hint names its own path
+    (the job that wrote it did not know the release id)."""
+    result: dict[str, Any] = json.loads(release.result_json or "{}")
+    hint = result.get("evaluate")
+    if isinstance(hint, str) and "{release_id}" in hint:
+        result["evaluate"] = hint.replace("{release_id}", release.id)
+    return result
+
+
 def view(release: Release, *, cached: bool = False, now: float | None = None) -> ReleaseRead:
     """The reader's view. A finished job stays 'running' until its padded completion time, its
     progress and stage are public functions of the time since it started (``public_progress``),
@@ -410,7 +460,7 @@ def view(release: Release, *, cached: bool = False, now: float | None = None) ->
         delta=amounts.delta_value(release.delta),
         params=requested_params(release.kind, stored["params"]),
         mechanism=json.loads(release.record_json),
-        result=json.loads(release.result_json) if finished and release.result_json else None,
+        result=_shown_result(release) if finished and release.result_json else None,
         error=error,
         cached=cached,
         created_at=release.created_at,

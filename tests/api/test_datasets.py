@@ -307,3 +307,21 @@ def test_every_response_is_no_store(api: Api, client: TestClient) -> None:
     ):
         assert r.headers["cache-control"] == "no-store"
         assert "etag" not in r.headers
+
+
+@pytest.mark.parametrize(
+    ("bad_row", "expected"),
+    [
+        ("abc,0.1,0,1,1,P", "a value that is not a number (column 'age', data row 37)"),
+        ("31,0.2,1,0,0,P,7", "a row with the wrong number of fields (data row 37)"),
+    ],
+)
+def test_a_malformed_row_is_named(api: Api, bad_row: str, expected: str) -> None:
+    # the owner fixes the file by the row number; the value itself is never quoted
+    rows = ["age,severity,sex,treated,outcome,patient_id"]
+    rows += [f"{30 + i % 40},0.{i % 9},{i % 2},{(i // 2) % 2},1,P{i}" for i in range(1, 61)]
+    rows[37] = bad_row
+    r = api.upload(api.principal("owner")["api_key"], "\n".join(rows) + "\n", SCHEMA)
+    body = problem(r, 422, "invalid-csv")
+    assert expected in body["detail"], body["detail"]
+    assert "abc" not in body["detail"]

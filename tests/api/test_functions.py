@@ -91,6 +91,8 @@ def test_release_then_free_consistent_evaluations(
     done = release(client, setup, FAST)
     assert done["guarantee"] == "strict"
     assert done["result"]["pointwise_noise_sd"] > 0
+    # the stored hint names this function's own path (the job did not know its id)
+    assert done["result"]["evaluate"] == f"POST /v1/functions/{done['id']}/evaluate"
     _no_secrets(done)
     fid = done["id"]
     before = spent(client, setup)

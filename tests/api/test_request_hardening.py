@@ -496,3 +496,50 @@ def test_a_mechanisms_refusal_points_at_the_params(client: TestClient, api: Api)
     refused = problem(r, 422, "validation-failed")
     assert refused["detail"].startswith("delta must be below 1/")
     assert refused["errors"] == [{"pointer": "#/params", "detail": refused["detail"]}]
+
+
+def test_a_refusal_for_delta_says_delta_is_short(client: TestClient, api: Api) -> None:
+    # epsilon left but no delta: the refusal names what is short (the walkthrough's owner had
+    # set delta_total to one release's default delta)
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA, epsilon_total=3.0, delta_total=1e-5)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    params = {"epsilon": 0.5, "nuisance": "none"}
+    first = post_release(client, analyst["api_key"], ds["id"], params)
+    assert first.status_code == 202, first.text
+    refused = problem(
+        post_release(client, analyst["api_key"], ds["id"], {**params, "epsilon": 0.3}),
+        409,
+        "budget-exhausted",
+    )
+    assert refused["detail"].endswith("(it needs delta 1e-05; the dataset has 0 left)"), refused[
+        "detail"
+    ]
+    assert "epsilon 0.3" in refused["detail"]
+
+
+def test_revoking_a_revoked_grant_records_nothing(client: TestClient, api: Api) -> None:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"])
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    key = Api.auth(owner["api_key"])
+    path = f"/v1/datasets/{ds['id']}/grants/{analyst['id']}"
+    for _ in range(2):
+        assert client.delete(path, headers=key).status_code == 204
+    entries = client.get(f"/v1/datasets/{ds['id']}/ledger", headers=key).json()["entries"]
+    assert [e["entry_type"] for e in entries] == ["create", "budget", "grant", "grant"]
+    missing = client.delete(f"/v1/datasets/{ds['id']}/grants/nobody", headers=key)
+    problem(missing, 404, "not-found")
+
+
+def test_a_clients_quote_is_refused_in_its_own_words(client: TestClient, api: Api) -> None:
+    owner, reader = api.principal("owner"), api.principal("client")
+    ds = api.dataset(owner["api_key"])
+    api.grant(owner["api_key"], ds["id"], reader["id"])
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "ate", "params": {"epsilon": 1.0}},
+        headers=Api.auth(reader["api_key"]),
+    )
+    body = problem(r, 403, "forbidden")
+    assert "may ask for quotes and releases" in body["detail"]
