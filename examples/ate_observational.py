@@ -42,7 +42,8 @@ def main() -> None:
     )
     needed = quote.accuracy.get("epsilon_for_target_half_width")
     print(
-        f"quote: at epsilon 1 the CI half-width is >= {quote.accuracy['min_half_width']:.3f}; "
+        f"quote: at epsilon 1 the CI half-width is expected near "
+        f"{quote.accuracy['expected_half_width']:.3f}; "
         f"half-width {TARGET_HALF_WIDTH} needs epsilon {needed}"
     )
 

@@ -42,7 +42,8 @@ def main() -> None:
         quote = analyst.quote(dataset.id, "ate", params)
         print(
             f"quote [{label}]: epsilon {quote.epsilon:g}, delta {quote.delta:g}, "
-            f"CI half-width >= {quote.accuracy['min_half_width']:.3f}, fits: {quote.fits_budget}"
+            f"expected CI half-width {quote.accuracy['expected_half_width']:.3f}, "
+            f"fits: {quote.fits_budget}"
         )
 
     results: list[AteResult] = []

@@ -21,6 +21,7 @@ from dpcurator import (
     PROBLEM_CLASSES,
     AteResult,
     BudgetExhausted,
+    Checkpoint,
     CuratorClient,
     EbmShapeResult,
     Forbidden,
@@ -369,3 +370,25 @@ def test_unreachable_server_is_a_transport_error() -> None:
     with CuratorClient("http://127.0.0.1:9", "k", retries=1, backoff=0.01) as c:
         with pytest.raises(TransportError, match="cannot reach"):
             c.health()
+
+
+def test_local_verification_keeps_a_checkpoint_file(
+    setup: Callable[..., Setup], tmp_path: Path
+) -> None:
+    # as the CLI's --checkpoint: the first check saves the head, later ones check and move it
+    s = setup()
+    path = tmp_path / "ledger.json"
+    first = s.owner.verify_ledger_locally(s.dataset.id, str(path))
+    assert first.valid
+    saved = Checkpoint.load(path)
+    assert saved is not None
+    assert (saved.seq, saved.row_hash) == (first.entries, first.head_hash)
+    s.owner.grant(s.dataset.id, s.analyst_p.id, epsilon_cap=1.0)
+    second = s.owner.verify_ledger_locally(s.dataset.id, path)
+    assert second.valid
+    assert second.entries == first.entries + 1
+    moved = Checkpoint.load(path)
+    assert moved is not None
+    assert moved.seq == second.entries
+    with pytest.raises(ValueError, match="checkpoint, not"):
+        s.owner.verify_ledger_locally("another-dataset", path)

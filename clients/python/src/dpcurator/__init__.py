@@ -17,6 +17,7 @@ from __future__ import annotations
 # ``info.version`` of openapi/openapi.json); tests/unit/test_versions.py checks that they match.
 __version__ = "0.1.0"
 
+from dpcurator.chain import Checkpoint
 from dpcurator.client import DEFAULT_URL, CuratorClient, Retry
 from dpcurator.errors import (
     PROBLEM_CLASSES,
@@ -82,6 +83,7 @@ __all__ = [
     "PROBLEM_CLASSES",
     "AteResult",
     "Budget",
+    "Checkpoint",
     "BudgetBelowSpent",
     "BudgetExhausted",
     "BudgetNotSet",

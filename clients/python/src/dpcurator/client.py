@@ -9,6 +9,7 @@ Errors come back as the exception classes of ``dpcurator.errors``, one per probl
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import time
 import uuid
@@ -22,7 +23,7 @@ from urllib.parse import urlencode
 import httpx2 as httpx
 from pydantic import BaseModel, TypeAdapter
 
-from dpcurator.chain import Checkpoint, verify_entries
+from dpcurator.chain import Checkpoint, new_checkpoint, verify_entries
 from dpcurator.errors import (
     IdempotencyKeyInFlight,
     ProblemError,
@@ -335,11 +336,30 @@ class CuratorClient:
         return self._get(f"/v1/datasets/{dataset_id}/ledger/verify", Verification)
 
     def verify_ledger_locally(
-        self, dataset_id: str, checkpoint: Checkpoint | None = None
+        self, dataset_id: str, checkpoint: Checkpoint | str | os.PathLike[str] | None = None
     ) -> Verification:
         """Recompute the hash chain here from the exported entries (``dpcurator.chain``), check
         the budget's spend against them and, given a ``checkpoint`` saved by an earlier check,
-        that its entry is still there unchanged."""
+        that its entry is still there unchanged.
+
+        ``checkpoint`` may be a ``Checkpoint`` or the path of a checkpoint file (as the CLI's
+        ``ledger verify --checkpoint``): a missing file is a first check; after a valid check
+        the file holds the new head entry.
+        """
+        if checkpoint is None or isinstance(checkpoint, Checkpoint):
+            return self._verify_locally(dataset_id, checkpoint)
+        path = Path(checkpoint)
+        saved = Checkpoint.load(path)
+        if saved is not None and saved.dataset_id != dataset_id:
+            raise ValueError(
+                f"{path} is dataset {saved.dataset_id}'s checkpoint, not {dataset_id}'s"
+            )
+        verification = self._verify_locally(dataset_id, saved)
+        if verification.valid and verification.entries:
+            new_checkpoint(dataset_id, verification).save(path)
+        return verification
+
+    def _verify_locally(self, dataset_id: str, checkpoint: Checkpoint | None) -> Verification:
         for _ in range(5):
             before = self.get_budget(dataset_id)
             entries = self.ledger(dataset_id)
@@ -526,7 +546,20 @@ def _page(limit: int | None, offset: int, order: str | None = None) -> str:
 
 
 def _as_points(points: Sequence[Sequence[float]]) -> list[list[float]]:
-    return [[float(c) for c in p] for p in points]
+    """The points as JSON numbers. Numbers of any real type (numpy's too) pass; a string or a
+    boolean is refused, as the server refuses them (it never reads "64" as 64)."""
+    out: list[list[float]] = []
+    for i, point in enumerate(points):
+        row: list[float] = []
+        for j, value in enumerate(point):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(
+                    f"point {i}, coordinate {j}: a number is needed, not "
+                    f"{type(value).__name__} ({value!r:.20})"
+                )
+            row.append(float(value))
+        out.append(row)
+    return out
 
 
 @contextmanager

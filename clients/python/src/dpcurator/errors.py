@@ -78,8 +78,15 @@ class ProblemError(CuratorError):
         text = f"{self.problem_slug} ({self.status}): {self.title}"
         if self.detail and self.detail != self.title:
             text += f": {self.detail}"
-        if self.errors:
-            text += " [" + "; ".join(_error_text(e) for e in self.errors) + "]"
+        # the server's detail names the first error ("#/params/epsilon: ..."): list the rest
+        said = self.detail or ""
+        rest = [
+            _error_text(e)
+            for e in self.errors
+            if _error_text(e) not in said and f"#/{_error_text(e)}" not in said
+        ]
+        if rest:
+            text += " [" + "; ".join(rest) + "]"
         if "request_id" in self.extensions:
             text += f" (request id {self.extensions['request_id']})"
         return " ".join(text.split())

@@ -124,8 +124,21 @@ class CateVectorResult:
             estimator=str(result.get("estimator", "ridge")),
         )
 
-    def bands(self, noise_sd_upper_bound: float, level: float = 0.95) -> list[tuple[float, float]]:
-        """Pointwise privacy-noise bands ``estimate ± z·sd`` from the quote's public sd bound."""
+    def bands(
+        self, noise_sd_upper_bound: float | None, level: float = 0.95
+    ) -> list[tuple[float, float]]:
+        """Pointwise privacy-noise bands ``estimate ± z·sd`` from the quote's public sd bound.
+
+        Raises:
+            ValueError: no bound (``None``: the quote of the ``ebm`` estimator has none, its
+                error is the ``ebm_cate`` release's; see ``versus_ate.prediction_noise_sd``).
+        """
+        if noise_sd_upper_bound is None:
+            raise ValueError(
+                f"no pointwise noise bound for the {self.estimator} estimator: its quote's "
+                "noise_sd_upper_bound is null (the ebm estimator's error is the ebm_cate "
+                "release's; the quote's versus_ate.prediction_noise_sd gives its scale)"
+            )
         bands = _bands(self.estimates, [float(noise_sd_upper_bound)] * len(self.estimates), level)
         assert bands is not None
         return bands

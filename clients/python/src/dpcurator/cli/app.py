@@ -23,9 +23,12 @@ from dpcurator.cli import render
 from dpcurator.client import DEFAULT_URL, CuratorClient
 from dpcurator.errors import CuratorError, ProblemError
 from dpcurator.models import PrincipalCreated, Release, Verification
-from dpcurator.results import AteResult, EbmShapeResult
+from dpcurator.results import AteResult, EbmShapeResult, UpliftTable
 
 ROLES = ("owner", "analyst", "client")
+# The CLI's δ budget when an owner names none: each release charges its own δ (at most 1e-5
+# by default: min(1e-5, 1 / (10 n_min))), so about ten releases fit; 1e-5 allowed one.
+DEFAULT_DELTA_TOTAL = 1e-4
 
 
 class CliError(click.ClickException):
@@ -94,7 +97,8 @@ def dump(model: Any) -> Any:
 
 
 def parse_params(pairs: tuple[str, ...], raw_json: str | None) -> dict[str, Any]:
-    """``-p epsilon=1.0 -p nuisance=none`` (JSON values when they parse) over ``--params``."""
+    """``-p epsilon=1.0 -p nuisance=none`` (JSON values when they parse) and ``--params``; a
+    name in both is refused (one of the two would be silently dropped)."""
     params: dict[str, Any] = {}
     if raw_json:
         try:
@@ -104,10 +108,15 @@ def parse_params(pairs: tuple[str, ...], raw_json: str | None) -> dict[str, Any]
         if not isinstance(loaded, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--params")
         params.update(loaded)
+    from_json = set(params)
     for item in pairs:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise click.BadParameter(f"'{item}' is not NAME=VALUE", param_hint="-p")
+        if name in from_json:
+            raise click.BadParameter(
+                f"'{name}' is given both in --params and by -p: give it once", param_hint="-p"
+            )
         try:
             params[name] = json.loads(value)
         except json.JSONDecodeError:
@@ -292,9 +301,10 @@ def dataset() -> None:
     "--delta",
     "delta_total",
     type=float,
-    default=1e-5,
+    default=DEFAULT_DELTA_TOTAL,
     show_default=True,
-    help="δ budget (with --epsilon).",
+    help="δ budget (with --epsilon). Each release charges its own δ (at most 1e-5 by "
+    "default), so the default allows about ten releases.",
 )
 @pass_state
 def dataset_upload(
@@ -359,6 +369,27 @@ def dataset_show(state: State, dataset_id: str) -> None:
     emit(state, lambda: render.dataset(d), lambda: dump(d))
 
 
+@dataset.command("update")
+@click.argument("dataset_id")
+@click.option("--description", help="A new public description.")
+@click.option(
+    "--allow-paper-mode/--no-allow-paper-mode",
+    default=None,
+    help="Allow (or stop allowing) paper-mode (heuristic) releases on the dataset.",
+)
+@pass_state
+def dataset_update(
+    state: State, dataset_id: str, description: str | None, allow_paper_mode: bool | None
+) -> None:
+    """Change a dataset's description or paper-mode setting (owner)."""
+    if description is None and allow_paper_mode is None:
+        raise click.UsageError("give --description and/or --allow-paper-mode/--no-allow-paper-mode")
+    d = state.client.update_dataset(
+        dataset_id, description=description, allow_paper_mode=allow_paper_mode
+    )
+    emit(state, lambda: render.dataset(d), lambda: dump(d))
+
+
 @dataset.command("delete-rows")
 @click.argument("dataset_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -391,10 +422,18 @@ def budget_show(state: State, dataset_id: str) -> None:
 @budget.command("set")
 @click.argument("dataset_id")
 @click.option("--epsilon", type=float, required=True, help="ε total.")
-@click.option("--delta", type=float, required=True, help="δ total.")
+@click.option(
+    "--delta",
+    type=float,
+    help=f"δ total. Omitted: the current δ total, or {DEFAULT_DELTA_TOTAL:g} if no budget is "
+    "set yet (each release charges its own δ, at most 1e-5 by default).",
+)
 @pass_state
-def budget_set(state: State, dataset_id: str, epsilon: float, delta: float) -> None:
+def budget_set(state: State, dataset_id: str, epsilon: float, delta: float | None) -> None:
     """Set the (ε, δ) total; it can never drop below what is spent."""
+    if delta is None:
+        current = state.client.get_budget(dataset_id)
+        delta = current.delta_total if current.is_set else DEFAULT_DELTA_TOTAL
     b = state.client.set_budget(dataset_id, epsilon_total=epsilon, delta_total=delta)
     emit(state, lambda: render.budget(b), lambda: dump(b))
 
@@ -645,7 +684,9 @@ def _show_finished(state: State, r: Release, *, every_row: bool = False) -> None
 
     def text() -> str:
         names = (
-            _covariate_names(state, r.dataset_id) if isinstance(parsed, EbmShapeResult) else None
+            _covariate_names(state, r.dataset_id)
+            if isinstance(parsed, (EbmShapeResult, UpliftTable))
+            else None
         )
         return render.release(r) + "\n\nresult:\n" + render.result(parsed, max_rows, names)
 
@@ -830,10 +871,20 @@ def read_points(
             raise click.BadParameter(f"not JSON: {exc.msg}", param_hint="--points") from None
         if not isinstance(loaded, list) or not all(isinstance(p, list) for p in loaded):
             raise click.BadParameter("must be a JSON list of lists", param_hint="--points")
-        try:
-            points = [[float(c) for c in p] for p in loaded]
-        except (TypeError, ValueError):
-            raise click.BadParameter("coordinates must be numbers", param_hint="--points") from None
+        bad = [
+            (i, j)
+            for i, p in enumerate(loaded)
+            for j, c in enumerate(p)
+            if isinstance(c, bool) or not isinstance(c, (int, float))
+        ]
+        if bad:
+            i, j = bad[0]
+            raise click.BadParameter(
+                f"coordinates must be JSON numbers (point {i}, coordinate {j} is not; strings "
+                "and booleans are never read as numbers)",
+                param_hint="--points",
+            )
+        points = [[float(c) for c in p] for p in loaded]
     else:
         assert points_csv is not None
         with points_csv.open(newline="", encoding="utf-8") as handle:
@@ -849,10 +900,16 @@ def read_points(
                 )
             columns = [header.index(n) for n in names]
             rows = [[r[j] for j in columns] for r in rows[1:]]
-        try:
-            points = [[float(c) for c in r] for r in rows]
-        except (ValueError, IndexError):
-            raise click.BadParameter("every cell must be a number", param_hint="--csv") from None
+        points = []
+        for i, r in enumerate(rows, start=1):
+            try:
+                points.append([float(c) for c in r])
+            except ValueError:
+                j = next(j for j, c in enumerate(r) if not _is_number(c))
+                raise click.BadParameter(
+                    f"every cell must be a number: data row {i}, value {j + 1} of its point is not",
+                    param_hint="--csv",
+                ) from None
     if not points:
         raise click.BadParameter("no points", param_hint="--csv" if points_csv else "--points")
     if any(not math.isfinite(c) for p in points for c in p):

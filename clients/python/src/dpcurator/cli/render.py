@@ -89,12 +89,15 @@ def dataset(d: Dataset) -> str:
         [
             ("id", d.id),
             ("name", d.name),
+            ("description", d.description or None),
             ("status", d.status),
             ("n", d.n),
             ("design", schema.get("design", "observational")),
             ("treatment", schema.get("treatment", {}).get("name")),
             ("outcome", f"{outcome.get('name')} {_box(outcome)}" if outcome else None),
             ("covariates", covariates),
+            ("out of bounds", schema.get("out_of_bounds")),
+            ("missing values", schema.get("missing")),
             ("paper mode", d.allow_paper_mode),
             ("schema hash", d.schema_hash),
             ("created", d.created_at),
@@ -123,17 +126,62 @@ def _roles(covariate: dict[str, Any]) -> str:
 
 def datasets(items: Sequence[Dataset]) -> str:
     return table(
-        ["id", "name", "n", "status", "eps spent", "eps total"],
+        ["id", "name", "n", "status", "eps spent", "eps total", "delta spent", "delta total"],
         [
-            [d.id, d.name, d.n, d.status, d.budget.epsilon_spent, d.budget.epsilon_total]
+            [
+                d.id,
+                d.name,
+                d.n,
+                d.status,
+                d.budget.epsilon_spent,
+                d.budget.epsilon_total,
+                d.budget.delta_spent,
+                d.budget.delta_total,
+            ]
             for d in items
         ],
     )
 
 
+def entry_note(e: LedgerEntry) -> str:
+    """What a budget or grant entry set, from its details (a charge's are its mechanism)."""
+    try:
+        details = json.loads(e.details_json or "{}")
+    except ValueError:
+        return ""
+    if not isinstance(details, dict):
+        return ""
+    if e.entry_type == "grant" and "grantee" in details:
+        who = str(details["grantee"])[:12]
+        if details.get("revoked"):
+            return f"revoke {who}"
+        caps = [
+            f"{name} cap {details[key]}"
+            for name, key in (("eps", "epsilon_cap"), ("delta", "delta_cap"))
+            if details.get(key) is not None
+        ]
+        return f"grant {who}" + (f" ({', '.join(caps)})" if caps else "")
+    if e.entry_type == "budget" and "epsilon_total" in details:
+        return f"set eps {details['epsilon_total']}, delta {details.get('delta_total')}"
+    return ""
+
+
 def ledger(entries: Sequence[LedgerEntry]) -> str:
     return table(
-        ["seq", "time", "type", "principal", "guarantee", "epsilon", "delta", "eps spent", "total"],
+        [
+            "seq",
+            "time",
+            "type",
+            "principal",
+            "guarantee",
+            "epsilon",
+            "delta",
+            "eps spent",
+            "eps total",
+            "delta spent",
+            "delta total",
+            "note",
+        ],
         [
             [
                 e.seq,
@@ -145,6 +193,9 @@ def ledger(entries: Sequence[LedgerEntry]) -> str:
                 e.delta,
                 e.epsilon_spent,
                 e.epsilon_total,
+                e.delta_spent,
+                e.delta_total,
+                entry_note(e),
             ]
             for e in entries
         ],
@@ -259,6 +310,44 @@ def feature_label(feature: str, names: Sequence[str] | None) -> str:
     return f"{feature} ({names[j]})" if j < len(names) else feature
 
 
+def cell_ranges(
+    partition: dict[str, Any], cells: int, names: Sequence[str] | None = None
+) -> list[str] | None:
+    """Each cell of a regular grid (row-major over the covariates) as the ranges of the
+    covariates the grid cuts (``age [18, 54)``), from the public grid; None for another
+    partition or a grid whose shape does not match ``cells``."""
+    if partition.get("type") != "grid":
+        return None
+    try:
+        bins = [int(b) for b in partition["bins"]]
+        lower = [float(v) for v in partition["lower"]]
+        upper = [float(v) for v in partition["upper"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not bins or len(bins) != len(lower) or len(bins) != len(upper):
+        return None
+    total = 1
+    for b in bins:
+        total *= b
+    if total != cells:
+        return None
+    cut = [j for j, b in enumerate(bins) if b > 1]
+    out = []
+    for cell in range(cells):
+        index, rest = [0] * len(bins), cell
+        for j in reversed(range(len(bins))):
+            rest, index[j] = divmod(rest, bins[j])
+        parts = []
+        for j in cut:
+            width = (upper[j] - lower[j]) / bins[j]
+            low, high = lower[j] + index[j] * width, lower[j] + (index[j] + 1) * width
+            close = "]" if index[j] == bins[j] - 1 else ")"
+            name = names[j] if names and j < len(names) else f"x{j}"
+            parts.append(f"{name} [{low:.4g}, {high:.4g}{close}")
+        out.append(", ".join(parts) or "all")
+    return out
+
+
 def result(
     parsed: TypedResult, max_rows: int | None = MAX_ROWS, names: Sequence[str] | None = None
 ) -> str:
@@ -286,8 +375,19 @@ def result(
                 ("epsilon", parsed.epsilon),
             ]
         )
+        shrinkage = _shrinkage(parsed.raw)
+        if shrinkage:
+            head += "\n" + shrinkage
+        where = cell_ranges(parsed.partition, parsed.cells, names)
+        columns = list(parsed.columns)
         rows = [[row.get(c) for c in parsed.columns] for row in parsed.rows]
-        return head + "\n\n" + _capped(parsed.columns, rows, max_rows)
+        if where is not None:
+            columns.insert(1, "where")
+            for row, text in zip(rows, where, strict=True):
+                row.insert(1, text)
+        if any(c.startswith("counts") for c in parsed.columns):
+            head += "\nnote: counts are DP noisy counts (one can be negative); not row counts"
+        return head + "\n\n" + _capped(columns, rows, max_rows)
     if isinstance(parsed, CateVectorResult):
         points = parsed.points or [[] for _ in parsed.estimates]
         body = _capped(
@@ -353,10 +453,37 @@ def function_info(info: FunctionInfo) -> str:
             ("bandwidth", info.public.get("bandwidth")),
             ("lambda0", info.public.get("lambda0")),
             ("pointwise noise sd", info.pointwise_noise_sd),
+            ("shrinkage factor", info.public.get("shrinkage_factor")),
+            ("ate anchor", info.public.get("ate_anchor")),
+            ("anchor interval", _interval(info.public.get("ate_anchor_interval"))),
             ("box lower", box[0] if box else None),
             ("box upper", box[1] if box else None),
         ]
-    )
+    ) + _function_reading(info)
+
+
+def _interval(value: Any) -> str | None:
+    if not isinstance(value, dict) or "lower" not in value or "upper" not in value:
+        return None
+    level = value.get("level")
+    at = f" ({float(level):.0%})" if isinstance(level, (int, float)) else ""
+    return f"[{float(value['lower']):.4g}, {float(value['upper']):.4g}]{at}"
+
+
+def _function_reading(info: FunctionInfo) -> str:
+    """How to read the answers, where the figures above alone would mislead."""
+    notes = []
+    if info.public.get("shrinkage_factor") == 0:
+        notes.append(
+            "shrinkage factor 0: no heterogeneity was detectable above the noise, so every "
+            "answer is the DP ATE anchor, the same for every patient"
+        )
+    if info.pointwise_noise_sd is None:
+        notes.append(
+            "no pointwise noise band: the ebm basis (and paper mode) has no public per-point "
+            "noise sd; the anchor interval, where given, is the error bar of the ATE"
+        )
+    return "".join(f"\nnote: {n}" for n in notes)
 
 
 def evaluation(ev: FunctionEvaluation, level: float = 0.95) -> str:
@@ -371,6 +498,11 @@ def evaluation(ev: FunctionEvaluation, level: float = 0.95) -> str:
             row.append(f"[{bands[i][0]:.4g}, {bands[i][1]:.4g}]")
         rows.append(row)
     footer = f"\n(guarantee {ev.guarantee}; free: no budget charged)"
+    if bands is None:
+        footer += (
+            "\n(no noise band: this function has no public pointwise noise sd; "
+            "`dpcurator function show` says how to read it)"
+        )
     return table(headers, rows) + footer
 
 

@@ -1,0 +1,144 @@
+"""Client-side behaviour a new-user walkthrough asked for: points typed as the server types them,
+an ebm vector's missing band said in words, the ledger's δ and grant columns, a function's
+reading notes, a refused parameter's one-line error without repetition."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import pytest
+
+from dpcurator.cli import render
+from dpcurator.cli.app import parse_params, read_points
+from dpcurator.client import _as_points
+from dpcurator.errors import ProblemError
+from dpcurator.models import LedgerEntry
+from dpcurator.results import CateVectorResult, FunctionInfo
+
+
+def test_points_keep_numbers_of_any_real_type_and_refuse_strings_and_booleans() -> None:
+    assert _as_points([[1, 2.5], [np.float32(3.0), np.int64(4)]]) == [[1.0, 2.5], [3.0, 4.0]]
+    with pytest.raises(TypeError, match=r"point 0, coordinate 0: a number is needed, not str"):
+        _as_points([["64", 0.0]])
+    with pytest.raises(TypeError, match=r"point 1, coordinate 1: .* not bool"):
+        _as_points([[1.0, 2.0], [3.0, True]])
+
+
+def test_cli_points_refuse_json_strings_and_name_a_bad_csv_cell(tmp_path: Path) -> None:
+    with pytest.raises(click.BadParameter, match=r"point 0, coordinate 1 is not"):
+        read_points('[[64, "1"]]', None, list)
+    assert read_points("[[64, 1]]", None, list) == [[64.0, 1.0]]
+    csv_path = tmp_path / "patients.csv"
+    csv_path.write_text("age,sex,patient_id\n64,1,A\n71,x,B\n")
+    with pytest.raises(click.BadParameter, match=r"data row 2, value 2 of its point"):
+        read_points(None, csv_path, lambda: ["age", "sex"])
+
+
+def test_an_ebm_vector_has_no_band_and_says_why() -> None:
+    vector = CateVectorResult.from_result(
+        {"estimates": [1.0, 1.0], "estimator": "ebm", "guarantee": "strict"}
+    )
+    with pytest.raises(ValueError, match="no pointwise noise bound for the ebm estimator"):
+        vector.bands(None)
+    ridge = CateVectorResult.from_result({"estimates": [1.0], "guarantee": "strict"})
+    assert ridge.bands(0.5, level=0.95)[0] == pytest.approx((1.0 - 0.98, 1.0 + 0.98), abs=1e-2)
+
+
+def _entry(entry_type: str, details: str) -> LedgerEntry:
+    return LedgerEntry(
+        seq=1,
+        entry_type=entry_type,
+        created_at="2026-11-29T01:00:00+00:00",
+        principal_id="owner0000000000",
+        epsilon=0,
+        delta=0,
+        epsilon_spent=0,
+        delta_spent=0,
+        epsilon_total=3,
+        delta_total="0.0001",
+        details_json=details,
+        prev_hash="0",
+        row_hash="1",
+    )
+
+
+def test_the_ledger_table_shows_delta_and_what_a_grant_or_budget_entry_set() -> None:
+    grant = _entry("grant", '{"delta_cap":null,"epsilon_cap":"2","grantee":"analyst12345678"}')
+    revoke = _entry("grant", '{"grantee":"analyst12345678","revoked":true}')
+    budget = _entry("budget", '{"delta_total":"0.0001","epsilon_total":"3"}')
+    text = render.ledger([grant, revoke, budget])
+    header = text.splitlines()[0]
+    assert "delta spent" in header
+    assert "delta total" in header
+    assert "grant analyst12345 (eps cap 2)" in text
+    assert "revoke analyst12345" in text
+    assert "set eps 3, delta 0.0001" in text
+
+
+def _function(public: dict[str, Any]) -> FunctionInfo:
+    return FunctionInfo.from_response(
+        {
+            "id": "f1",
+            "dataset_id": "d1",
+            "status": "open",
+            "basis": "ebm",
+            "q": 2,
+            "t_max": None,
+            "batch_max": 1000,
+            "public": {"x_lower": [0, 0], "x_upper": [1, 1], **public},
+        }
+    )
+
+
+def test_function_show_says_when_every_answer_is_the_ate_and_that_there_is_no_band() -> None:
+    text = render.function_info(
+        _function(
+            {
+                "shrinkage_factor": 0.0,
+                "ate_anchor": 1.87,
+                "ate_anchor_interval": {"lower": 0.5, "upper": 3.2, "level": 0.95},
+            }
+        )
+    )
+    assert "every answer is the DP ATE anchor" in text
+    assert "no pointwise noise band" in text
+    assert "[0.5, 3.2] (95%)" in text
+    learning = render.function_info(_function({"shrinkage_factor": 0.7, "pointwise_noise_sd": 0.3}))
+    assert "note:" not in learning
+
+
+def test_a_refused_parameter_is_one_line_without_repeating_itself() -> None:
+    error = ProblemError(
+        type="https://dp-curator.dev/problems/validation-failed",
+        title="The request is invalid",
+        status=422,
+        detail="#/params/epsilon: Input should be greater than 0 (and 1 more)",
+        errors=[
+            {"pointer": "#/params/epsilon", "detail": "Input should be greater than 0"},
+            {"pointer": "#/params/alpha", "detail": "Input should be a finite number"},
+        ],
+    )
+    line = error.one_line()
+    assert line.count("Input should be greater than 0") == 1
+    assert line.endswith("[params/alpha: Input should be a finite number]")
+
+
+def test_an_uplift_grid_names_each_cells_ranges() -> None:
+    grid = {"type": "grid", "bins": [2, 1, 3], "lower": [0, 0, 0], "upper": [10, 1, 300]}
+    cells = render.cell_ranges(grid, 6, ["age", "sex", "crp"])
+    assert cells is not None
+    assert cells[0] == "age [0, 5), crp [0, 100)"
+    assert cells[5] == "age [5, 10], crp [200, 300]"
+    assert render.cell_ranges(grid, 5) is None  # shape and cell count disagree
+    assert render.cell_ranges({"type": "kmeans"}, 3) is None
+    one = render.cell_ranges({"type": "grid", "bins": [1], "lower": [0], "upper": [1]}, 1)
+    assert one == ["all"]
+
+
+def test_a_parameter_given_twice_is_refused() -> None:
+    assert parse_params(("alpha=0.1",), '{"epsilon": 0.2}') == {"epsilon": 0.2, "alpha": 0.1}
+    with pytest.raises(click.BadParameter, match="'epsilon' is given both"):
+        parse_params(("epsilon=0.5",), '{"epsilon": 0.2}')
