@@ -305,7 +305,9 @@ def _apply_policies(
                 hole = missing[:, j]
                 if hole.any() and j != t_col:
                     fill = fills[j]
-                    assert fill is not None
+                    if fill is None:
+                        keep &= ~hole  # no impute value declared for this column: drop the rows
+                        continue
                     matrix[hole, j] = fill
                     imputed[name] = int(hole.sum())
 

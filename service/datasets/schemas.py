@@ -147,14 +147,15 @@ class PublicSchema(Strict):
             raise ValueError("an RCT schema must declare treatment_probability")
         if self.design == "observational" and self.treatment_probability is not None:
             raise ValueError("treatment_probability is only declared for an RCT")
-        if self.missing == MissingPolicy.IMPUTE:
-            lacking = [c.name for c in self.covariates if c.impute is None]
-            if self.outcome.impute is None:
-                lacking.append(self.outcome.name)
-            if lacking:
-                raise ValueError(
-                    "missing='impute' needs an impute value for: " + ", ".join(lacking)
-                )
+        if self.missing == MissingPolicy.IMPUTE and not (
+            any(c.impute is not None for c in self.covariates) or self.outcome.impute is not None
+        ):
+            # per column: a declared impute value fills that column's holes; a row with a hole
+            # in a column without one is dropped (as under reject_row)
+            raise ValueError(
+                "missing='impute' needs an impute value on at least one column (the columns "
+                "without one drop the rows missing them); or use missing='reject_row'"
+            )
         return self
 
 

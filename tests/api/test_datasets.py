@@ -199,6 +199,24 @@ def test_policies_clip_reject_and_impute(api: Api) -> None:
     assert imputed.status_code == 201, imputed.text
     assert imputed.json()["n"] == 13
     assert imputed.json()["ingest_report"]["cells_imputed"] == {"severity": 1, "sex": 1}
+    # impute values where the plan has one (a lab), the rows missing any other column dropped:
+    # here sex has none, so its unknown code's row goes and severity's hole is filled
+    partial = _schema(
+        missing="impute",
+        covariates=[
+            {"name": "age", "lower": 18, "upper": 90},
+            {"name": "severity", "lower": 0, "upper": 1, "impute": 0.5},
+            {"name": "sex", "type": "categorical", "codes": [0, 1]},
+        ],
+    )
+    some = api.upload(owner["api_key"], rows, partial)
+    assert some.status_code == 201, some.text
+    report = some.json()["ingest_report"]
+    assert (report["rows_received"], report["n"]) == (13, 12)
+    assert report["cells_imputed"] == {"severity": 1}
+    none_declared = _schema(missing="impute")
+    body = problem(api.upload(owner["api_key"], rows, none_declared), 422, "invalid-schema")
+    assert "at least one column" in body["detail"]
 
 
 def test_upload_too_large_is_413(
