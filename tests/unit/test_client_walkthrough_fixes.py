@@ -15,7 +15,7 @@ from dpcurator.cli import render
 from dpcurator.cli.app import parse_params, read_points
 from dpcurator.client import _as_points
 from dpcurator.errors import ProblemError
-from dpcurator.models import LedgerEntry
+from dpcurator.models import LedgerEntry, Quote
 from dpcurator.results import CateVectorResult, FunctionInfo
 
 
@@ -142,3 +142,21 @@ def test_a_parameter_given_twice_is_refused() -> None:
     assert parse_params(("alpha=0.1",), '{"epsilon": 0.2}') == {"epsilon": 0.2, "alpha": 0.1}
     with pytest.raises(click.BadParameter, match="'epsilon' is given both"):
         parse_params(("epsilon=0.5",), '{"epsilon": 0.2}')
+
+
+def test_a_quote_labels_its_clip_and_noise_figures() -> None:
+    quote = Quote(
+        kind="ate",
+        guarantee="strict",
+        epsilon=1.0,
+        delta=1e-5,
+        fits_budget=True,
+        epsilon_remaining=3.0,
+        delta_remaining=1e-4,
+        accuracy={"pseudo_outcome_clip": None, "bound": 1200.0, "expected_half_width": 23.4},
+        mechanism={},
+    )
+    text = render.quote(quote)
+    assert "pseudo-outcome bound (the declared clip" in text
+    assert "1200" in text
+    assert "clip (requested)" not in text  # a null request field is not shown as "-"

@@ -220,9 +220,11 @@ def quote(q: Quote) -> str:
     for key in _QUOTE_ACCURACY_KEYS:
         if key in q.accuracy:
             value = q.accuracy[key]
+            if value is None and key in _QUOTE_SKIP_NULL:
+                continue
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
                 value = "; ".join(value) if value else "none"
-            items.append((key.replace("_", " "), value))
+            items.append((_QUOTE_LABELS.get(key, key.replace("_", " ")), value))
     coverage = q.accuracy.get("coverage")
     if isinstance(coverage, dict) and coverage.get("message"):
         items.append(("interval covers", coverage["message"]))
@@ -252,6 +254,8 @@ _QUOTE_ACCURACY_KEYS = (
     "learner",
     "fold_sizes",
     "pseudo_outcome_clip",
+    "bound",
+    "expected_clip",
     "approx_shape_noise_sd",
     "bins",
     "cells",
@@ -260,6 +264,16 @@ _QUOTE_ACCURACY_KEYS = (
     "suggested_bins",
     "warnings",
 )
+
+# Labels where the field name alone misreads; fields shown only when set.
+_QUOTE_LABELS = {
+    "pseudo_outcome_clip": "pseudo-outcome clip (requested)",
+    "bound": "pseudo-outcome bound (the declared clip; the outer guard of an adaptive one)",
+    "expected_clip": "expected adaptive clip (at the assumed scale)",
+    "approx_shape_noise_sd": "shape noise sd (one bin of one shape function, approx.)",
+    "prediction_noise_sd": "prediction noise sd (one prediction, approx.)",
+}
+_QUOTE_SKIP_NULL = frozenset({"pseudo_outcome_clip", "expected_clip"})
 
 
 def release(r: Release) -> str:
