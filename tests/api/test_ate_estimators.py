@@ -110,6 +110,7 @@ def test_strict_estimators_run_end_to_end(
     assert ledger[-1]["guarantee"] == "strict"
     assert result["epsilon"] == pytest.approx(2.0)
     assert result["coverage"] == accuracy["coverage"]
+    assert result["design"] == "observational"  # every estimator states the schema's design
 
 
 def test_rct_difference_end_to_end_and_refused_on_observational(

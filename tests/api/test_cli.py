@@ -83,6 +83,7 @@ def study(run: Dpcurator) -> dict[str, str]:
         "owner": owner["api_key"],
         "analyst": analyst["api_key"],
         "analyst_id": analyst["id"],
+        "analyst_name": analyst["name"],
         "dataset": uploaded["id"],
     }
 
@@ -91,7 +92,13 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
     owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
     granted = run(owner, "grant", "add", ds, study["analyst_id"], "--epsilon-cap", "2")
     assert "granted" in granted.stdout
-    assert study["analyst_id"] in run(owner, "grant", "list", ds).stdout
+    listed = run(owner, "grant", "list", ds).stdout
+    assert study["analyst_id"] in listed
+    assert study["analyst_name"] in listed  # the owner sees whom, not only an id
+    run(owner, "dataset", "update", ds, "--description", "phase III")
+    assert "phase III" in run(owner, "dataset", "show", ds).stdout
+    budget = run(owner, "budget", "set", ds, "--epsilon", "3.5").stdout  # delta total kept
+    assert "0.0001" in budget
     assert "Trial 2026" in run(analyst, "dataset", "list").stdout
     shown = run(analyst, "dataset", "show", ds).stdout
     assert "rct" in shown

@@ -338,6 +338,7 @@ class AteKind:
             out = ate_strict.run(arrays, domain, mechanism, **options)
         # public: from the design and the request only (service.mechanisms.ate_coverage)
         out["coverage"] = _coverage(domain, checked, mechanism)
+        out.setdefault("design", str(domain.design))  # the schema's, for every estimator
         return out
 
 

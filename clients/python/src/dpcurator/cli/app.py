@@ -474,13 +474,22 @@ def grant_add(
 def grant_list(state: State, dataset_id: str) -> None:
     """Grants of a dataset with what each principal spent."""
     items = state.client.list_grants(dataset_id)
-    emit(
-        state,
-        lambda: render.table(
-            ["principal", "eps cap", "delta cap", "eps spent", "delta spent", "revoked"],
+
+    def names() -> dict[str, str]:
+        # an owner may list the principals it can grant to; anyone else sees ids only
+        try:
+            return {p.id: p.name for p in state.client.list_principals()}
+        except CuratorError:
+            return {}
+
+    def text() -> str:
+        known = names()
+        return render.table(
+            ["principal", "name", "eps cap", "delta cap", "eps spent", "delta spent", "revoked"],
             [
                 [
                     g.principal_id,
+                    known.get(g.principal_id),
                     g.epsilon_cap,
                     g.delta_cap,
                     g.epsilon_spent,
@@ -489,9 +498,9 @@ def grant_list(state: State, dataset_id: str) -> None:
                 ]
                 for g in items
             ],
-        ),
-        lambda: dump(items),
-    )
+        )
+
+    emit(state, text, lambda: dump(items))
 
 
 @grant.command("revoke")
