@@ -49,6 +49,7 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     ("bench.drlearner", "--kinds", "ebm_cate@eps100+bins24+k0.5", "--name", "ebm-configured"),
     "bench.cate_basis",
     "bench.het_test",
+    "bench.confounding_left",
     "bench.ebm_noise",
 )
 # With several runs at once each keeps to one BLAS thread, so they share the cores, not fight.
