@@ -848,6 +848,12 @@ POINT_OPTIONS = [
         help="Points from a CSV file: with a header, the dataset's covariate columns by name "
         "(other columns such as an id are ignored); without one, every column, in order.",
     ),
+    click.option(
+        "--id-column",
+        metavar="NAME",
+        help="With --csv (and a header): a column, e.g. patient_id, shown beside each answer "
+        "(in --json as 'ids') so answers map back to rows by name, not by order.",
+    ),
 ]
 
 
@@ -926,6 +932,23 @@ def read_points(
     return points
 
 
+def read_ids(points_csv: Path | None, id_column: str | None) -> list[str] | None:
+    """The ``--id-column`` values of ``--csv``'s data rows, in order (None without one)."""
+    if id_column is None:
+        return None
+    if points_csv is None:
+        raise click.UsageError("--id-column goes with --csv")
+    with points_csv.open(newline="", encoding="utf-8") as handle:
+        rows = [r for r in csv.reader(handle) if r and any(c.strip() for c in r)]
+    header = [c.strip() for c in rows[0]] if rows else []
+    if id_column not in header:
+        raise click.BadParameter(
+            f"the header has no column {id_column!r}", param_hint="--id-column"
+        )
+    j = header.index(id_column)
+    return [r[j] if j < len(r) else "" for r in rows[1:]]
+
+
 def _covariates(state: State, dataset_id: str) -> Callable[[], list[str]]:
     def names() -> list[str]:
         schema = state.client.get_dataset(dataset_id).public_schema
@@ -939,16 +962,25 @@ def _covariates(state: State, dataset_id: str) -> Callable[[], list[str]]:
 @with_points
 @pass_state
 def release_predict(
-    state: State, release_id: str, points_json: str | None, points_csv: Path | None
+    state: State,
+    release_id: str,
+    points_json: str | None,
+    points_csv: Path | None,
+    id_column: str | None,
 ) -> None:
     """CATE of an ebm_cate or uplift_table release at points (free: no charge)."""
 
     def covariates() -> list[str]:
         return _covariates(state, state.client.get_release(release_id).dataset_id)()
 
+    ids = read_ids(points_csv, id_column)
     points = read_points(points_json, points_csv, covariates)
     pr = state.client.predict(release_id, points)
-    emit(state, lambda: render.prediction(pr), lambda: pr.raw)
+    emit(
+        state,
+        lambda: render.prediction(pr, ids),
+        lambda: {**pr.raw, **({"ids": ids} if ids is not None else {})},
+    )
 
 
 @cli.group()
@@ -975,6 +1007,7 @@ def function_evaluate(
     function_id: str,
     points_json: str | None,
     points_csv: Path | None,
+    id_column: str | None,
     level: float,
 ) -> None:
     """Evaluate a released CATE function at points (free; a repeated point gets the same value)."""
@@ -982,9 +1015,14 @@ def function_evaluate(
     def covariates() -> list[str]:
         return _covariates(state, state.client.function_info(function_id).dataset_id)()
 
+    ids = read_ids(points_csv, id_column)
     points = read_points(points_json, points_csv, covariates)
     ev = state.client.evaluate_function(function_id, points)
-    emit(state, lambda: render.evaluation(ev, level), lambda: {**ev.raw, "points": ev.points})
+    emit(
+        state,
+        lambda: render.evaluation(ev, level, ids),
+        lambda: {**ev.raw, "points": ev.points, **({"ids": ids} if ids is not None else {})},
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -500,14 +500,16 @@ def _function_reading(info: FunctionInfo) -> str:
     return "".join(f"\nnote: {n}" for n in notes)
 
 
-def evaluation(ev: FunctionEvaluation, level: float = 0.95) -> str:
+def evaluation(
+    ev: FunctionEvaluation, level: float = 0.95, ids: Sequence[str] | None = None
+) -> str:
     bands = ev.bands(level)
-    headers = ["point", "value"]
+    headers = (["id"] if ids is not None else []) + ["point", "value"]
     if bands is not None:
         headers += [f"{level:.0%} noise band"]
     rows: list[list[Any]] = []
     for i, (p, v) in enumerate(zip(ev.points, ev.values, strict=True)):
-        row: list[Any] = [fmt(p), v]
+        row: list[Any] = ([ids[i]] if ids is not None else []) + [fmt(p), v]
         if bands is not None:
             row.append(f"[{bands[i][0]:.4g}, {bands[i][1]:.4g}]")
         rows.append(row)
@@ -520,7 +522,11 @@ def evaluation(ev: FunctionEvaluation, level: float = 0.95) -> str:
     return table(headers, rows) + footer
 
 
-def prediction(pr: Prediction) -> str:
-    rows = [[fmt(p), v] for p, v in zip(pr.points, pr.predictions, strict=True)]
+def prediction(pr: Prediction, ids: Sequence[str] | None = None) -> str:
+    rows = [
+        ([ids[i]] if ids is not None else []) + [fmt(p), v]
+        for i, (p, v) in enumerate(zip(pr.points, pr.predictions, strict=True))
+    ]
     footer = f"\n({pr.kind}, guarantee {pr.guarantee}; free: no budget charged)"
-    return table(["point", "cate"], rows) + footer
+    headers = (["id"] if ids is not None else []) + ["point", "cate"]
+    return table(headers, rows) + footer
