@@ -177,7 +177,9 @@ def _band_block(
     }
 
 
-def _band_sentence(nuisance: str, band: CoverageBand, n_epsilon: float, randomised: bool) -> str:
+def _band_sentence(
+    nuisance: str, band: CoverageBand, n_epsilon: float, randomised: bool, q: int
+) -> str:
     where = (
         f"n * epsilon = {band.n_epsilon_low:,.0f}"
         if band.n_epsilon_low == band.n_epsilon_high
@@ -190,7 +192,7 @@ def _band_sentence(nuisance: str, band: CoverageBand, n_epsilon: float, randomis
     )
     return (
         f" On simulated {'trials' if randomised else 'clinical studies'} with 36 covariates "
-        f"the default 95 % interval with "
+        f"({'yours too' if q == 36 else f'yours has {q}'}) the default 95 % interval with "
         f"{_PRESET_WORDS[nuisance]} covered the true effect in "
         f"{100 * band.coverage_low:.1f}-{100 * band.coverage_high:.1f} % of releases at {where} "
         f"({band.cells} cells, {band.releases_per_cell} releases each; {yours})."
@@ -232,7 +234,7 @@ def ate_coverage(
         band = measured_band(nuisance, n_epsilon, randomised=randomised)
         if band is not None:
             measured = _band_block(nuisance, band, n_epsilon, randomised)
-            message += _band_sentence(nuisance, band, n_epsilon, randomised)
+            message += _band_sentence(nuisance, band, n_epsilon, randomised, domain.q)
         hinted = not (randomised or adjustment_set) and estimator == "aipw"
         if hinted and n_epsilon >= _ADJUSTMENT_HINT_MIN_N_EPSILON:
             message += _ADJUSTMENT_HINT

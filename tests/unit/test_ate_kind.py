@@ -315,6 +315,8 @@ def test_a_trial_quotes_the_coverage_measured_on_the_realistic_trials() -> None:
         assert "Realistic trials" in measured["source"]
         assert block["message"].startswith("Randomised design")
         assert "On simulated trials with 36 covariates" in block["message"]
+        # the dataset's own count beside the benchmark's, so a reader can judge how far it is
+        assert f"(yours has {RCT.q})" in block["message"]
         assert "Declaring the confounders" not in block["message"]
     # between the bands (n eps 8000): the nearest, said so
     between = kind.quote(AteParams(epsilon=2.0), RCT)["coverage"]
