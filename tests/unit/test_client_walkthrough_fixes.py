@@ -108,6 +108,13 @@ def test_function_show_says_when_every_answer_is_the_ate_and_that_there_is_no_ba
     assert "[0.5, 3.2] (95%)" in text
     learning = render.function_info(_function({"shrinkage_factor": 0.7, "pointwise_noise_sd": 0.3}))
     assert "note:" not in learning
+    # the same facts for programs: a dashboard can refuse to show a per-patient "effect"
+    flat = _function({"shrinkage_factor": 0.0, "ate_anchor": 1.87})
+    assert flat.answers_the_ate_everywhere
+    assert (flat.shrinkage_factor, flat.ate_anchor) == (0.0, 1.87)
+    unanchored = _function({})
+    assert (unanchored.shrinkage_factor, unanchored.ate_anchor) == (None, None)
+    assert not unanchored.answers_the_ate_everywhere
 
 
 def test_a_refused_parameter_is_one_line_without_repeating_itself() -> None:

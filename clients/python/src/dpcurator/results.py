@@ -241,6 +241,24 @@ class FunctionInfo:
         return float(sd) if sd is not None else None
 
     @property
+    def shrinkage_factor(self) -> float | None:
+        """The anchored function's factor in [0, 1] (None: unanchored). At 0 every answer is
+        ``ate_anchor``, the same for every patient: no heterogeneity was detectable."""
+        factor = self.public.get("shrinkage_factor")
+        return float(factor) if factor is not None else None
+
+    @property
+    def ate_anchor(self) -> float | None:
+        """The DP ATE the anchored function falls back to (None: unanchored)."""
+        anchor = self.public.get("ate_anchor")
+        return float(anchor) if anchor is not None else None
+
+    @property
+    def answers_the_ate_everywhere(self) -> bool:
+        """True where the release is the constant DP ATE (shrinkage factor 0)."""
+        return self.shrinkage_factor == 0.0
+
+    @property
     def box(self) -> tuple[list[float], list[float]] | None:
         """The public covariate box ``(x_lower, x_upper)`` the points must lie in."""
         lower, upper = self.public.get("x_lower"), self.public.get("x_upper")
