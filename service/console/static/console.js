@@ -808,9 +808,9 @@
   };
 
   async function renderAccount() {
-    const body = clear($("account-table").querySelector("tbody"));
     const chain = $("account-chain");
     if (state.me.role === "admin") {
+      clear($("account-table").querySelector("tbody"));
       delete chain.dataset.valid;
       chain.textContent = "The admin is configured by CURATOR_ADMIN_KEY: it has no account record.";
       return;
@@ -819,6 +819,10 @@
       api("GET", "/v1/principals/me/events"),
       api("GET", "/v1/principals/me/events/verify"),
     ]);
+    // cleared only now, with no await before the rows are appended: two renders in flight (the
+    // sign-in's and a click's) each replace the table instead of both appending to it (a CI run
+    // once showed every event twice)
+    const body = clear($("account-table").querySelector("tbody"));
     chain.dataset.valid = String(check.valid);
     chain.textContent = check.valid
       ? "Account record hash chain verified: " + check.entries + " events intact"
