@@ -49,27 +49,7 @@ WARN_SHARE = 0.01
 
 
 # What arrow's reader takes as a missing value (strings_can_be_null): not a conversion error.
-_ARROW_NULLS = frozenset(
-    [
-        "",
-        "#N/A",
-        "#N/A N/A",
-        "#NA",
-        "-1.#IND",
-        "-1.#QNAN",
-        "-NaN",
-        "-nan",
-        "1.#IND",
-        "1.#QNAN",
-        "N/A",
-        "NA",
-        "NULL",
-        "NaN",
-        "n/a",
-        "nan",
-        "null",
-    ]
-)
+_ARROW_NULLS = frozenset(pacsv.ConvertOptions().null_values)
 
 
 def _first_bad_row(

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from service.auth.service import Caller, Role
 from service.datasets import service as datasets
+from service.datasets.schemas import BudgetRead
 from service.db.models import Dataset, Release
 from service.jobs import failures
 from service.ledger import amounts
@@ -179,7 +180,13 @@ def _naming_the_shortfall(
     eps = amounts.epsilon_cost_units(record.epsilon)
     dlt = amounts.delta_cost_units(record.delta)
     short, _, _ = _shortfall(
-        session, caller=caller, dataset_id=dataset_id, via_grant=via_grant, eps=eps, dlt=dlt
+        session,
+        caller=caller,
+        dataset_id=dataset_id,
+        via_grant=via_grant,
+        eps=eps,
+        dlt=dlt,
+        budget=datasets.budget_view(session, dataset_id),
     )
     session.rollback()
     if short and refusal.detail:
@@ -270,12 +277,18 @@ def _replay(existing: Release, digest: str, stored_params: dict[str, Any]) -> Re
 
 
 def _shortfall(
-    session: Session, *, caller: Caller, dataset_id: str, via_grant: bool, eps: int, dlt: int
+    session: Session,
+    *,
+    caller: Caller,
+    dataset_id: str,
+    via_grant: bool,
+    eps: int,
+    dlt: int,
+    budget: BudgetRead,
 ) -> tuple[list[str], int | None, int | None]:
     """What keeps a release costing ``(eps, dlt)`` ledger units from being charged now, in words
-    (empty: it fits), and the caller's cap remainders (units; None: no cap). The remainders are
-    public to the caller (a quote shows them)."""
-    budget = datasets.budget_view(session, dataset_id)
+    (empty: it fits), and the caller's cap remainders (units; None: no cap). ``budget`` is the
+    dataset's budget as read; the remainders are public to the caller (a quote shows them)."""
     short: list[str] = []
     if not budget.is_set:
         short.append(
@@ -320,7 +333,13 @@ def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreat
     eps = amounts.epsilon_cost_units(record.epsilon)
     dlt = amounts.delta_cost_units(record.delta)
     short, cap_eps, cap_dlt = _shortfall(
-        session, caller=caller, dataset_id=dataset_id, via_grant=via_grant, eps=eps, dlt=dlt
+        session,
+        caller=caller,
+        dataset_id=dataset_id,
+        via_grant=via_grant,
+        eps=eps,
+        dlt=dlt,
+        budget=budget,
     )
     return QuoteRead(
         kind=body.kind,

@@ -275,41 +275,14 @@ def test_function_show_and_evaluate(run: Dpcurator, study: dict[str, str], tmp_p
     again = run.json(ward["api_key"], "function", "evaluate", fid, "--csv", str(patients))
     assert again["values"] == first["values"]  # identical answers for repeated points
     # --id-column maps each answer back to its patient by name
-    named = run.json(
-        ward["api_key"],
-        "function",
-        "evaluate",
-        fid,
-        "--csv",
-        str(patients),
-        "--id-column",
-        "patient_id",
-    )
+    by_csv = ("function", "evaluate", fid, "--csv", str(patients), "--id-column")
+    named = run.json(ward["api_key"], *by_csv, "patient_id")
     assert named["ids"] == ["P1", "P2"]
     assert named["values"] == first["values"]
-    shown_ids = run(
-        ward["api_key"],
-        "function",
-        "evaluate",
-        fid,
-        "--csv",
-        str(patients),
-        "--id-column",
-        "patient_id",
-    ).stdout
+    shown_ids = run(ward["api_key"], *by_csv, "patient_id").stdout
     assert shown_ids.splitlines()[0].split()[0] == "id"
     assert "P2" in shown_ids
-    wrong = run(
-        ward["api_key"],
-        "function",
-        "evaluate",
-        fid,
-        "--csv",
-        str(patients),
-        "--id-column",
-        "mrn",
-        code=2,
-    )
+    wrong = run(ward["api_key"], *by_csv, "mrn", code=2)
     assert "no column 'mrn'" in wrong.stderr
     bare = tmp_path / "bare.csv"
     bare.write_text("50,0.3,1\n70,0.9,0\n")

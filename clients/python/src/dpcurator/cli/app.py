@@ -871,6 +871,12 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _csv_rows(path: Path) -> list[list[str]]:
+    """The non-blank rows of a points CSV (header included, if any)."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        return [r for r in csv.reader(handle) if r and any(c.strip() for c in r)]
+
+
 def read_points(
     points_json: str | None,
     points_csv: Path | None,
@@ -902,8 +908,7 @@ def read_points(
         points = [[float(c) for c in p] for p in loaded]
     else:
         assert points_csv is not None
-        with points_csv.open(newline="", encoding="utf-8") as handle:
-            rows = [r for r in csv.reader(handle) if r and any(c.strip() for c in r)]
+        rows = _csv_rows(points_csv)
         if rows and not all(_is_number(c) for c in rows[0]):
             header = [c.strip() for c in rows[0]]
             names = list(covariates())
@@ -938,8 +943,7 @@ def read_ids(points_csv: Path | None, id_column: str | None) -> list[str] | None
         return None
     if points_csv is None:
         raise click.UsageError("--id-column goes with --csv")
-    with points_csv.open(newline="", encoding="utf-8") as handle:
-        rows = [r for r in csv.reader(handle) if r and any(c.strip() for c in r)]
+    rows = _csv_rows(points_csv)
     header = [c.strip() for c in rows[0]] if rows else []
     if id_column not in header:
         raise click.BadParameter(

@@ -467,8 +467,8 @@ def function_info(info: FunctionInfo) -> str:
             ("bandwidth", info.public.get("bandwidth")),
             ("lambda0", info.public.get("lambda0")),
             ("pointwise noise sd", info.pointwise_noise_sd),
-            ("shrinkage factor", info.public.get("shrinkage_factor")),
-            ("ate anchor", info.public.get("ate_anchor")),
+            ("shrinkage factor", info.shrinkage_factor),
+            ("ate anchor", info.ate_anchor),
             ("anchor interval", _interval(info.public.get("ate_anchor_interval"))),
             ("box lower", box[0] if box else None),
             ("box upper", box[1] if box else None),
@@ -487,7 +487,7 @@ def _interval(value: Any) -> str | None:
 def _function_reading(info: FunctionInfo) -> str:
     """How to read the answers, where the figures above alone would mislead."""
     notes = []
-    if info.public.get("shrinkage_factor") == 0:
+    if info.answers_the_ate_everywhere:
         notes.append(
             "shrinkage factor 0: no heterogeneity was detectable above the noise, so every "
             "answer is the DP ATE anchor, the same for every patient"
