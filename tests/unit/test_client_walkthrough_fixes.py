@@ -143,6 +143,14 @@ def test_an_uplift_grid_names_each_cells_ranges() -> None:
     assert render.cell_ranges({"type": "kmeans"}, 3) is None
     one = render.cell_ranges({"type": "grid", "bins": [1], "lower": [0], "upper": [1]}, 1)
     assert one == ["all"]
+    # a grid with edges (cut points, the ebm estimator's bins) is read at its edges
+    cut = {**grid, "bins": [1, 1, 3], "edges": [[0, 10], [0, 1], [0, 5, 10, 300]]}
+    assert render.cell_ranges(cut, 3, ["age", "sex", "crp"]) == [
+        "crp [0, 5)",
+        "crp [5, 10)",
+        "crp [10, 300]",
+    ]
+    assert render.cell_ranges({**cut, "edges": [[0, 10], [0, 1], [0, 300]]}, 3) is None
 
 
 def test_a_parameter_given_twice_is_refused() -> None:

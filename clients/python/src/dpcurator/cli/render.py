@@ -327,8 +327,9 @@ def feature_label(feature: str, names: Sequence[str] | None) -> str:
 def cell_ranges(
     partition: dict[str, Any], cells: int, names: Sequence[str] | None = None
 ) -> list[str] | None:
-    """Each cell of a regular grid (row-major over the covariates) as the ranges of the
-    covariates the grid cuts (``age [18, 54)``), from the public grid; None for another
+    """Each cell of a grid (row-major over the covariates) as the ranges of the covariates the
+    grid cuts (``age [18, 54)``), from the public grid: its ``edges`` where it has them (cut
+    points, the ebm estimator's bins), else its regular ``bins`` on the box; None for another
     partition or a grid whose shape does not match ``cells``."""
     if partition.get("type") != "grid":
         return None
@@ -336,9 +337,18 @@ def cell_ranges(
         bins = [int(b) for b in partition["bins"]]
         lower = [float(v) for v in partition["lower"]]
         upper = [float(v) for v in partition["upper"]]
+        if not bins or min(bins) < 1 or len(lower) != len(bins) or len(upper) != len(bins):
+            return None
+        regular = [
+            [lo + (hi - lo) * k / b for k in range(b + 1)]
+            for lo, hi, b in zip(lower, upper, bins, strict=True)
+        ]
+        edges = [[float(v) for v in edge] for edge in partition.get("edges") or regular]
     except (KeyError, TypeError, ValueError):
         return None
-    if not bins or len(bins) != len(lower) or len(bins) != len(upper):
+    if len(edges) != len(bins) or any(
+        len(edge) != b + 1 for edge, b in zip(edges, bins, strict=True)
+    ):
         return None
     total = 1
     for b in bins:
@@ -353,8 +363,7 @@ def cell_ranges(
             rest, index[j] = divmod(rest, bins[j])
         parts = []
         for j in cut:
-            width = (upper[j] - lower[j]) / bins[j]
-            low, high = lower[j] + index[j] * width, lower[j] + (index[j] + 1) * width
+            low, high = edges[j][index[j]], edges[j][index[j] + 1]
             close = "]" if index[j] == bins[j] - 1 else ")"
             name = names[j] if names and j < len(names) else f"x{j}"
             parts.append(f"{name} [{low:.4g}, {high:.4g}{close}")
