@@ -197,6 +197,7 @@ def domain_of(dataset: Dataset) -> PublicDomain:
         effect_modifiers=tuple(j for j, c in enumerate(schema.covariates) if c.effect_modifier)
         or None,
         adjustment_set=tuple(j for j, c in enumerate(schema.covariates) if c.adjust_for) or None,
+        x_names=tuple(c.name for c in schema.covariates),
     )
 
 

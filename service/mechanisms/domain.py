@@ -48,6 +48,8 @@ class PublicDomain:
     # confounders, or a trial's pre-specified baseline covariates); None: none declared. The
     # default adjustment_columns of the strict ate's nuisance models.
     adjustment_set: tuple[int, ...] | None = None
+    # The covariates' names in schema order (public); None: unnamed, read as x0, x1, ...
+    x_names: tuple[str, ...] | None = None
 
     @property
     def q(self) -> int:
@@ -56,6 +58,11 @@ class PublicDomain:
     @property
     def outcome_range(self) -> float:
         return float(self.y_upper - self.y_lower)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The covariates' public names in schema order (``x0, x1, ...`` when unnamed)."""
+        return self.x_names if self.x_names is not None else tuple(f"x{j}" for j in range(self.q))
 
 
 @dataclass(frozen=True)

@@ -255,6 +255,92 @@ def test_uplift_tables_and_lookup(client: TestClient, api: Api) -> None:
     assert _spent(client, owner, ds) == pytest.approx(3.5)
 
 
+def test_uplift_table_at_declared_cut_points(client: TestClient, api: Api) -> None:
+    """cut_points keyed by covariate name: the grid's cells run between them, lookups follow
+    them, the quote shows the edges, and bad keys or values are 422s that name them, before
+    any charge."""
+    owner, analyst, ds = _setup(api, schema=RCT_SCHEMA, n=1000)
+    key = analyst["api_key"]
+    params = {"epsilon": 1.0, "cut_points": {"age": [40, 65]}}
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "uplift_table", "params": params},
+        headers=Api.auth(key),
+    )
+    assert quote.status_code == 200, quote.text
+    accuracy = quote.json()["accuracy"]
+    assert accuracy["estimator"] == "table"
+    assert accuracy["bins"] == [3, 1, 1] and accuracy["cells"] == 3
+    assert accuracy["edges"][0] == [18.0, 40.0, 65.0, 90.0]
+    r = post_release(client, key, ds["id"], params, kind="uplift_table")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    grid = done["result"]["grid"]
+    assert grid["edges"] == [[18.0, 40.0, 65.0, 90.0], [0.0, 1.0], [0.0, 1.0]]
+    assert grid["bins"] == [3, 1, 1] and len(done["result"]["uplift"]) == 3
+    p = _predict(client, key, done["id"], [[39.9, 0.5, 0.0], [40.0, 0.5, 0.0], [90.0, 1.0, 1.0]])
+    assert p.status_code == 200, p.text
+    assert p.json()["predictions"] == [done["result"]["uplift"][k] for k in (0, 1, 2)]
+    assert _spent(client, owner, ds) == pytest.approx(1.0)
+    bad_key = {"epsilon": 1.0, "cut_points": {"agee": [40]}}
+    body = problem(
+        post_release(client, key, ds["id"], bad_key, kind="uplift_table"), 422, "validation-failed"
+    )
+    assert body["errors"] == [
+        {"pointer": "#/params/cut_points/agee", "detail": "not a covariate of this dataset"}
+    ]
+    assert "'agee'" in body["detail"]
+    outside = {"epsilon": 1.0, "cut_points": {"age": [10, 40]}}
+    body = problem(
+        post_release(client, key, ds["id"], outside, kind="uplift_table"), 422, "validation-failed"
+    )
+    assert "'age'" in body["detail"] and "(18, 90)" in body["detail"]
+    both = {"epsilon": 1.0, "bins": [2, 1, 1], "cut_points": {"age": [40]}}
+    body = problem(
+        post_release(client, key, ds["id"], both, kind="uplift_table"), 422, "validation-failed"
+    )
+    assert "bins or cut_points" in body["detail"]
+    empty = {"epsilon": 1.0, "cut_points": {"age": []}}
+    problem(
+        post_release(client, key, ds["id"], empty, kind="uplift_table"), 422, "validation-failed"
+    )
+    assert _spent(client, owner, ds) == pytest.approx(1.0)
+
+
+def test_cut_points_read_the_ebm_model_where_they_cut_every_effect_column(
+    client: TestClient, api: Api
+) -> None:
+    """A declared effect modifier (severity): cut points on it give the ebm estimator's table
+    at those cells; cut points on another covariate only leave it uncut, so the request is the
+    epsilon-ADUM table; estimator "ebm" with such cut points is a 422 naming the column."""
+    schema = json.loads(json.dumps(RCT_SCHEMA))
+    schema["covariates"][1]["effect_modifier"] = True
+    _, analyst, ds = _setup(api, schema=schema, n=2000)
+    key = analyst["api_key"]
+
+    def quoted(params: dict[str, Any]) -> Any:
+        return client.post(
+            f"/v1/datasets/{ds['id']}/quotes",
+            json={"kind": "uplift_table", "params": params},
+            headers=Api.auth(key),
+        )
+
+    on_modifier = {"epsilon": 8.0, "cut_points": {"severity": [0.25, 0.5, 0.75]}}
+    accuracy = quoted(on_modifier).json()["accuracy"]
+    assert accuracy["estimator"] == "ebm"
+    assert accuracy["edges"][1] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    r = post_release(client, key, ds["id"], on_modifier, kind="uplift_table")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["result"]["estimator"] == "ebm"
+    assert done["result"]["grid"]["edges"][1] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert done["result"]["cells"] == 4
+    elsewhere = {"epsilon": 8.0, "cut_points": {"age": [50]}}
+    assert quoted(elsewhere).json()["accuracy"]["estimator"] == "table"
+    body = problem(quoted({**elsewhere, "estimator": "ebm"}), 422, "validation-failed")
+    assert body["errors"][0]["pointer"] == "#/params/cut_points/severity"
+
+
 def test_predict_refuses_other_kinds(client: TestClient, api: Api) -> None:
     _, analyst, ds = _setup(api, schema=RCT_SCHEMA, n=1000)
     key = analyst["api_key"]

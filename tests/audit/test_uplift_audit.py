@@ -34,7 +34,17 @@ N_RUNS = 1_000_000
 BINS = (2,)
 
 
-def _setting() -> tuple[NDArray[np.float64], NDArray[np.float64], up.Plan, PublicDomain]:
+# The regular grid of two cells, and a grid at a public cut point off the box's centre (the
+# record moves across the cut): the same sensitivities, so the same calibration (proof step 1).
+GRIDS = {
+    "bins": up.UpliftParams(epsilon=EPSILON, bins=BINS),
+    "cut_points": up.UpliftParams(epsilon=EPSILON, cut_points=((-0.7,),)),
+}
+
+
+def _setting(
+    grid: str = "bins",
+) -> tuple[NDArray[np.float64], NDArray[np.float64], up.Plan, PublicDomain]:
     n = 200
     dom = PublicDomain(
         x_lower=np.array([-1.0]),
@@ -49,12 +59,13 @@ def _setting() -> tuple[NDArray[np.float64], NDArray[np.float64], up.Plan, Publi
     x = rng.uniform(-1, 1, (n, 1))
     a = (rng.uniform(size=n) < 0.5).astype(float)
     y = rng.uniform(-5, 5, n)
-    state = up.make_plan(dom, up.UpliftParams(epsilon=EPSILON, bins=BINS))
-    x[0], a[0], y[0] = -0.5, 0.0, -5.0
-    c, s = up.aggregates(x, a, y, dom, BINS)
+    params = GRIDS[grid]
+    state = up.make_plan(dom, params)
+    x[0], a[0], y[0] = -0.8, 0.0, -5.0
+    c, s = up.grid_aggregates(x, a, y, dom, params)
     q = up.second_moment_sums(a, y, dom)
     x[0], a[0], y[0] = 0.5, 1.0, 5.0
-    c2, s2 = up.aggregates(x, a, y, dom, BINS)
+    c2, s2 = up.grid_aggregates(x, a, y, dom, params)
     q2 = up.second_moment_sums(a, y, dom)
     return np.concatenate([c, s, q]), np.concatenate([c2, s2, q2]), state, dom
 
@@ -69,10 +80,14 @@ def _loss(
 
 
 def _audit(
-    count_scale: float, sum_scale: float, seed: int, second_scale: float | None = None
+    count_scale: float,
+    sum_scale: float,
+    seed: int,
+    second_scale: float | None = None,
+    grid: str = "bins",
 ) -> float:
     """``second_scale`` None: the table alone (the paper's release, without second moments)."""
-    mu, mu2, _, _ = _setting()
+    mu, mu2, _, _ = _setting(grid)
     cells = 2 * int(np.prod(BINS))
     if second_scale is None:
         mu, mu2 = mu[: 2 * cells], mu2[: 2 * cells]
@@ -103,8 +118,9 @@ def _audit(
     return epsilon_lower_bound(loss_d2, loss_d, thresholds, 0.0)
 
 
-def test_neighbours_are_worst_case() -> None:
-    mu, mu2, _, _ = _setting()
+@pytest.mark.parametrize("grid", sorted(GRIDS))
+def test_neighbours_are_worst_case(grid: str) -> None:
+    mu, mu2, _, _ = _setting(grid)
     half = 2 * int(np.prod(BINS))
     assert np.abs(mu[:half] - mu2[:half]).sum() == 2.0
     sums = np.abs(mu[half : 2 * half] - mu2[half : 2 * half]).sum()
@@ -115,12 +131,19 @@ def test_neighbours_are_worst_case() -> None:
     assert second <= up.second_moment_sensitivity(10.0, 200)
 
 
-def test_seeded_audit_of_production_calibration() -> None:
-    """The default release (shrinkage "ate": counts, sums and second moments) at epsilon."""
-    _, _, state, _ = _setting()
+@pytest.mark.parametrize("grid", sorted(GRIDS))
+def test_seeded_audit_of_production_calibration(grid: str) -> None:
+    """The default release (shrinkage "ate": counts, sums and second moments) at epsilon, on
+    the regular grid and on a grid at a public cut point."""
+    _, _, state, _ = _setting(grid)
     assert state.second_moments is not None
+    assert state.counts is not None and state.sums is not None
     bound = _audit(
-        state.counts.scale, state.sums.scale, seed=1, second_scale=state.second_moments.scale
+        state.counts.scale,
+        state.sums.scale,
+        seed=1,
+        second_scale=state.second_moments.scale,
+        grid=grid,
     )
     assert bound <= EPSILON
     assert bound > 0.8 * EPSILON  # the worst case is attained: the audit is tight here

@@ -505,3 +505,85 @@ def test_the_suggested_pehe_is_in_outcome_units() -> None:
     one_cell = up.suggested_bins(d, 1e-9)  # the noise forces a single cell
     assert one_cell["suggested_cells"] == 1
     assert one_cell["approx_pehe_at_suggestion"] >= width / math.sqrt(12.0)
+
+
+def _skewed_step(n: int, seed: int) -> Arrays:
+    """A skewed covariate on a wide declared box (most rows near -1, a long right tail) whose
+    effect steps from 0 to 2 at x = -0.8: equal-width cells cannot see the step."""
+    rng = np.random.default_rng(seed)
+    x = np.clip(-1.0 + rng.exponential(0.2, (n, 1)), -1.0, 1.0)
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    tau = np.where(x[:, 0] >= -0.8, 2.0, 0.0)
+    y = np.clip(a * tau + rng.normal(0, 0.5, n), -5, 5)
+    return Arrays(x, a, y)
+
+
+def test_cut_points_make_a_grid_at_the_declared_cuts_and_lookups_follow_them() -> None:
+    """A request's public cut points: the cells run [c_k, c_{k+1}); the table finds an effect
+    that steps at a cut (the regular grid of the same cell count averages it away); a lookup
+    at exactly a cut reads the upper cell; the partition is free (same record as the regular
+    grid of the same shape)."""
+    dom = domain()
+    cuts = up.UpliftParams(epsilon=50.0, cut_points=((-0.8, -0.5),), shrinkage="none")
+    assert up.grid_shape(dom, cuts) == (3,)
+    regular = up.UpliftParams(epsilon=50.0, bins=(3,), shrinkage="none")
+    assert up.plan(dom, cuts) == up.plan(dom, regular)
+    arrays = _skewed_step(20000, 0)
+    result = up.run(
+        arrays, dom, cuts, noise=SeededSampler(np.random.default_rng(1)), progress=lambda f, s: None
+    )
+    assert result["grid"]["edges"] == [[-1.0, -0.8, -0.5, 1.0]]
+    assert result["grid"]["bins"] == [3]
+    np.testing.assert_allclose(result["uplift"], [0.0, 2.0, 2.0], atol=0.15)
+    points = np.array([[-0.9], [-0.8], [-0.5], [0.99]])
+    np.testing.assert_array_equal(
+        up.predict(result, points), np.asarray(result["uplift"])[[0, 1, 2, 2]]
+    )
+    even = up.run(
+        arrays,
+        dom,
+        regular,
+        noise=SeededSampler(np.random.default_rng(1)),
+        progress=lambda f, s: None,
+    )
+    assert abs(even["uplift"][0] - 0.0) > 0.5  # the first third of the box mixes both sides
+
+
+@pytest.mark.parametrize(
+    ("cut_points", "message"),
+    [
+        ((), "one entry per covariate"),
+        (((-1.0,),), "strictly inside"),
+        (((1.0,),), "strictly inside"),
+        (((0.5, 0.5),), "strictly increasing"),
+        (((0.5, 0.2),), "strictly increasing"),
+        (((math.nan,),), "strictly inside"),
+        ((tuple(np.linspace(-0.99, 0.99, up.MAX_BINS_PER_FEATURE)),), "at most"),
+    ],
+)
+def test_invalid_cut_points_are_refused_naming_the_covariate(
+    cut_points: tuple[tuple[float, ...], ...], message: str
+) -> None:
+    dom = replace(domain(), x_names=("crp",))
+    with pytest.raises(InvalidParameters, match=message) as raised:
+        up.plan(dom, up.UpliftParams(epsilon=1.0, cut_points=cut_points))
+    if cut_points:
+        assert "'crp'" in str(raised.value)
+
+
+def test_cut_points_exclude_bins_and_kmeans() -> None:
+    dom = domain()
+    with pytest.raises(InvalidParameters, match="bins or cut_points"):
+        up.plan(dom, up.UpliftParams(epsilon=1.0, bins=(2,), cut_points=((0.0,),)))
+    kmeans = up.UpliftParams(epsilon=1.0, partition="kmeans", clusters=2, cut_points=((0.0,),))
+    with pytest.raises(InvalidParameters, match="partition='grid' only"):
+        up.plan(dom, kmeans)
+
+
+def test_a_quote_with_cut_points_shows_the_grid() -> None:
+    dom = domain(q=2)
+    params = up.UpliftParams(epsilon=1.0, cut_points=((0.0,), ()))
+    quoted = up.quote(dom, params)
+    assert quoted["bins"] == [2, 1]
+    assert quoted["cells"] == 2
+    assert quoted["edges"] == [[-1.0, 0.0, 1.0], [-1.0, 1.0]]

@@ -1,24 +1,25 @@
-"""epsilon-ADUM (Betlei et al. 2021): a DP uplift table on a public regular grid.
+"""epsilon-ADUM (Betlei et al. 2021): a DP uplift table on a public grid or DP k-means cells.
 
 What it releases:
-    for every cell k of a public regular grid over the public covariate box and every arm t,
-    a noisy count ``C[k, t]`` and a noisy centred outcome sum ``S[k, t]`` (Laplace, on the
-    public lattice via OpenDP), and their post-processing: the guarded cell means
-    ``y[k, t] = clip(m_y + S / max(C, c_min), y_lo, y_hi)``, the uplift ``u[k] = y[k, 1] -
-    y[k, 0]``, a low-count flag per cell (noisy count below a public threshold) and the
-    delta-method noise sd of each uplift. Predictions are lookups ``u[cell(x)]`` (free).
+    for every cell k of a public grid over the public covariate box (regular, or cut at the
+    request's public cut points) and every arm t, a noisy count ``C[k, t]`` and a noisy
+    centred outcome sum ``S[k, t]`` (Laplace, on the public lattice via OpenDP), and their
+    post-processing: the guarded cell means ``y[k, t] = clip(m_y + S / max(C, c_min), y_lo,
+    y_hi)``, the uplift ``u[k] = y[k, 1] - y[k, 0]``, a low-count flag per cell (noisy count
+    below a public threshold) and the delta-method noise sd of each uplift. Predictions are
+    lookups ``u[cell(x)]`` (free).
 
 Neighbouring relation:
     replace-one on (X, A, Y), n public (adum.md §3.2).
 
 Claim:
     ``run`` is (epsilon, 0)-DP. The 2p counts (one per cell and arm) have replace-one L1
-    sensitivity 2 (a replaced record leaves one group and enters one, or stays); the 2p
-    centred sums of ``y - m_y`` with ``|y - m_y| <= W / 2`` have L1 sensitivity ``W`` (``W =
-    y_hi - y_lo``). Each vector gets the Laplace mechanism at epsilon / 2 with those
-    sensitivities (scales 4 / epsilon and 2 W / epsilon = 4 D_y / epsilon, D_y = W / 2), plus
-    the lattice inflation; sequential composition gives epsilon. The grid is public (declared
-    box and analyst-chosen bins), so the partition costs nothing. Shrinkage ``"ate"`` (the
+    sensitivity 2 (a replaced record leaves one group and enters one, or stays); the 2p centred
+    sums of ``y - m_y`` with ``|y - m_y| <= W / 2`` have L1 sensitivity ``W`` (``W = y_hi -
+    y_lo``). Each vector gets the Laplace mechanism at epsilon / 2 with those sensitivities
+    (scales 4 / epsilon and 2 W / epsilon = 4 D_y / epsilon, D_y = W / 2), plus the lattice
+    inflation; sequential composition gives epsilon. The grid is public (declared box and
+    analyst-chosen bins or cut points), so the partition costs nothing. Shrinkage ``"ate"`` (the
     default, >= 2 cells) first spends 10 % of the table's epsilon on the arms' centred second
     moments (Laplace, L1 sensitivity W^2 / 2); the anchor (the count-weighted mean of the cell
     uplifts) and the James–Stein factor are post-processing. Exception (proof step 6): with
@@ -66,6 +67,7 @@ from service.mechanisms.uplift.estimation import (
     cluster_statistics,
     dp_kmeans,
     ebm_table,
+    grid_aggregates,
     nearest,
     predict,
     run,
@@ -93,11 +95,13 @@ from service.mechanisms.uplift.rules import (
     adjusted_one_cell,
     cell_centres,
     cell_index,
+    declared_edges,
     default_bins,
     ebm_edges,
     ebm_grid,
     edge_index,
     grid_cells,
+    grid_shape,
     regular_edges,
     suggested_bins,
     uncut_columns,
@@ -123,13 +127,16 @@ __all__ = [
     "cell_centres",
     "cell_index",
     "cluster_statistics",
+    "declared_edges",
     "default_bins",
     "dp_kmeans",
     "ebm_edges",
     "ebm_grid",
     "edge_index",
     "ebm_table",
+    "grid_aggregates",
     "grid_cells",
+    "grid_shape",
     "make_plan",
     "nearest",
     "plan",

@@ -28,6 +28,7 @@ from service.mechanisms.uplift.rules import (
     UpliftParams,
     adjusted_one_cell,
     grid_cells,
+    grid_shape,
 )
 
 
@@ -54,7 +55,7 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     if shrinkage not in ("ate", "none"):
         raise InvalidParameters("shrinkage must be 'ate' or 'none'")
     if params.partition == "grid" and adjusted_one_cell(
-        domain, shrinkage, grid_cells(domain, params.bins)
+        domain, shrinkage, grid_cells(domain, grid_shape(domain, params))
     ):
         return _adjusted_plan(domain, params, epsilon)
     if domain.design != StudyDesign.RCT and not params.adjustment_partition:
@@ -67,11 +68,13 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     kmeans_counts: LaplaceCalibration | None = None
     kmeans_sums: LaplaceCalibration | None = None
     if params.partition == "grid":
-        cells = grid_cells(domain, params.bins)
+        cells = grid_cells(domain, grid_shape(domain, params))
         epsilon_table = epsilon
     elif params.partition == "kmeans":
         if params.bins:
             raise InvalidParameters("bins are for partition='grid' only")
+        if params.cut_points is not None:
+            raise InvalidParameters("cut_points are for partition='grid' only")
         cells = params.clusters
         if isinstance(cells, bool) or not isinstance(cells, int) or not 1 <= cells <= MAX_CLUSTERS:
             raise InvalidParameters(f"clusters must be an integer in [1, {MAX_CLUSTERS}]")

@@ -27,7 +27,9 @@ from service.mechanisms.uplift.rules import (
     UpliftParams,
     cell_centres,
     cell_index,
+    declared_edges,
     edge_index,
+    grid_shape,
 )
 
 
@@ -46,6 +48,23 @@ def aggregates(
     lower = np.asarray(domain.x_lower, dtype=np.float64)
     upper = np.asarray(domain.x_upper, dtype=np.float64)
     return aggregates_by_cell(cell_index(x, lower, upper, bins), a, y, domain, int(np.prod(bins)))
+
+
+def grid_aggregates(
+    x: NDArray[np.float64],
+    a: NDArray[np.float64],
+    y: NDArray[np.float64],
+    domain: PublicDomain,
+    params: UpliftParams,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Exact counts and centred sums per (cell, arm) on the request's public grid: at its cut
+    points (``declared_edges``), else its regular ``bins``. NEVER released (proof step 1: any
+    public partition has the same sensitivities)."""
+    if params.cut_points is None:
+        return aggregates(x, a, y, domain, params.bins)
+    edges = declared_edges(domain, params.cut_points)
+    cells = math.prod(len(e) - 1 for e in edges)
+    return aggregates_by_cell(edge_index(x, edges), a, y, domain, cells)
 
 
 def aggregates_by_cell(
@@ -320,10 +339,15 @@ def _run(
             "scaling": "u = 2 (x - lower) / (upper - lower) - 1, clipped to [-1, 1]",
         }
     else:
-        counts, sums = aggregates(x, a, y, domain, params.bins)
+        counts, sums = grid_aggregates(x, a, y, domain, params)
         partition = {
             "type": "grid",
-            "bins": list(params.bins),
+            "bins": list(grid_shape(domain, params)),
+            **(
+                {"edges": declared_edges(domain, params.cut_points)}
+                if params.cut_points is not None
+                else {}
+            ),
             "lower": [float(v) for v in lower],
             "upper": [float(v) for v in upper],
             "order": "row-major over covariates",

@@ -16,6 +16,8 @@ from service.mechanisms.uplift.calibration import (
 )
 from service.mechanisms.uplift.rules import (
     UpliftParams,
+    declared_edges,
+    grid_shape,
     suggested_bins,
 )
 
@@ -44,7 +46,7 @@ def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
         "delta": 0.0,
         "cells": state.cells,
         "partition": params.partition,
-        "bins": list(params.bins),
+        **_grid_fields(domain, params),
         "count_noise_scale": b_c,
         "sum_noise_scale": b_s,
         "expected_records_per_cell": per_cell,
@@ -68,7 +70,7 @@ def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[s
         "delta": state.record.delta,
         "cells": 1,
         "partition": params.partition,
-        "bins": list(params.bins),
+        **_grid_fields(domain, params),
         "count_noise_scale": None,
         "sum_noise_scale": None,
         "expected_records_per_cell": float(domain.n),
@@ -76,4 +78,14 @@ def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[s
         "adjusted_ate": inner,
         **shrinkage_fields(state),
         **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
+    }
+
+
+def _grid_fields(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
+    """The grid's shape (cells per covariate) and, for cut points, its edges."""
+    if params.partition != "grid" or params.cut_points is None:
+        return {"bins": list(params.bins)}
+    return {
+        "bins": list(grid_shape(domain, params)),
+        "edges": declared_edges(domain, params.cut_points),
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,10 @@ class UpliftParams:
     Attributes:
         epsilon: the charged epsilon (delta = 0).
         bins: cells per covariate of the regular grid (one entry per covariate; 1 = no cut).
+        cut_points: instead of ``bins``, the grid's public cut points per covariate (one entry
+            per covariate, each strictly increasing and strictly inside the covariate's
+            declared bounds; an empty entry = no cut): a cell runs from one cut to the next,
+            ``[c_k, c_{k+1})``, the outermost to the declared bounds. Grid only.
         min_count: c_min >= 1, the floor on noisy counts before dividing.
         low_count_threshold: cells whose noisy count in an arm is below this are flagged.
         adjustment_partition: for observational data, the analyst asserts the grid cells are a
@@ -63,6 +68,7 @@ class UpliftParams:
 
     epsilon: float
     bins: tuple[int, ...] = ()
+    cut_points: tuple[tuple[float, ...], ...] | None = None
     min_count: float = 1.0
     low_count_threshold: float = 10.0
     adjustment_partition: bool = False
@@ -94,6 +100,53 @@ def grid_cells(domain: PublicDomain, bins: tuple[int, ...]) -> int:
         if cells > MAX_CELLS:
             raise InvalidParameters(f"the grid may have at most {MAX_CELLS} cells")
     return cells
+
+
+def declared_edges(
+    domain: PublicDomain, cut_points: tuple[tuple[float, ...], ...]
+) -> list[list[float]]:
+    """The cell edges of a grid given by public cut points (``UpliftParams.cut_points``): per
+    covariate its declared lower bound, its cut points and its declared upper bound. Public
+    inputs only.
+
+    Raises:
+        InvalidParameters: not one entry per covariate, or an entry that is not finite,
+            strictly increasing and strictly inside the covariate's declared bounds, or more
+            than ``MAX_BINS_PER_FEATURE`` cells on a covariate.
+    """
+    if len(cut_points) != domain.q:
+        raise InvalidParameters(f"cut_points must have one entry per covariate ({domain.q})")
+    edges = []
+    for j, cuts in enumerate(cut_points):
+        lower, upper = float(domain.x_lower[j]), float(domain.x_upper[j])
+        name = domain.names[j]
+        values = [float(c) for c in cuts]
+        if len(values) > MAX_BINS_PER_FEATURE - 1:
+            raise InvalidParameters(
+                f"at most {MAX_BINS_PER_FEATURE - 1} cut points per covariate ('{name}')"
+            )
+        if not all(math.isfinite(c) and lower < c < upper for c in values):
+            raise InvalidParameters(
+                f"the cut points of '{name}' must lie strictly inside its declared bounds "
+                f"({lower:.6g}, {upper:.6g})"
+            )
+        if any(b <= a for a, b in pairwise(values)):
+            raise InvalidParameters(f"the cut points of '{name}' must be strictly increasing")
+        edges.append([lower, *values, upper])
+    return edges
+
+
+def grid_shape(domain: PublicDomain, params: UpliftParams) -> tuple[int, ...]:
+    """Cells per covariate of a grid request: its ``bins``, or one more than its cut points.
+
+    Raises:
+        InvalidParameters: both given, or invalid cut points (``declared_edges``).
+    """
+    if params.cut_points is None:
+        return params.bins
+    if params.bins:
+        raise InvalidParameters("give bins or cut_points, not both")
+    return tuple(len(e) - 1 for e in declared_edges(domain, params.cut_points))
 
 
 def suggested_bins(

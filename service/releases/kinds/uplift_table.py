@@ -14,7 +14,7 @@ Predictions at public points are free lookups via ``POST /v1/releases/{id}/predi
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, StrictBool, StrictFloat, StrictInt
@@ -29,6 +29,7 @@ from service.releases.kinds import ebm_cate as ebm_kind
 from service.releases.kinds.base import KindParams, Progress, versus_ate_block
 
 Estimator = Literal["table", "ebm"]
+CutPoints = Annotated[list[Annotated[StrictFloat, Field(allow_inf_nan=False)]], Field(min_length=1)]
 
 
 class UpliftTableRequest(KindParams):
@@ -40,6 +41,14 @@ class UpliftTableRequest(KindParams):
         min_length=1,
         description="cells per covariate of the regular grid; omitted (grid): the public "
         "partition-size rule's suggestion at this epsilon (uplift.default_bins)",
+    )
+    cut_points: dict[str, CutPoints] | None = Field(
+        default=None,
+        min_length=1,
+        description="instead of bins: the grid's public cut points, keyed by the schema's "
+        'covariate name (e.g. {"crp": [5, 10, 50]}); each list strictly increasing and strictly '
+        "inside the covariate's declared bounds; a cell runs from one cut to the next, [c_k, "
+        "c_{k+1}), the outermost to the bounds; a covariate not named is not cut",
     )
     min_count: StrictFloat = Field(default=1.0, ge=1.0, allow_inf_nan=False)
     low_count_threshold: StrictFloat = Field(default=10.0, gt=0, allow_inf_nan=False)
@@ -106,8 +115,9 @@ def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator
     columns = ebm_kind.effect_columns_of(None, domain)
     if columns is None or not ebm_kind.preferred(domain, params.epsilon):
         return "table"
-    if params.bins is not None:
-        cut = len(params.bins) == domain.q and not uplift.uncut_columns(tuple(params.bins), columns)
+    shape = requested_shape(params, domain)
+    if shape is not None:
+        cut = len(shape) == domain.q and not uplift.uncut_columns(shape, columns)
         return "ebm" if cut else "table"
     try:
         uplift.ebm_grid(domain, columns, ebm_cate.DR_DEFAULT_MAX_BINS)
@@ -116,23 +126,79 @@ def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator
     return "ebm"
 
 
-def ebm_bins(params: UpliftTableRequest, domain: PublicDomain) -> tuple[int, ...]:
-    """The ebm estimator's grid: the request's ``bins``, which must cut every effect column
-    (proof step 7: the table reads the model at the cell centres), else ``uplift.ebm_grid``.
+def cut_point_columns(
+    params: UpliftTableRequest, domain: PublicDomain
+) -> tuple[tuple[float, ...], ...] | None:
+    """The request's ``cut_points`` per covariate position (empty: not cut); None without them.
 
     Raises:
-        ValidationFailed: bins that leave an effect column uncut.
+        ValidationFailed: a key that names no covariate of the dataset.
+    """
+    if params.cut_points is None:
+        return None
+    names = domain.names
+    unknown = [key for key in params.cut_points if key not in names]
+    if unknown:
+        raise ValidationFailed(
+            f"cut_points names '{unknown[0]}', which is not a covariate of this dataset (the "
+            "keys are the schema's covariate names)",
+            errors=[
+                {
+                    "pointer": f"#/params/cut_points/{_pointer_token(key)}",
+                    "detail": "not a covariate of this dataset",
+                }
+                for key in unknown
+            ],
+        )
+    return tuple(tuple(params.cut_points.get(name, ())) for name in names)
+
+
+def requested_shape(params: UpliftTableRequest, domain: PublicDomain) -> tuple[int, ...] | None:
+    """Cells per covariate of the grid the request gives (``bins`` or ``cut_points``); None
+    when it gives neither.
+
+    Raises:
+        ValidationFailed / InvalidParameters: invalid cut points, or both given.
+    """
+    cut_points = cut_point_columns(params, domain)
+    if cut_points is None:
+        return None if params.bins is None else tuple(params.bins)
+    probe = uplift.UpliftParams(
+        epsilon=params.epsilon, bins=tuple(params.bins or ()), cut_points=cut_points
+    )
+    return uplift.grid_shape(domain, probe)
+
+
+def ebm_bins(params: UpliftTableRequest, domain: PublicDomain) -> tuple[int, ...]:
+    """The ebm estimator's grid: the request's ``bins`` or ``cut_points``, which must cut every
+    effect column (proof step 7: the table reads the model at the cell centres), else
+    ``uplift.ebm_grid``.
+
+    Raises:
+        ValidationFailed: a grid that leaves an effect column uncut.
         InvalidParameters: an invalid grid, or no default grid within the cell cap.
     """
     checked = ebm_kind.to_mechanism_params(_ebm_request(params), domain)
     named = ebm_cate.checked_effect_columns(domain, checked)
     columns = list(range(domain.q)) if named is None else list(named)
-    if params.bins is None:
+    bins = requested_shape(params, domain)
+    if bins is None:
         return uplift.ebm_grid(domain, columns, checked.max_bins)
-    bins = tuple(params.bins)
     uplift.grid_cells(domain, bins)
     uncut = uplift.uncut_columns(bins, columns)
     if uncut:
+        if params.cut_points is not None:
+            raise ValidationFailed(
+                "with the ebm estimator the grid must cut every effect column: the table reads "
+                "the CATE model at the cells' centres",
+                errors=[
+                    {
+                        "pointer": f"#/params/cut_points/{_pointer_token(domain.names[j])}",
+                        "detail": "an effect column: give it at least one cut point",
+                    }
+                    for j in uncut
+                ],
+            )
         raise ValidationFailed(
             "with the ebm estimator the grid must cut every effect column (bins >= 2): the "
             "table reads the CATE model at the cells' centres",
@@ -142,6 +208,11 @@ def ebm_bins(params: UpliftTableRequest, domain: PublicDomain) -> tuple[int, ...
             ],
         )
     return bins
+
+
+def _pointer_token(key: str) -> str:
+    """A JSON Pointer reference token (RFC 6901: ``~`` and ``/`` escaped)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _ebm_request(params: UpliftTableRequest) -> ebm_kind.EbmCateRequest:
@@ -154,12 +225,14 @@ def _ebm_request(params: UpliftTableRequest) -> ebm_kind.EbmCateRequest:
 
 
 def to_mechanism_params(params: UpliftTableRequest, domain: PublicDomain) -> uplift.UpliftParams:
+    cut_points = cut_point_columns(params, domain)
     bins = tuple(params.bins or ())
-    if not bins and params.partition == "grid":
+    if not bins and cut_points is None and params.partition == "grid":
         bins = uplift.default_bins(domain, params.epsilon)
     return uplift.UpliftParams(
         epsilon=params.epsilon,
         bins=bins,
+        cut_points=cut_points,
         min_count=params.min_count,
         low_count_threshold=params.low_count_threshold,
         adjustment_partition=params.adjustment_partition,
@@ -197,12 +270,13 @@ class UpliftTableKind:
                 {
                     "bins": list(bins),
                     "cells": uplift.grid_cells(domain, bins),
-                    "grid_rule": "the requested regular grid: each cell holds the model at its "
-                    "centre, so the model's variation inside a cell is lost; versus_ate's "
-                    "expected PEHE is the model's and leaves that loss out (the default grid, "
-                    "the model's own bins, loses nothing)",
+                    "grid_rule": f"the requested {_grid_name(request)}: each cell holds the "
+                    "model at its centre, so the model's variation inside a cell is lost; "
+                    "versus_ate's expected PEHE is the model's and leaves that loss out (the "
+                    "default grid, the model's own bins, loses nothing)",
+                    **_requested_edges(request, domain, bins),
                 }
-                if request.bins is not None
+                if request.bins is not None or request.cut_points is not None
                 else {
                     "bins": None,
                     "cells_at_most": uplift.grid_cells(domain, bins),
@@ -272,13 +346,32 @@ def _table_edges(
     fitted: dict[str, Any],
     bins: tuple[int, ...],
 ) -> list[list[float]]:
-    """The ebm table's cells: the request's regular grid, else the released model's own bins
-    over its effect columns (``uplift.ebm_edges``, post-processing)."""
-    if request.bins is not None:
-        return uplift.regular_edges(domain, bins)
+    """The ebm table's cells: the request's grid (regular, or at its cut points), else the
+    released model's own bins over its effect columns (``uplift.ebm_edges``,
+    post-processing)."""
+    requested = _requested_edges(request, domain, bins)
+    if requested:
+        return list(requested["edges"])
     model = fitted["model"]
     columns = [int(j) for j in model.get("columns", range(domain.q))]
     return uplift.ebm_edges(domain, columns, model["effect"]["cuts"])
+
+
+def _requested_edges(
+    request: UpliftTableRequest, domain: PublicDomain, bins: tuple[int, ...]
+) -> dict[str, Any]:
+    """``{"edges": ...}`` of the grid the request gives (regular ``bins`` or ``cut_points``);
+    empty when it gives neither."""
+    cut_points = cut_point_columns(request, domain)
+    if cut_points is not None:
+        return {"edges": uplift.declared_edges(domain, cut_points)}
+    if request.bins is not None:
+        return {"edges": uplift.regular_edges(domain, bins)}
+    return {}
+
+
+def _grid_name(request: UpliftTableRequest) -> str:
+    return "cut points' grid" if request.cut_points is not None else "regular grid"
 
 
 def _as_params(params: Any) -> UpliftTableRequest:
