@@ -51,6 +51,7 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.het_test",
     "bench.confounding_left",
     "bench.ebm_noise",
+    "bench.uplift_cuts",
 )
 # With several runs at once each keeps to one BLAS thread, so they share the cores, not fight.
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

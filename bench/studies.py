@@ -52,6 +52,8 @@ _CONTINUOUS = (
     ("hba1c", 3.0, 18.0),
     ("sbp", 60.0, 250.0),
 )
+# The covariates' schema names: the binaries b0 ... b29, then _CONTINUOUS's names.
+NAMES = (*(f"b{j}" for j in range(N_BINARY)), *(c[0] for c in _CONTINUOUS))
 # Covariate positions (binaries first, then _CONTINUOUS in order) of the effect modifiers:
 # the non-zero het_b / het_c below (binaries 0-3; age, creatinine, hba1c). NOT_MODIFIERS are
 # three covariates that modify nothing (two binaries and bmi), for a misspecified list.
@@ -203,6 +205,7 @@ class Study:
             design=StudyDesign.RCT if self.randomised else StudyDesign.OBSERVATIONAL,
             treatment_probability=RCT_PROBABILITY if self.randomised else None,
             x_codes=codes,
+            x_names=NAMES,
         )
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[Arrays, NDArray[np.float64]]:
