@@ -270,14 +270,16 @@ def test_uplift_table_at_declared_cut_points(client: TestClient, api: Api) -> No
     assert quote.status_code == 200, quote.text
     accuracy = quote.json()["accuracy"]
     assert accuracy["estimator"] == "table"
-    assert accuracy["bins"] == [3, 1, 1] and accuracy["cells"] == 3
+    assert accuracy["bins"] == [3, 1, 1]
+    assert accuracy["cells"] == 3
     assert accuracy["edges"][0] == [18.0, 40.0, 65.0, 90.0]
     r = post_release(client, key, ds["id"], params, kind="uplift_table")
     done = wait(client, key, r.json()["id"])
     assert done["status"] == "done", done
     grid = done["result"]["grid"]
     assert grid["edges"] == [[18.0, 40.0, 65.0, 90.0], [0.0, 1.0], [0.0, 1.0]]
-    assert grid["bins"] == [3, 1, 1] and len(done["result"]["uplift"]) == 3
+    assert grid["bins"] == [3, 1, 1]
+    assert len(done["result"]["uplift"]) == 3
     p = _predict(client, key, done["id"], [[39.9, 0.5, 0.0], [40.0, 0.5, 0.0], [90.0, 1.0, 1.0]])
     assert p.status_code == 200, p.text
     assert p.json()["predictions"] == [done["result"]["uplift"][k] for k in (0, 1, 2)]
@@ -294,7 +296,8 @@ def test_uplift_table_at_declared_cut_points(client: TestClient, api: Api) -> No
     body = problem(
         post_release(client, key, ds["id"], outside, kind="uplift_table"), 422, "validation-failed"
     )
-    assert "'age'" in body["detail"] and "(18, 90)" in body["detail"]
+    assert "'age'" in body["detail"]
+    assert "(18, 90)" in body["detail"]
     both = {"epsilon": 1.0, "bins": [2, 1, 1], "cut_points": {"age": [40]}}
     body = problem(
         post_release(client, key, ds["id"], both, kind="uplift_table"), 422, "validation-failed"

@@ -137,7 +137,8 @@ def test_seeded_audit_of_production_calibration(grid: str) -> None:
     the regular grid and on a grid at a public cut point."""
     _, _, state, _ = _setting(grid)
     assert state.second_moments is not None
-    assert state.counts is not None and state.sums is not None
+    assert state.counts is not None
+    assert state.sums is not None
     bound = _audit(
         state.counts.scale,
         state.sums.scale,
