@@ -257,6 +257,12 @@ def validation_error(
     if kind == "string_type" and loc == ("body", "schema"):
         # curl's -F schema=@file sends a file part; the upload's schema is a text field
         message = "the schema is a text field: send it with -F 'schema=<schema.json' ('<', not '@')"
+    if kind.startswith("int_") and len(loc) >= 2 and loc[-2] == "codes":
+        # a categorical covariate declared with its labels ("male", "female")
+        message += (
+            ": a categorical covariate's codes are integers; recode its values as 0, 1, ... "
+            "in the CSV and list those"
+        )
     return {"pointer": _pointer((field, *loc) if field else loc), "detail": message}
 
 

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
@@ -32,6 +32,13 @@ class PrincipalCreate(BaseModel):
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$")
     role: Role
+
+    @field_validator("name")
+    @classmethod
+    def _visible(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the name must show at least one character")
+        return value
 
 
 class PrincipalUpdate(BaseModel):

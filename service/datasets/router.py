@@ -69,6 +69,11 @@ def create_dataset(
     allow_paper_mode: Annotated[bool, Form()] = False,
 ) -> DatasetCreated:
     require(caller, Role.OWNER)
+    if not name.strip() or any(ord(c) < 0x20 for c in name):
+        raise ValidationFailed(
+            "the name must show at least one character and no control characters",
+            pointer="#/name",
+        )
     try:
         public = UploadSchema.model_validate_json(schema_text)
     except ValidationError as exc:

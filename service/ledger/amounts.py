@@ -51,12 +51,23 @@ def delta_cost_units(delta: float) -> int:
     return _to_units(delta, DELTA_SCALE, ROUND_CEILING, "delta")
 
 
+def _total_units(value: float, scale: int, what: str) -> int:
+    """A total rounded down; a positive one below the unit would be stored as 0 (a budget that
+    silently refuses everything), so it is refused instead."""
+    units = _to_units(value, scale, ROUND_FLOOR, what)
+    if units == 0 and value > 0:
+        raise InvalidAmount(
+            f"{what} {value!r} is below the ledger's unit ({1 / scale:g}): give 0 or at least that"
+        )
+    return units
+
+
 def epsilon_total_units(epsilon: float) -> int:
-    return _to_units(epsilon, EPSILON_SCALE, ROUND_FLOOR, "epsilon")
+    return _total_units(epsilon, EPSILON_SCALE, "epsilon")
 
 
 def delta_total_units(delta: float) -> int:
-    return _to_units(delta, DELTA_SCALE, ROUND_FLOOR, "delta")
+    return _total_units(delta, DELTA_SCALE, "delta")
 
 
 def epsilon_value(units: int) -> float:

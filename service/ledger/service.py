@@ -159,7 +159,11 @@ def set_budget(
         .returning(Budget.dataset_id)
     ).first()
     if result is None:
-        raise BudgetBelowSpent("the new total is below the budget already spent")
+        budget = session.execute(select(Budget).where(Budget.dataset_id == dataset_id)).scalar_one()
+        raise BudgetBelowSpent(
+            "the new total is below the budget already spent: "
+            + _below_spent(eps, dlt, budget.epsilon_spent, budget.delta_spent)
+        )
     _append(
         session,
         dataset_id=dataset_id,
@@ -167,6 +171,16 @@ def set_budget(
         principal_id=principal_id,
         details={"epsilon_total": amounts.epsilon_str(eps), "delta_total": amounts.delta_str(dlt)},
     )
+
+
+def _below_spent(eps: int | None, dlt: int | None, eps_spent: int, dlt_spent: int) -> str:
+    """Which amount a refused total or cap falls below, and what is spent (ledger units)."""
+    parts = []
+    if eps is not None and eps_spent > eps:
+        parts.append(f"epsilon {amounts.epsilon_str(eps)} < {amounts.epsilon_str(eps_spent)} spent")
+    if dlt is not None and dlt_spent > dlt:
+        parts.append(f"delta {amounts.delta_str(dlt)} < {amounts.delta_str(dlt_spent)} spent")
+    return "; ".join(parts) or "it changed while this request ran; try again"
 
 
 def set_grant(
@@ -204,7 +218,10 @@ def set_grant(
         if (eps is not None and grant.epsilon_spent > eps) or (
             dlt is not None and grant.delta_spent > dlt
         ):
-            raise BudgetBelowSpent("the new cap is below what this principal already spent")
+            raise BudgetBelowSpent(
+                "the new cap is below what this principal already spent: "
+                + _below_spent(eps, dlt, grant.epsilon_spent, grant.delta_spent)
+            )
         grant.epsilon_cap, grant.delta_cap, grant.revoked = eps, dlt, False
     session.flush()
     _append(

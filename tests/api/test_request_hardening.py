@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from tests.api.test_datasets import problem
 from tests.api.test_releases import post_release, wait
-from tests.conftest import RCT_SCHEMA, SCHEMA, Api, synthetic_csv
+from tests.conftest import ADMIN_KEY, RCT_SCHEMA, SCHEMA, Api, synthetic_csv
 
 KIND_PARAMS: dict[str, dict[str, Any]] = {
     "ate": {"nuisance": "none"},
@@ -436,6 +436,12 @@ def test_schema_problems_have_a_detail_in_plain_words(client: TestClient, api: A
     body = problem(r, 422, "invalid-schema")
     assert body["errors"][0]["pointer"] == "#/schema"
     assert body["detail"].startswith("#/schema: the schema is not valid JSON")
+    # a categorical covariate declared with its labels: say to recode them as integers
+    labelled = copy.deepcopy(SCHEMA)
+    labelled["covariates"][2]["codes"] = ["male", "female"]
+    body = problem(api.upload(owner["api_key"], synthetic_csv(50), labelled), 422, "invalid-schema")
+    assert body["errors"][0]["pointer"] == "#/schema/covariates/2/codes/0"
+    assert "recode its values as 0, 1, ..." in body["errors"][0]["detail"]
 
 
 @pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
@@ -543,3 +549,60 @@ def test_a_clients_quote_is_refused_in_its_own_words(client: TestClient, api: Ap
     )
     body = problem(r, 403, "forbidden")
     assert "may ask for quotes and releases" in body["detail"]
+
+
+def test_a_total_below_the_ledgers_unit_is_refused_not_stored_as_zero(
+    client: TestClient, api: Api
+) -> None:
+    # the console walkthrough set delta 1e-20: it was stored as 0 and announced as 1e-20
+    owner = api.principal("owner")
+    ds = api.dataset(owner["api_key"], epsilon_total=3.0, delta_total=1e-4)
+    key = Api.auth(owner["api_key"])
+    path = f"/v1/datasets/{ds['id']}/budget"
+    refused = problem(
+        client.put(path, json={"epsilon_total": 3.0, "delta_total": 1e-20}, headers=key),
+        422,
+        "validation-failed",
+    )
+    assert refused["errors"][0]["pointer"] == "#/delta_total"
+    assert "below the ledger's unit (1e-18)" in refused["detail"]
+    budget = client.get(path, headers=key).json()
+    assert (budget["epsilon_total"], budget["delta_total"]) == (3.0, 1e-4)
+    ok = client.put(path, json={"epsilon_total": 3.0, "delta_total": 0.0}, headers=key)
+    assert ok.status_code == 200, ok.text
+
+
+def test_a_total_or_cap_below_spent_names_the_amount_and_what_is_spent(
+    client: TestClient, api: Api
+) -> None:
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA, epsilon_total=3.0, delta_total=1e-4)
+    api.grant(owner["api_key"], ds["id"], analyst["id"], epsilon_cap=2.0)
+    r = post_release(client, analyst["api_key"], ds["id"], {"epsilon": 1.5, "nuisance": "none"})
+    assert r.status_code == 202, r.text
+    key = Api.auth(owner["api_key"])
+    below = client.put(
+        f"/v1/datasets/{ds['id']}/budget",
+        json={"epsilon_total": 1.0, "delta_total": 1e-4},
+        headers=key,
+    )
+    refused = problem(below, 409, "budget-below-spent")
+    assert refused["detail"].endswith("epsilon 1 < 1.5 spent"), refused["detail"]
+    cap = client.put(
+        f"/v1/datasets/{ds['id']}/grants/{analyst['id']}", json={"epsilon_cap": 1.0}, headers=key
+    )
+    assert problem(cap, 409, "budget-below-spent")["detail"].endswith("epsilon 1 < 1.5 spent")
+
+
+@pytest.mark.parametrize("name", ["   ", "\t", ""])
+def test_a_name_without_a_visible_character_is_refused(
+    client: TestClient, api: Api, name: str
+) -> None:
+    # the walkthrough's "   " dataset showed as an empty button in the console's table
+    owner = api.principal("owner")
+    upload = api.upload(owner["api_key"], synthetic_csv(50, seed=1), SCHEMA, name=name)
+    assert problem(upload, 422, "validation-failed")["errors"][0]["pointer"] == "#/name"
+    r = client.post(
+        "/v1/principals", json={"name": name, "role": "analyst"}, headers=Api.auth(ADMIN_KEY)
+    )
+    assert problem(r, 422, "validation-failed")["errors"][0]["pointer"] == "#/name"
