@@ -91,6 +91,7 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     expect(page.get_by_label("ε cap (optional)")).to_be_focused()
     page.get_by_label("ε cap (optional)").fill("3")
     page.get_by_role("button", name="Grant…").click()
+    expect(page.locator("#confirm-title")).to_have_text("Change the cap?")  # not "Grant access?"
     confirm(page)
     expect(grants.locator("tr", has_text=study.analyst["name"])).to_contain_text("1.5 / 3")
     grants.locator("tr", has_text=study.second["name"]).get_by_role("button", name="Revoke").click()
@@ -111,7 +112,7 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     # the action is over (its view re-rendered the form) before the next value is typed: else
     # the re-render can put 8 back into the field after "1" was filled (seen once in CI)
     expect(page.locator("#notice")).to_contain_text("Budget set to ε = 8")
-    # The API's problem+json, readably: a budget below what is spent.
+    # The API's problem+json, readably: a budget below what is spent, naming what is spent.
     page.get_by_label("ε total").fill("1")
     page.get_by_role("button", name="Set budget…").click()
     confirm(page)
@@ -119,6 +120,18 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     expect(problem).to_be_visible()
     expect(problem).to_contain_text("(409)")
     expect(problem).to_contain_text("budget-below-spent")
+    expect(problem).to_contain_text("epsilon 1 < 2.5 spent")
+    # An empty total is asked for before any dialog (it used to offer to set "ε = null").
+    page.get_by_label("ε total").fill("")
+    page.get_by_role("button", name="Set budget…").click()
+    expect(page.locator("dialog#confirm")).to_be_hidden()
+    expect(problem).to_contain_text("epsilon_total: enter the ε total")
+    # A δ total at or above 1/n is confirmed with a warning.
+    page.get_by_label("ε total").fill("8")
+    page.get_by_label("δ total").fill("0.5")
+    page.get_by_role("button", name="Set budget…").click()
+    expect(page.locator("#confirm-text")).to_contain_text("Warning: δ ≥ 1/n")
+    page.locator("dialog#confirm").get_by_role("button", name="Cancel").click()
     # Paper mode, allowed then shown in the datasets table.
     page.get_by_label("Allow paper-mode releases on this dataset").check()
     page.get_by_role("button", name="Save paper mode…").click()
@@ -140,6 +153,7 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     expect(rows.first).to_contain_text("ate")
     expect(rows.first).to_contain_text("done")
     expect(rows.first).to_contain_text("strict")
+    expect(rows.first).to_contain_text("release ")  # the charge names its release
     page.get_by_label("Guarantee").select_option("paper")
     page.get_by_role("button", name="Apply filters").click()
     expect(rows).to_have_count(0)
@@ -157,6 +171,17 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     lines = list(csv.DictReader(io.StringIO(exported)))
     assert [r["principal_id"] for r in lines] == [study.analyst["id"]] * 2
     assert lines[0]["entry_type"] == "charge"
+    # What each governance entry did, in words (it used to show only "grant" and ε 0).
+    page.get_by_label("Entry").select_option("grant")
+    page.get_by_label("Guarantee").select_option("")
+    page.get_by_label("Principal").select_option("")
+    page.get_by_role("button", name="Apply filters").click()
+    expect(rows.filter(has_text=f"revoked {study.second['name']}")).to_have_count(1)
+    expect(rows.filter(has_text=f"granted {study.analyst['name']} (ε cap 3)")).to_have_count(1)
+    expect(rows.filter(has_text=f"granted {study.client['name']} (no cap)")).to_have_count(1)
+    page.get_by_label("Entry").select_option("budget")
+    page.get_by_role("button", name="Apply filters").click()
+    expect(rows.first).to_contain_text("set ε total 8, δ total 1e-4")
     # Pages of 5, newest first.
     page.get_by_label("Principal").select_option("")
     page.get_by_label("Entry").select_option("")
@@ -184,6 +209,10 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     expect(releases).to_have_count(3)
     expect(releases.first).to_contain_text("estimate")
     expect(releases.first).to_contain_text("strict")
+    # each release's id, as the ledger's charges name it
+    release_id = releases.first.locator("td").first.locator("code").get_attribute("title")
+    assert release_id
+    expect(releases.first.locator("td").first).to_have_text(release_id[:8])
     page.screenshot(path=shots / "releases.png", full_page=True)
 
     # Cumulative epsilon per analyst.
@@ -449,4 +478,47 @@ def test_values_are_shown_as_text(page: Any, live: Live, watch: Watch) -> None:
     expect(page.locator("#dataset-select option")).to_have_text(name)
     assert page.locator("#pwn, #bold").count() == 0
     assert page.evaluate("() => window.pwned") is None
+    watch.assert_clean()
+
+
+@SQLITE_ONLY
+def test_long_and_shared_names_stay_readable(page: Any, live: Live, watch: Watch) -> None:
+    """A 200-character dataset name and a long principal name wrap instead of widening the page;
+    two analysts of the same name, and two datasets of the same name, can be told apart."""
+
+    def principal(name: str, role: str) -> dict[str, Any]:
+        r = httpx.post(
+            f"{live.base}/v1/principals",
+            json={"name": name, "role": role},
+            headers=auth(ADMIN_KEY),
+        )
+        assert r.status_code == 201, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+    owner = principal("Data office", "owner")
+    twins = [principal("Outcomes statistician", "analyst") for _ in range(2)]
+    principal("Senior outcomes statistician of the cardiology and renal medicine " * 2, "analyst")
+    first = upload_dataset(live.base, owner["api_key"], "LOS cohort 2025")
+    second = upload_dataset(live.base, owner["api_key"], "LOS cohort 2025")
+    upload_dataset(live.base, owner["api_key"], "A" * 120 + " long cohort name " + "B" * 60)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    sign_in(page, live.base, owner["api_key"])
+    options = page.locator("#dataset-select option")
+    expect(options).to_have_count(3)  # this owner's datasets only
+    labels = options.all_text_contents()
+    assert f"LOS cohort 2025 · {first['id'][:8]}" in labels
+    assert f"LOS cohort 2025 · {second['id'][:8]}" in labels
+    view(page, "Budget & grants")
+    expect(page.locator("#delta-limit")).to_contain_text("1/n = 1.67e-3")
+    picker = page.locator("#grant-principal option")  # the live server's other principals too
+    for twin in twins:
+        expect(picker.filter(has_text=f"(key {twin['key_prefix']}…)")).to_have_count(1)
+    for name in ("Datasets", "Budget & grants"):
+        view(page, name)
+        expect(
+            page.locator("#view-" + ("datasets" if name == "Datasets" else "budget"))
+        ).to_be_visible()
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= 1280, f"{name}: the page is {width} px wide"
     watch.assert_clean()

@@ -58,7 +58,7 @@
     if (x === null || x === undefined) return "—";
     const n = Number(x);
     if (!Number.isFinite(n)) return String(x);
-    if (n !== 0 && Math.abs(n) < 1e-3) return Number(n.toPrecision(3)).toExponential();
+    if (n !== 0 && Math.abs(n) < 1e-2) return Number(n.toPrecision(3)).toExponential();
     return String(Number(n.toPrecision(6)));
   }
 
@@ -69,9 +69,23 @@
 
   function principalName(id) {
     const p = state.principals.get(id);
-    if (p) return p.name;
+    if (p) {
+      // two principals may share a name: tell them apart by their keys' public prefixes
+      const twins = [...state.principals.values()].filter((q) => q.name === p.name).length;
+      return twins > 1 && p.key_prefix ? p.name + " (key " + p.key_prefix + "…)" : p.name;
+    }
     if (state.me && id === state.me.id) return state.me.name;
     return "principal " + String(id).slice(0, 8);
+  }
+
+  // A dataset's name, with its id's first characters where another visible dataset shares it.
+  function datasetLabel(d) {
+    const twins = state.datasets.filter((x) => x.name === d.name).length;
+    return twins > 1 ? d.name + " · " + String(d.id).slice(0, 8) : d.name;
+  }
+
+  function plural(count, one, many) {
+    return count + " " + (count === 1 ? one : many);
   }
 
   // ---- the API ---------------------------------------------------------------------------------
@@ -124,11 +138,16 @@
     const body = err instanceof ApiProblem ? err.body : { title: String(err) };
     const status = err instanceof ApiProblem && err.status ? " (" + err.status + ")" : "";
     target.append(el("div", { className: "title", text: (body.title || "Error") + status }));
-    if (body.detail) target.append(el("div", { className: "detail", text: body.detail }));
-    if (Array.isArray(body.errors) && body.errors.length) {
+    const errors = Array.isArray(body.errors) ? body.errors : [];
+    // a 422's detail summarises its first error ("#/x: ... (and 1 more)"): the list says it all
+    const first = errors.length && errors[0] && errors[0].detail ? String(errors[0].detail) : null;
+    const repeats = first !== null && String(body.detail || "").includes(first);
+    if (body.detail && !repeats) target.append(el("div", { className: "detail", text: body.detail }));
+    if (errors.length) {
       const list = el("ul");
-      for (const e of body.errors) {
-        const where = e && e.pointer ? e.pointer + ": " : "";
+      for (const e of errors) {
+        const field = e && e.pointer ? String(e.pointer).replace(/^#\/?/, "") : "";
+        const where = field ? field + ": " : "";
         list.append(el("li", { text: where + (e && e.detail ? e.detail : "") }));
       }
       target.append(list);
@@ -250,7 +269,7 @@
     if (state.me.role !== "owner" && state.me.role !== "admin") return;
     try {
       for (const p of await api("GET", "/v1/principals")) {
-        state.principals.set(p.id, { name: p.name, role: p.role });
+        state.principals.set(p.id, { name: p.name, role: p.role, key_prefix: p.key_prefix });
       }
     } catch (err) {
       showProblem(err);
@@ -264,8 +283,10 @@
       return handleError(err);
     }
     const select = clear($("dataset-select"));
-    for (const d of state.datasets) select.append(el("option", { value: d.id, text: d.name }));
+    for (const d of state.datasets) select.append(el("option", { value: d.id, text: datasetLabel(d) }));
     $("no-datasets").hidden = state.datasets.length > 0;
+    $("admin-help").hidden = state.me.role !== "admin";
+    $("cli-only-help").hidden = state.me.role !== "owner";
     select.disabled = state.datasets.length === 0;
     const wanted = selectId || (state.dataset && state.dataset.id);
     const chosen = state.datasets.find((d) => d.id === wanted) || state.datasets[0] || null;
@@ -345,7 +366,7 @@
       const row = el(
         "tr",
         { "aria-selected": state.dataset && d.id === state.dataset.id ? "true" : "false" },
-        el("td", {}, el("button", { type: "button", className: "link", text: d.name, onclick: () => chooseDataset(d.id) })),
+        el("td", {}, el("button", { type: "button", className: "link", text: datasetLabel(d), onclick: () => chooseDataset(d.id) })),
         cell(d.n, "num"),
         cell(d.status),
         cell(d.version, "num"),
@@ -362,7 +383,7 @@
   function renderSchema() {
     const body = clear($("schema-table").querySelector("tbody"));
     const d = state.dataset;
-    $("schema-title").textContent = d ? "Public schema of " + d.name : "Public schema";
+    $("schema-title").textContent = d ? "Public schema of " + datasetLabel(d) : "Public schema";
     if (!d) {
       $("schema-summary").textContent = "";
       return;
@@ -419,8 +440,20 @@
 
   function capCell(spent, cap) {
     if (cap === null || cap === undefined) return el("td", { className: "num", text: fmtNumber(spent) + " / no cap" });
-    const meter = el("meter", { min: "0", max: String(cap > 0 ? cap : 1), value: String(Math.min(spent, cap)), "aria-label": "spent of cap" });
-    return el("td", { className: "num cap" }, fmtNumber(spent) + " / " + fmtNumber(cap), meter);
+    const max = cap > 0 ? cap : 1;
+    // coloured like the dataset's gauges: green while low, red from 80 % of the cap
+    const meter = el("meter", {
+      min: "0", max: String(max), value: String(Math.min(spent, cap)), low: String(max * 0.5),
+      high: String(max * 0.8), optimum: "0", "aria-label": "spent of cap",
+    });
+    const reached = Number(spent) >= Number(cap);
+    return el(
+      "td",
+      { className: "num cap" },
+      fmtNumber(spent) + " / " + fmtNumber(cap),
+      reached ? el("span", { className: "cap-reached", text: " · cap reached" }) : null,
+      meter,
+    );
   }
 
   async function renderBudget() {
@@ -472,13 +505,14 @@
     }
     $("no-grants").hidden = state.grants.length > 0;
     if (isOwner()) {
+      $("delta-limit").textContent = " (1/n = " + fmtNumber(1 / state.dataset.n) + " here)";
       $("budget-epsilon").value = b.is_set ? String(b.epsilon_total) : "";
       $("budget-delta").value = b.is_set ? String(b.delta_total) : "";
       $("paper-allowed").checked = Boolean(state.dataset.allow_paper_mode);
       const select = clear($("grant-principal"));
       for (const [id, p] of state.principals) {
         if (p.role === "analyst" || p.role === "client") {
-          select.append(el("option", { value: id, text: p.name + " (" + p.role + ")" }));
+          select.append(el("option", { value: id, text: principalName(id) + " (" + p.role + ")" }));
         }
       }
       syncGrantCaps();
@@ -524,7 +558,8 @@
       return;
     }
     await loadDatasets(state.dataset.id);
-    showNotice(done, { focus: true }); // the acting button may have been re-rendered away
+    // the acting button may have been re-rendered away
+    showNotice(typeof done === "function" ? done() : done, { focus: true });
   }
 
   function datasetPath(suffix) {
@@ -535,13 +570,28 @@
     event.preventDefault();
     const eps = numberOrNull($("budget-epsilon"));
     const dlt = numberOrNull($("budget-delta"));
+    const missing = [];
+    if (eps === null) missing.push({ pointer: "epsilon_total", detail: "enter the ε total" });
+    if (dlt === null) missing.push({ pointer: "delta_total", detail: "enter the δ total (0 allows only pure ε-DP releases)" });
+    if (missing.length) {
+      showProblem(new ApiProblem(0, { title: "Both totals are needed", errors: missing }));
+      $("problem").focus();
+      return;
+    }
+    const limit = 1 / state.dataset.n;
+    const weak = typeof dlt === "number" && dlt >= limit
+      ? " Warning: δ ≥ 1/n (" + fmtNumber(limit) + "): a δ this large allows a release that exposes a record outright; keep δ well below 1/n."
+      : "";
+    let stored = null;
     act(
       "Set the budget?",
-      "Set the privacy budget of “" + state.dataset.name + "” to ε = " + eps + ", δ = " + dlt +
-        ". Every change is recorded in the ledger; the total can never drop below what is spent.",
+      "Set the privacy budget of “" + datasetLabel(state.dataset) + "” to ε = " + eps + ", δ = " + dlt +
+        ". Every change is recorded in the ledger; a total can never drop below what is spent." + weak,
       "Set budget",
-      () => api("PUT", datasetPath("/budget"), { body: { epsilon_total: eps, delta_total: dlt } }),
-      "Budget set to ε = " + eps + ", δ = " + dlt + ".",
+      async () => {
+        stored = await api("PUT", datasetPath("/budget"), { body: { epsilon_total: eps, delta_total: dlt } });
+      },
+      () => "Budget set to ε = " + fmtNumber(stored.epsilon_total) + ", δ = " + fmtNumber(stored.delta_total) + ".",
     );
   }
 
@@ -553,11 +603,21 @@
     const body = {};
     if (eps !== null) body.epsilon_cap = eps;
     if (dlt !== null) body.delta_cap = dlt;
-    const caps = (eps === null ? "no ε cap" : "ε cap " + eps) + ", " + (dlt === null ? "no δ cap" : "δ cap " + dlt);
+    const grantee = state.principals.get(id);
+    const caps = grantee && grantee.role === "client"
+      ? "no cap (a client never spends budget)"
+      : (eps === null ? "no ε cap" : "ε cap " + eps) + ", " + (dlt === null ? "no δ cap" : "δ cap " + dlt);
+    const existing = state.grants.find((g) => g.principal_id === id && !g.revoked);
+    const b = state.dataset.budget;
+    const loose = [];
+    if (typeof eps === "number" && b.is_set && eps > b.epsilon_total) loose.push("the ε cap is above the dataset's ε total (" + fmtNumber(b.epsilon_total) + ")");
+    if (typeof dlt === "number" && b.is_set && dlt > b.delta_total) loose.push("the δ cap is above the dataset's δ total (" + fmtNumber(b.delta_total) + ")");
+    const note = loose.length ? " Note: " + loose.join("; ") + ", so the dataset's budget binds first." : "";
     act(
-      "Grant access?",
-      "Grant " + principalName(id) + " access to “" + state.dataset.name + "” with " + caps + ".",
-      "Grant",
+      existing ? "Change the cap?" : "Grant access?",
+      (existing ? "Change the cap of " + principalName(id) + " on “" : "Grant " + principalName(id) + " access to “") +
+        datasetLabel(state.dataset) + "” to " + caps + "." + note,
+      existing ? "Change cap" : "Grant",
       () => api("PUT", datasetPath("/grants/" + encodeURIComponent(id)), { body }),
       "Granted " + principalName(id) + " (" + caps + ").",
     );
@@ -567,7 +627,7 @@
     const name = principalName(grant.principal_id);
     act(
       "Revoke the grant?",
-      "Revoke " + name + "’s access to “" + state.dataset.name + "”. What they spent stays spent.",
+      "Revoke " + name + "’s access to “" + datasetLabel(state.dataset) + "”. What they spent stays spent.",
       "Revoke",
       () => api("DELETE", datasetPath("/grants/" + encodeURIComponent(grant.principal_id))),
       "Revoked the grant of " + name + ".",
@@ -579,7 +639,7 @@
     const allow = $("paper-allowed").checked;
     act(
       allow ? "Allow paper mode?" : "Forbid paper mode?",
-      (allow ? "Allow" : "Forbid") + " paper-mode releases on “" + state.dataset.name + "”.",
+      (allow ? "Allow" : "Forbid") + " paper-mode releases on “" + datasetLabel(state.dataset) + "”.",
       allow ? "Allow paper mode" : "Forbid paper mode",
       () => api("PATCH", datasetPath(), { body: { allow_paper_mode: allow } }),
       "Paper mode is now " + (allow ? "allowed" : "forbidden") + ".",
@@ -620,7 +680,7 @@
       box.append("✘ Ledger verification FAILED at entry " + saved.seq + ": " + rewritten);
       box.append(el("span", { className: "detail", text: "Its hash chain is consistent, so it was rewritten whole by someone with database access after this browser's check of " + saved.at + ". Export it and contact the operator." }));
     } else if (v.valid) {
-      box.append("✔ Ledger hash chain verified: " + v.entries + " entries intact.");
+      box.append("✔ Ledger hash chain verified: " + plural(v.entries, "entry", "entries") + " intact.");
       const since = unchanged ? " Entry " + unchanged.seq + " is as this browser saw it on " + unchanged.at + "." : "";
       box.append(el("span", { className: "detail", text: "Head hash " + v.head_hash + "." + since }));
     } else {
@@ -684,6 +744,36 @@
     select.value = current;
   }
 
+  // What a budget, grant or charge entry did, from its hashed details (the CLI's note column).
+  function entryWhat(e) {
+    let details = {};
+    try {
+      details = JSON.parse(e.details_json || "{}") || {};
+    } catch (_) {
+      details = {};
+    }
+    if (e.entry_type === "budget" && details.epsilon_total !== undefined) {
+      return "set ε total " + fmtNumber(details.epsilon_total) + ", δ total " + fmtNumber(details.delta_total);
+    }
+    if (e.entry_type === "grant" && details.grantee) {
+      const who = principalName(details.grantee);
+      if (details.revoked) return "revoked " + who;
+      const caps = [];
+      if (details.epsilon_cap !== null && details.epsilon_cap !== undefined) caps.push("ε cap " + fmtNumber(details.epsilon_cap));
+      if (details.delta_cap !== null && details.delta_cap !== undefined) caps.push("δ cap " + fmtNumber(details.delta_cap));
+      return "granted " + who + " (" + (caps.join(", ") || "no cap") + ")";
+    }
+    if (e.entry_type === "charge" && e.release_id) return "release " + String(e.release_id).slice(0, 8);
+    if (e.entry_type === "create") return "dataset uploaded";
+    if (e.entry_type === "rows_deleted") return "the rows were deleted";
+    return "—";
+  }
+
+  // An exact decimal amount, shown short, exact on hover.
+  function amountCell(value) {
+    return el("td", { className: "num", title: String(value), text: fmtNumber(value) });
+  }
+
   async function renderLedger() {
     if (!state.grants.length) {
       state.grants = await api("GET", datasetPath("/grants"));
@@ -704,10 +794,11 @@
           cell(fmtTime(e.created_at)),
           cell(principalName(e.principal_id)),
           cell(e.entry_type),
+          cell(entryWhat(e)),
           cell(e.release_kind),
           cell(e.guarantee),
-          cell(e.epsilon, "num"),
-          cell(e.delta, "num"),
+          amountCell(e.epsilon),
+          amountCell(e.delta),
           cell(e.release_status),
           el("td", {}, hash),
         ),
@@ -754,11 +845,18 @@
     return String(value);
   }
 
+  // The values a reader looks for first, in this order, where a result has them.
+  const HEADLINE = [
+    "estimate", "ci_lower", "ci_upper", "half_width", "ate", "ate_anchor", "shrinkage_factor",
+    "estimator", "cells", "uplift", "estimates", "function_id", "design",
+  ];
+
   function releasedValues(release) {
     if (release.status === "failed" && release.error) return el("td", { className: "values", text: release.error.title });
     if (!release.result) return el("td", { className: "values", text: "not yet released" });
     // The headline values first; every other released value one click away (<details>).
-    const entries = Object.entries(release.result);
+    const rank = (name) => (HEADLINE.includes(name) ? HEADLINE.indexOf(name) : HEADLINE.length);
+    const entries = Object.entries(release.result).sort((a, b) => rank(a[0]) - rank(b[0]));
     const list = (pairs) => {
       const dl = el("dl");
       for (const [name, value] of pairs) dl.append(el("dt", { text: name }), el("dd", { text: valueText(value) }));
@@ -771,19 +869,29 @@
     return td;
   }
 
-  async function renderReleases() {
+  const RELEASES_PAGE = 25;
+
+  async function renderReleases({ shown } = {}) {
     // Analysts may read every release of a dataset granted to them (DP outputs); by default
     // the console shows their own, and all of them on request.
+    const token = state.viewToken;
     const analyst = state.me.role === "analyst";
     $("mine-only-row").hidden = !analyst;
     let releases = await api("GET", datasetPath("/releases"));
+    if (token !== state.viewToken) return; // another view (or a newer render) took over
     if (analyst && $("mine-only").checked) releases = releases.filter((r) => r.principal_id === state.me.id);
+    const outcome = state.dataset.schema && state.dataset.schema.outcome;
+    $("releases-caption").textContent = "Releases of this dataset visible to this key" +
+      (outcome ? "; effects are in the units of the outcome, " + outcome.name : "");
+    state.releasesShown = Math.max(shown || state.releasesShown || RELEASES_PAGE, RELEASES_PAGE);
+    const newest = releases.slice().reverse().slice(0, state.releasesShown);
     const body = clear($("releases-table").querySelector("tbody"));
-    for (const r of releases.slice().reverse()) {
+    for (const r of newest) {
       body.append(
         el(
           "tr",
           {},
+          el("td", {}, el("code", { title: r.id, text: String(r.id).slice(0, 8) })),
           cell(fmtTime(r.created_at)),
           cell(principalName(r.principal_id)),
           cell(r.kind),
@@ -796,6 +904,17 @@
       );
     }
     $("no-releases").hidden = releases.length > 0;
+    $("releases-more-row").hidden = releases.length <= newest.length;
+    $("releases-count").textContent = "showing the newest " + newest.length + " of " + releases.length;
+    // queued or running releases finish on their own: look again while this view is open
+    clearTimeout(state.releasesTimer);
+    if (newest.some((r) => r.status === "queued" || r.status === "running")) {
+      state.releasesTimer = setTimeout(() => {
+        if (token === state.viewToken && state.view === "releases") {
+          renderReleases().catch((err) => handleError(err));
+        }
+      }, 3000);
+    }
   }
 
   // ---- account: the signed-in principal's own account record -----------------------------------
@@ -825,7 +944,7 @@
     const body = clear($("account-table").querySelector("tbody"));
     chain.dataset.valid = String(check.valid);
     chain.textContent = check.valid
-      ? "Account record hash chain verified: " + check.entries + " events intact"
+      ? "Account record hash chain verified: " + plural(check.entries, "event", "events") + " intact"
       : "Account record hash chain FAILED at event " + check.first_invalid_seq + ": " + check.reason;
     for (const e of page.events.slice().reverse()) {
       const by = e.actor_id === state.me.id ? "you" : e.actor_id === "admin" ? "the admin" : principalName(e.actor_id);
@@ -943,6 +1062,9 @@
     });
     $("export-csv").addEventListener("click", exportCsv);
     $("mine-only").addEventListener("change", () => renderReleases().catch(handleError));
+    $("releases-more").addEventListener("click", () => {
+      renderReleases({ shown: (state.releasesShown || RELEASES_PAGE) + RELEASES_PAGE }).catch(handleError);
+    });
     $("verify-again").addEventListener("click", () => verifyChain());
     $("page-prev").addEventListener("click", () => {
       state.ledgerOffset = Math.max(0, state.ledgerOffset - Number($("f-size").value));
