@@ -70,7 +70,9 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     view(page, "Budget & grants")
     expect(page.locator("#gauge-epsilon-text")).to_have_text("spent 2.5 of 5 · remaining 2.5")
     assert page.locator("#meter-epsilon").get_attribute("value") == "2.5"
-    expect(page.locator("#gauge-delta-text")).to_have_text("spent 3e-5 of 1e-4 · remaining 7e-5")
+    expect(page.locator("#gauge-delta-text")).to_have_text(
+        "spent 3e-5 of 1e-4 · remaining 7e-5 · at least 7 releases at the default δ (≤ 1e-5 each)"
+    )
     grants = page.locator("#grants-table tbody")
     expect(grants.locator("tr")).to_have_count(2)
     capped = grants.locator("tr", has_text=study.analyst["name"])
@@ -323,6 +325,9 @@ def test_tampered_ledger_fails_verification(
     expect(chain).to_have_class(re.compile(r"\bbad\b"))
     view(page, "Ledger")
     expect(page.locator("#ledger-table tbody tr")).to_have_count(7)
+    # the broken entry is marked in the table, the others are not
+    expect(page.locator("#ledger-table tbody tr.broken")).to_have_count(1)
+    expect(page.locator("#ledger-table tbody tr.broken td").first).to_have_text("5")
     page.screenshot(path=shots / "tampered.png")
     watch.assert_clean()
 

@@ -366,7 +366,7 @@
       const row = el(
         "tr",
         { "aria-selected": state.dataset && d.id === state.dataset.id ? "true" : "false" },
-        el("td", {}, el("button", { type: "button", className: "link", text: datasetLabel(d), onclick: () => chooseDataset(d.id) })),
+        el("td", { className: "name" }, el("button", { type: "button", className: "link", text: datasetLabel(d), onclick: () => chooseDataset(d.id) })),
         cell(d.n, "num"),
         cell(d.status),
         cell(d.version, "num"),
@@ -435,7 +435,9 @@
     meter.optimum = 0;
     meter.low = meter.max * 0.5;
     const left = Math.max(0, total - spent);
-    text.textContent = "spent " + fmtNumber(spent) + " of " + fmtNumber(total) + " · remaining " + fmtNumber(left);
+    // each release charges at most 1e-5 of delta by default (its own default delta)
+    const releases = kind === "delta" ? " · at least " + plural(Math.floor(left / 1e-5 + 1e-9), "release", "releases") + " at the default δ (≤ 1e-5 each)" : "";
+    text.textContent = "spent " + fmtNumber(spent) + " of " + fmtNumber(total) + " · remaining " + fmtNumber(left) + releases;
   }
 
   function capCell(spent, cap) {
@@ -476,7 +478,7 @@
       const row = el(
         "tr",
         { className: g.revoked ? "state-revoked" : "" },
-        cell(principalName(g.principal_id)),
+        cell(principalName(g.principal_id), "name"),
         capCell(g.epsilon_spent, g.epsilon_cap),
         capCell(g.delta_spent, g.delta_cap),
         cell(g.revoked ? "revoked" : "active"),
@@ -674,6 +676,7 @@
     if (v.valid && !rewritten && v.entries > 0) saveCheckpoint(v, unchanged);
     clear(box);
     const valid = v.valid && !rewritten;
+    state.brokenSeq = valid ? null : (rewritten ? saved.seq : v.first_invalid_seq || null);
     box.className = "chain " + (valid ? "ok" : "bad");
     box.dataset.valid = valid ? "true" : "false";
     if (rewritten) {
@@ -785,16 +788,17 @@
     });
     const body = clear($("ledger-table").querySelector("tbody"));
     for (const e of page.entries) {
+      const broken = state.brokenSeq !== null && state.brokenSeq !== undefined && e.seq === state.brokenSeq;
       const hash = e.request_hash ? el("code", { title: e.request_hash, text: e.request_hash.slice(0, 12) + "…" }) : "—";
       body.append(
         el(
           "tr",
-          {},
+          broken ? { className: "broken", title: "the hash chain breaks at this entry" } : {},
           cell(e.seq, "num"),
           cell(fmtTime(e.created_at)),
-          cell(principalName(e.principal_id)),
+          cell(principalName(e.principal_id), "name"),
           cell(e.entry_type),
-          cell(entryWhat(e)),
+          cell(entryWhat(e), "name"),
           cell(e.release_kind),
           cell(e.guarantee),
           amountCell(e.epsilon),
@@ -851,6 +855,15 @@
     "estimator", "cells", "uplift", "estimates", "function_id", "design",
   ];
 
+  // Released covariate positions (adjustment_columns, effect_columns) with their schema names.
+  const POSITION_LISTS = ["adjustment_columns", "effect_columns"];
+
+  function namedPositions(name, value) {
+    const covariates = (state.dataset && state.dataset.schema && state.dataset.schema.covariates) || [];
+    if (!POSITION_LISTS.includes(name) || !Array.isArray(value)) return null;
+    return value.map((j) => (covariates[j] ? covariates[j].name : String(j))).join(", ");
+  }
+
   function releasedValues(release) {
     if (release.status === "failed" && release.error) return el("td", { className: "values", text: release.error.title });
     if (!release.result) return el("td", { className: "values", text: "not yet released" });
@@ -859,7 +872,9 @@
     const entries = Object.entries(release.result).sort((a, b) => rank(a[0]) - rank(b[0]));
     const list = (pairs) => {
       const dl = el("dl");
-      for (const [name, value] of pairs) dl.append(el("dt", { text: name }), el("dd", { text: valueText(value) }));
+      for (const [name, value] of pairs) {
+        dl.append(el("dt", { text: name }), el("dd", { text: namedPositions(name, value) || valueText(value) }));
+      }
       return dl;
     };
     const td = el("td", { className: "values" }, list(entries.slice(0, 5)));
@@ -893,7 +908,7 @@
           {},
           el("td", {}, el("code", { title: r.id, text: String(r.id).slice(0, 8) })),
           cell(fmtTime(r.created_at)),
-          cell(principalName(r.principal_id)),
+          cell(principalName(r.principal_id), "name"),
           cell(r.kind),
           cell(r.guarantee),
           cell(fmtNumber(r.epsilon), "num"),
@@ -955,7 +970,7 @@
           cell(String(e.seq), "num"),
           cell(fmtTime(e.created_at)),
           cell(EVENT_TEXT[e.event] || e.event),
-          cell(by),
+          cell(by, "name"),
           cell(e.key_prefix + "…"),
         ),
       );
@@ -992,7 +1007,7 @@
     }
     const body = clear($("spend-table").querySelector("tbody"));
     for (const [who, s] of series) {
-      body.append(el("tr", {}, cell(principalName(who)), cell(s.count, "num"), cell(fmtNumber(s.total), "num"), cell(fmtTime(s.last))));
+      body.append(el("tr", {}, cell(principalName(who), "name"), cell(s.count, "num"), cell(fmtNumber(s.total), "num"), cell(fmtTime(s.last))));
     }
     if (series.size === 0) body.append(el("tr", {}, el("td", { colspan: "4", text: "No charges yet." })));
     // Each line starts at 0 when the dataset was created and runs on to now.
