@@ -310,6 +310,32 @@ def test_uplift_table_at_declared_cut_points(client: TestClient, api: Api) -> No
     assert _spent(client, owner, ds) == pytest.approx(1.0)
 
 
+def test_uplift_table_takes_delta_where_it_is_an_epsilon_delta_release(
+    client: TestClient, api: Api
+) -> None:
+    """The one-cell observational default (the adjusted DP ATE) charges the delta asked for;
+    the epsilon-ADUM table is pure and refuses one (the console walkthrough's analyst saw
+    'Extra inputs are not permitted' for delta while the default charged 1e-5)."""
+    _, analyst, ds = _setup(api, schema=SCHEMA, n=1000)
+    key = analyst["api_key"]
+
+    def quoted(params: dict[str, Any]) -> Any:
+        return client.post(
+            f"/v1/datasets/{ds['id']}/quotes",
+            json={"kind": "uplift_table", "params": params},
+            headers=Api.auth(key),
+        )
+
+    one_cell = {"epsilon": 1.0, "bins": [1, 1, 1], "delta": 2e-5}
+    r = quoted(one_cell)
+    assert r.status_code == 200, r.text
+    assert r.json()["delta"] == pytest.approx(2e-5)
+    assert r.json()["accuracy"]["anchor"] == "adjusted_ate"
+    table = {"epsilon": 1.0, "bins": [2, 1, 1], "adjustment_partition": True, "delta": 2e-5}
+    body = problem(quoted(table), 422, "validation-failed")
+    assert "pure epsilon-DP" in body["detail"]
+
+
 def test_cut_points_read_the_ebm_model_where_they_cut_every_effect_column(
     client: TestClient, api: Api
 ) -> None:

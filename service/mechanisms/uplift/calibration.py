@@ -58,6 +58,11 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
         domain, shrinkage, grid_cells(domain, grid_shape(domain, params))
     ):
         return _adjusted_plan(domain, params, epsilon)
+    if params.delta is not None:
+        raise InvalidParameters(
+            "the epsilon-ADUM table is pure epsilon-DP (delta 0): leave delta out (it applies "
+            "only where the release is the adjusted DP ATE or the ebm estimator's model)"
+        )
     if domain.design != StudyDesign.RCT and not params.adjustment_partition:
         raise InvalidParameters(
             "uplift_table is causal only for an RCT design; for observational data set "
@@ -156,7 +161,7 @@ def _adjusted_plan(domain: PublicDomain, params: UpliftParams, epsilon: float) -
     if not params.min_count >= 1.0 or not math.isfinite(params.min_count):
         raise InvalidParameters("min_count must be a finite number >= 1")
     validate_finite_positive(params.low_count_threshold, "low_count_threshold")
-    state = ate_strict.make_plan(domain, ate_strict.default_params(domain, epsilon))
+    state = ate_strict.make_plan(domain, ate_strict.default_params(domain, epsilon, params.delta))
     inner = state.record
     record = MechanismRecord(
         mechanism=MECHANISM,

@@ -42,6 +42,9 @@ class UpliftParams:
 
     Attributes:
         epsilon: the charged epsilon (delta = 0).
+        delta: only for the one-cell observational default (proof step 6: the adjusted DP ATE,
+            (epsilon, delta)-DP); None there means that ATE's public default delta. The table
+            itself is pure epsilon-DP and refuses a delta.
         bins: cells per covariate of the regular grid (one entry per covariate; 1 = no cut).
         cut_points: instead of ``bins``, the grid's public cut points per covariate (one entry
             per covariate, each strictly increasing and strictly inside the covariate's
@@ -67,6 +70,7 @@ class UpliftParams:
     """
 
     epsilon: float
+    delta: float | None = None
     bins: tuple[int, ...] = ()
     cut_points: tuple[tuple[float, ...], ...] | None = None
     min_count: float = 1.0

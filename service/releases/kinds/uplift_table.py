@@ -36,6 +36,15 @@ class UpliftTableRequest(KindParams):
     """Request parameters of an ``uplift_table`` release."""
 
     epsilon: StrictFloat = Field(gt=0, allow_inf_nan=False)
+    delta: StrictFloat | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="only where the release is (epsilon, delta)-DP (the ebm estimator, or the "
+        "one-cell observational default, the adjusted DP ATE); omitted: that release's public "
+        "default delta. The epsilon-ADUM table is pure epsilon-DP and refuses it",
+    )
     bins: list[StrictInt] | None = Field(
         default=None,
         min_length=1,
@@ -113,7 +122,7 @@ def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator
     if asked is not None:
         return "ebm" if asked else "table"
     columns = ebm_kind.effect_columns_of(None, domain)
-    if columns is None or not ebm_kind.preferred(domain, params.epsilon):
+    if columns is None or not ebm_kind.preferred(domain, params.epsilon, params.delta):
         return "table"
     shape = requested_shape(params, domain)
     if shape is not None:
@@ -218,7 +227,7 @@ def _pointer_token(key: str) -> str:
 def _ebm_request(params: UpliftTableRequest) -> ebm_kind.EbmCateRequest:
     return ebm_kind.default_request(
         params.epsilon,
-        None,
+        params.delta,
         params.expected_heterogeneity_sd,
         effect_columns=params.effect_columns,
     )
@@ -231,6 +240,7 @@ def to_mechanism_params(params: UpliftTableRequest, domain: PublicDomain) -> upl
         bins = uplift.default_bins(domain, params.epsilon)
     return uplift.UpliftParams(
         epsilon=params.epsilon,
+        delta=params.delta,
         bins=bins,
         cut_points=cut_points,
         min_count=params.min_count,
