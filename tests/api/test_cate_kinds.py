@@ -310,6 +310,48 @@ def test_uplift_table_at_declared_cut_points(client: TestClient, api: Api) -> No
     assert _spent(client, owner, ds) == pytest.approx(1.0)
 
 
+def test_uplift_table_at_dp_quantile_cut_points(client: TestClient, api: Api) -> None:
+    """quantile_cuts: the cut points are DP quantiles paid from the table's epsilon; the result
+    carries them as edges, the quote only the shape; a categorical or unknown covariate and the
+    ebm estimator are 422s."""
+    owner, analyst, ds = _setup(api, schema=RCT_SCHEMA, n=1000)
+    key = analyst["api_key"]
+    params = {"epsilon": 1.0, "quantile_cuts": {"age": 3}, "cut_points": {"severity": [0.5]}}
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "uplift_table", "params": params},
+        headers=Api.auth(key),
+    )
+    assert quote.status_code == 200, quote.text
+    accuracy = quote.json()["accuracy"]
+    assert accuracy["bins"] == [3, 2, 1]
+    assert accuracy["quantile_cuts"] == [3, 0, 0]
+    assert "edges" not in accuracy
+    assert quote.json()["epsilon"] == pytest.approx(1.0)
+    r = post_release(client, key, ds["id"], params, kind="uplift_table")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    grid = done["result"]["grid"]
+    age = grid["edges"][0]
+    assert len(age) == 4
+    assert 18.0 < age[1] <= age[2] < 90.0
+    assert grid["edges"][1] == [0.0, 0.5, 1.0]
+    assert len(done["result"]["uplift"]) == 6
+    assert done["mechanism"]["composition"] == "sequential"
+    assert _spent(client, owner, ds) == pytest.approx(1.0)
+    for bad, pointer in (
+        ({"epsilon": 1.0, "quantile_cuts": {"sex": 2}}, "#/params"),
+        ({"epsilon": 1.0, "quantile_cuts": {"agee": 2}}, "#/params/quantile_cuts/agee"),
+        ({"epsilon": 1.0, "quantile_cuts": {"age": 2}, "estimator": "ebm"}, None),
+    ):
+        body = problem(
+            post_release(client, key, ds["id"], bad, kind="uplift_table"), 422, "validation-failed"
+        )
+        if pointer is not None:
+            assert body["errors"][0]["pointer"] == pointer, body
+    assert _spent(client, owner, ds) == pytest.approx(1.0)
+
+
 def test_uplift_table_takes_delta_where_it_is_an_epsilon_delta_release(
     client: TestClient, api: Api
 ) -> None:

@@ -587,3 +587,85 @@ def test_a_quote_with_cut_points_shows_the_grid() -> None:
     assert quoted["bins"] == [2, 1]
     assert quoted["cells"] == 2
     assert quoted["edges"] == [[-1.0, 0.0, 1.0], [-1.0, 1.0]]
+
+
+def test_quantile_cuts_find_a_skewed_covariates_quartiles_and_pay_for_them() -> None:
+    """proof step 8: 10 % of epsilon buys the DP quartiles of a skewed covariate; the table at
+    the rest of epsilon is cut there (the regular grid of the same shape puts nearly every row
+    in its first cell)."""
+    dom = domain()
+    params = up.UpliftParams(epsilon=2.0, quantile_cuts=(4,), shrinkage="none")
+    state = up.make_plan(dom, params)
+    assert state.record.composition == Composition.SEQUENTIAL
+    assert state.record.epsilon == pytest.approx(2.0, rel=1e-12)
+    cuts = state.record.events[0]
+    assert cuts.params["statistic"] == "cut_point_quantiles"
+    assert cuts.params["quantiles"] == 3
+    assert cuts.epsilon == pytest.approx(0.2)
+    assert state.quantile_epsilon is not None
+    assert 3 * state.quantile_epsilon <= cuts.epsilon
+    table_only = up.make_plan(dom, up.UpliftParams(epsilon=1.8, bins=(4,), shrinkage="none"))
+    assert state.counts is not None
+    assert table_only.counts is not None
+    assert state.counts.scale == pytest.approx(table_only.counts.scale, rel=1e-9)
+    arrays = _skewed_step(20000, 1)
+    out = up.run(
+        arrays,
+        dom,
+        params,
+        noise=SeededSampler(np.random.default_rng(2)),
+        progress=lambda f, s: None,
+    )
+    inner = np.asarray(out["grid"]["edges"][0][1:-1])
+    truth = np.quantile(arrays.x[:, 0], [0.25, 0.5, 0.75])
+    np.testing.assert_allclose(inner, truth, atol=0.01)
+    assert out["grid"]["quantile_cuts"] == [4]
+    np.testing.assert_allclose(out["uplift"][:2], [0.0, 0.0], atol=0.2)
+    np.testing.assert_allclose(out["uplift"][3], 2.0, atol=0.2)
+
+
+def test_equal_quantiles_leave_an_empty_cell_and_keep_the_shape() -> None:
+    dom = domain()
+    params = up.UpliftParams(epsilon=1.0, quantile_cuts=(4,))
+    edges = up.measured_edges(dom, params, {0: [0.5, -0.2, 0.5]})
+    assert edges == [[-1.0, -0.2, 0.5, 0.5, 1.0]]
+    cells = up.edge_index(np.array([[-0.5], [0.5], [0.9]]), edges)
+    np.testing.assert_array_equal(cells, [0, 3, 3])  # [0.5, 0.5) holds nothing
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (up.UpliftParams(epsilon=1.0, bins=(2, 1), quantile_cuts=(0, 3)), "bins or quantile_cuts"),
+        (up.UpliftParams(epsilon=1.0, quantile_cuts=(3,)), "one entry per covariate"),
+        (up.UpliftParams(epsilon=1.0, quantile_cuts=(0, 21)), "integer in"),
+        (up.UpliftParams(epsilon=1.0, quantile_cuts=(2, 0), cut_points=((0.0,), ())), "both"),
+        (
+            up.UpliftParams(epsilon=1.0, partition="kmeans", clusters=2, quantile_cuts=(2, 0)),
+            "grid' only",
+        ),
+    ],
+)
+def test_invalid_quantile_cuts_are_refused(params: up.UpliftParams, message: str) -> None:
+    with pytest.raises(InvalidParameters, match=message):
+        up.plan(domain(q=2), params)
+
+
+def test_quantile_cuts_refuse_a_categorical_covariate() -> None:
+    dom = replace(domain(q=2), x_codes=(None, (0, 1)), x_names=("crp", "sex"))
+    with pytest.raises(InvalidParameters, match="'sex' is categorical"):
+        up.plan(dom, up.UpliftParams(epsilon=1.0, quantile_cuts=(0, 2)))
+
+
+def test_the_verdict_weighs_the_tables_privacy_noise_not_the_assumed_sampling_error() -> None:
+    """versus_ate's 'privacy noise per prediction' is the Laplace part of the cell sd; the
+    quote's approx_uplift_sd_per_cell adds sampling error at the worst-case outcome sd W / 2
+    (an analyst read 1.31 as privacy noise where the table's own noise sd was about 0.17)."""
+    from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequest
+
+    dom = domain(20000, q=2)
+    quoted = up.quote(dom, up.UpliftParams(epsilon=1.0, bins=(3, 3)))
+    privacy = quoted["approx_privacy_noise_sd_per_cell"]
+    assert 0.0 < privacy < quoted["approx_uplift_sd_per_cell"]
+    kind = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[3, 3]), dom)
+    assert kind["versus_ate"]["prediction_noise_sd"] == pytest.approx(privacy)

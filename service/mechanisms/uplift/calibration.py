@@ -23,10 +23,13 @@ from service.mechanisms.uplift.rules import (
     MAX_KMEANS_ITERATIONS,
     MECHANISM,
     MIN_EPSILON,
+    QUANTILE_CANDIDATES,
+    QUANTILE_CUTS_SHARE,
     SECOND_MOMENT_SHARE,
     VERSION,
     UpliftParams,
     adjusted_one_cell,
+    checked_quantile_cuts,
     grid_cells,
     grid_shape,
 )
@@ -46,6 +49,8 @@ class Plan:
     # proof step 6: shrinkage "ate", one cell, observational design: the whole release is the
     # strict DP AIPW ATE at its public defaults (no table is drawn; counts and sums unused).
     adjusted: ate_strict.Plan | None = None
+    # proof step 8: each DP quantile's epsilon where quantile_cuts are asked for (None: none)
+    quantile_epsilon: float | None = None
 
 
 def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
@@ -72,14 +77,37 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     kmeans_events: list[NoiseEvent] = []
     kmeans_counts: LaplaceCalibration | None = None
     kmeans_sums: LaplaceCalibration | None = None
+    quantile_events: list[NoiseEvent] = []
+    quantile_epsilon: float | None = None
     if params.partition == "grid":
         cells = grid_cells(domain, grid_shape(domain, params))
         epsilon_table = epsilon
+        measured = sum(k - 1 for k in checked_quantile_cuts(domain, params.quantile_cuts) if k >= 2)
+        if measured:
+            # proof step 8: a public share of epsilon buys the cut points, split evenly (each
+            # quantile a hair below its even share, so that they add up to at most the share)
+            epsilon_cuts, epsilon_table = split_share(epsilon, QUANTILE_CUTS_SHARE)
+            quantile_epsilon = math.nextafter(epsilon_cuts / measured, 0.0)
+            quantile_events.append(
+                NoiseEvent(
+                    type="exponential_quantile",
+                    module="cut_points",
+                    epsilon=epsilon_cuts,
+                    delta=0.0,
+                    params={
+                        "statistic": "cut_point_quantiles",
+                        "sampler": "opendp make_private_quantile (replace-one, sized)",
+                        "quantiles": measured,
+                        "epsilon_each": quantile_epsilon,
+                        "candidates": QUANTILE_CANDIDATES,
+                    },
+                )
+            )
     elif params.partition == "kmeans":
         if params.bins:
             raise InvalidParameters("bins are for partition='grid' only")
-        if params.cut_points is not None:
-            raise InvalidParameters("cut_points are for partition='grid' only")
+        if params.cut_points is not None or params.quantile_cuts is not None:
+            raise InvalidParameters("cut_points and quantile_cuts are for partition='grid' only")
         cells = params.clusters
         if isinstance(cells, bool) or not isinstance(cells, int) or not 1 <= cells <= MAX_CLUSTERS:
             raise InvalidParameters(f"clusters must be an integer in [1, {MAX_CLUSTERS}]")
@@ -126,6 +154,7 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     counts = calibrate_laplace(epsilon_counts, 2.0, dim=2 * cells)
     sums = calibrate_laplace(epsilon_sums, sum_sensitivity(width, domain.n), dim=2 * cells)
     events = (
+        *quantile_events,
         *kmeans_events,
         *second_events,
         _event("counts", counts, 2.0),
@@ -137,7 +166,11 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
         guarantee=Guarantee.STRICT,
         n=domain.n,
         fold_sizes={"all": domain.n},
-        composition=Composition.CELLS if not kmeans_events else Composition.SEQUENTIAL,
+        composition=(
+            Composition.CELLS
+            if not kmeans_events and not quantile_events
+            else Composition.SEQUENTIAL
+        ),
         events=events,
         epsilon=math.fsum(e.epsilon for e in events),
         delta=0.0,
@@ -152,6 +185,7 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
         kmeans_sums,
         shrinks=shrinkage == "ate",
         second_moments=second_moments,
+        quantile_epsilon=quantile_epsilon,
     )
 
 

@@ -27,9 +27,13 @@ from service.mechanisms.uplift.rules import (
     UpliftParams,
     cell_centres,
     cell_index,
+    checked_quantile_cuts,
     declared_edges,
     edge_index,
     grid_shape,
+    measured_edges,
+    quantile_candidates,
+    quantile_levels,
 )
 
 
@@ -56,15 +60,41 @@ def grid_aggregates(
     y: NDArray[np.float64],
     domain: PublicDomain,
     params: UpliftParams,
+    edges: list[list[float]] | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Exact counts and centred sums per (cell, arm) on the request's public grid: at its cut
-    points (``declared_edges``), else its regular ``bins``. NEVER released (proof step 1: any
-    public partition has the same sensitivities)."""
-    if params.cut_points is None:
+    """Exact counts and centred sums per (cell, arm) on the request's grid: at ``edges`` (the
+    grid with its released DP quantile cuts, proof step 8), else at its cut points
+    (``declared_edges``), else its regular ``bins``. NEVER released (proof step 1: any partition
+    fixed before the table, public or DP, has the same sensitivities)."""
+    if edges is None and params.cut_points is None:
         return aggregates(x, a, y, domain, params.bins)
-    edges = declared_edges(domain, params.cut_points)
+    if edges is None:
+        edges = declared_edges(domain, params.cut_points or ())
     cells = math.prod(len(e) - 1 for e in edges)
     return aggregates_by_cell(edge_index(x, edges), a, y, domain, cells)
+
+
+def measure_cut_points(
+    x: NDArray[np.float64],
+    domain: PublicDomain,
+    params: UpliftParams,
+    epsilon_each: float,
+    noise: NoiseSampler,
+) -> dict[int, list[float]]:
+    """proof step 8: per covariate with k >= 2 quantile cells, its k - 1 DP quantiles (levels
+    i / k) on the public grid of its declared bounds, each at ``epsilon_each``."""
+    measured: dict[int, list[float]] = {}
+    for j, k in enumerate(checked_quantile_cuts(domain, params.quantile_cuts)):
+        if k < 2:
+            continue
+        lower, upper = float(domain.x_lower[j]), float(domain.x_upper[j])
+        values = np.clip(x[:, j], lower, upper)
+        grid = quantile_candidates(lower, upper)
+        measured[j] = [
+            noise.quantile(values, candidates=grid, level=level, epsilon=epsilon_each)
+            for level in quantile_levels(k)
+        ]
+    return measured
 
 
 def aggregates_by_cell(
@@ -339,13 +369,22 @@ def _run(
             "scaling": "u = 2 (x - lower) / (upper - lower) - 1, clipped to [-1, 1]",
         }
     else:
-        counts, sums = grid_aggregates(x, a, y, domain, params)
+        edges: list[list[float]] | None = None
+        if state.quantile_epsilon is not None:
+            # proof step 8: the DP quantile cut points first, then the table on their grid
+            measured = measure_cut_points(x, domain, params, state.quantile_epsilon, noise)
+            edges = measured_edges(domain, params, measured)
+            progress(0.3, "cut points")
+        elif params.cut_points is not None:
+            edges = declared_edges(domain, params.cut_points)
+        counts, sums = grid_aggregates(x, a, y, domain, params, edges)
         partition = {
             "type": "grid",
             "bins": list(grid_shape(domain, params)),
+            **({"edges": edges} if edges is not None else {}),
             **(
-                {"edges": declared_edges(domain, params.cut_points)}
-                if params.cut_points is not None
+                {"quantile_cuts": list(params.quantile_cuts)}
+                if params.quantile_cuts is not None
                 else {}
             ),
             "lower": [float(v) for v in lower],

@@ -15,6 +15,7 @@ from service.mechanisms.uplift.calibration import (
     shrinkage_fields,
 )
 from service.mechanisms.uplift.rules import (
+    QUANTILE_CUTS_SHARE,
     UpliftParams,
     declared_edges,
     grid_shape,
@@ -35,10 +36,12 @@ def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
     per_cell = domain.n / state.cells
     arms = {"treated": per_cell * p_treat, "control": per_cell * (1.0 - p_treat)}
     # delta method (adum.md §5) with |centred mean| <= W / 2 and outcome sd <= W / 2.
-    variance = 0.0
+    variance = privacy = 0.0
     for size in arms.values():
         size = max(size, params.min_count)
-        variance += (width / 2) ** 2 / size + (2 * b_s**2 + (width / 2) ** 2 * 2 * b_c**2) / size**2
+        noise = (2 * b_s**2 + (width / 2) ** 2 * 2 * b_c**2) / size**2
+        privacy += noise
+        variance += (width / 2) ** 2 / size + noise
     return {
         "mode": "strict",
         "guarantee": "strict",
@@ -51,6 +54,10 @@ def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
         "sum_noise_scale": b_s,
         "expected_records_per_cell": per_cell,
         "approx_uplift_sd_per_cell": math.sqrt(variance),
+        # the privacy noise alone (the Laplace counts' and sums' part of the delta method): what
+        # versus_ate compares with the heterogeneity; the sd above adds the sampling error at
+        # the worst-case outcome sd W / 2
+        "approx_privacy_noise_sd_per_cell": math.sqrt(privacy),
         **shrinkage_fields(state),
         **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
     }
@@ -75,6 +82,7 @@ def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[s
         "sum_noise_scale": None,
         "expected_records_per_cell": float(domain.n),
         "approx_uplift_sd_per_cell": float(inner["s_theta"]),
+        "approx_privacy_noise_sd_per_cell": float(inner["s_theta"]),
         "adjusted_ate": inner,
         **shrinkage_fields(state),
         **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
@@ -82,10 +90,14 @@ def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[s
 
 
 def _grid_fields(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
-    """The grid's shape (cells per covariate) and, for cut points, its edges."""
-    if params.partition != "grid" or params.cut_points is None:
+    """The grid's shape (cells per covariate) and, for cut points, its edges; quantile cells'
+    edges are DP outputs of the release (proof step 8), so the quote has their count only."""
+    if params.partition != "grid" or (params.cut_points is None and params.quantile_cuts is None):
         return {"bins": list(params.bins)}
-    return {
-        "bins": list(grid_shape(domain, params)),
-        "edges": declared_edges(domain, params.cut_points),
-    }
+    out: dict[str, Any] = {"bins": list(grid_shape(domain, params))}
+    if params.quantile_cuts is None:
+        out["edges"] = declared_edges(domain, params.cut_points or ())
+    else:
+        out["quantile_cuts"] = list(params.quantile_cuts)
+        out["quantile_cuts_share"] = QUANTILE_CUTS_SHARE
+    return out

@@ -31,6 +31,12 @@ MAX_BINS_PER_FEATURE = 1_000
 MAX_CLUSTERS = 1_000
 MAX_KMEANS_ITERATIONS = 20
 COUNT_SHARE = 0.5  # epsilon / 2 for counts, epsilon / 2 for sums (Betlei et al. Alg. 1)
+# proof step 8 (quantile_cuts): the share of the request's epsilon spent on the DP quantiles that
+# cut the covariates asked for, split evenly among them; each quantile is OpenDP's exponential
+# mechanism over QUANTILE_CANDIDATES equally spaced points of the covariate's declared bounds.
+QUANTILE_CUTS_SHARE = 0.1
+QUANTILE_CANDIDATES = 1001
+MAX_QUANTILE_CELLS = 20
 # proof step 5 (shrinkage "ate", at least 2 cells): the share of the table's epsilon spent on the
 # two arms' centred second moments, which bound the cells' sampling variance for the factor.
 SECOND_MOMENT_SHARE = 0.1
@@ -50,6 +56,10 @@ class UpliftParams:
             per covariate, each strictly increasing and strictly inside the covariate's
             declared bounds; an empty entry = no cut): a cell runs from one cut to the next,
             ``[c_k, c_{k+1})``, the outermost to the declared bounds. Grid only.
+        quantile_cuts: per covariate, k >= 2 cells cut at k - 1 DP quantiles (levels i / k) of
+            its values, charged (proof step 8: ``QUANTILE_CUTS_SHARE`` of epsilon); 0 or 1 = not
+            cut this way. Numeric covariates only; with ``cut_points`` on other covariates, not
+            with ``bins``. Grid only.
         min_count: c_min >= 1, the floor on noisy counts before dividing.
         low_count_threshold: cells whose noisy count in an arm is below this are flagged.
         adjustment_partition: for observational data, the analyst asserts the grid cells are a
@@ -73,6 +83,7 @@ class UpliftParams:
     delta: float | None = None
     bins: tuple[int, ...] = ()
     cut_points: tuple[tuple[float, ...], ...] | None = None
+    quantile_cuts: tuple[int, ...] | None = None
     min_count: float = 1.0
     low_count_threshold: float = 10.0
     adjustment_partition: bool = False
@@ -141,16 +152,88 @@ def declared_edges(
 
 
 def grid_shape(domain: PublicDomain, params: UpliftParams) -> tuple[int, ...]:
-    """Cells per covariate of a grid request: its ``bins``, or one more than its cut points.
+    """Cells per covariate of a grid request: its ``bins``, or one more than its cut points,
+    or its quantile cells.
 
     Raises:
-        InvalidParameters: both given, or invalid cut points (``declared_edges``).
+        InvalidParameters: ``bins`` with cut points or quantile cells, a covariate with both,
+            quantile cells on a categorical covariate or out of range, or invalid cut points
+            (``declared_edges``).
     """
-    if params.cut_points is None:
+    if params.cut_points is None and params.quantile_cuts is None:
         return params.bins
     if params.bins:
-        raise InvalidParameters("give bins or cut_points, not both")
-    return tuple(len(e) - 1 for e in declared_edges(domain, params.cut_points))
+        what = "cut_points" if params.quantile_cuts is None else "quantile_cuts"
+        raise InvalidParameters(f"give bins or {what}, not both")
+    q = domain.q
+    cuts = params.cut_points if params.cut_points is not None else ((),) * q
+    edges = declared_edges(domain, cuts)
+    quantiles = checked_quantile_cuts(domain, params.quantile_cuts)
+    shape = []
+    for j in range(q):
+        if len(edges[j]) > 2 and quantiles[j] >= 2:
+            raise InvalidParameters(
+                f"'{domain.names[j]}' has both cut points and quantile cells: give one"
+            )
+        shape.append(len(edges[j]) - 1 if len(edges[j]) > 2 else max(quantiles[j], 1))
+    return tuple(shape)
+
+
+def checked_quantile_cuts(
+    domain: PublicDomain, quantile_cuts: tuple[int, ...] | None
+) -> tuple[int, ...]:
+    """The request's quantile cells per covariate (0: none), validated.
+
+    Raises:
+        InvalidParameters: not one entry per covariate, an entry outside [0,
+            ``MAX_QUANTILE_CELLS``], or quantile cells on a categorical covariate.
+    """
+    if quantile_cuts is None:
+        return (0,) * domain.q
+    if len(quantile_cuts) != domain.q:
+        raise InvalidParameters(f"quantile_cuts must have one entry per covariate ({domain.q})")
+    for j, k in enumerate(quantile_cuts):
+        name = domain.names[j]
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_QUANTILE_CELLS:
+            raise InvalidParameters(
+                f"the quantile cells of '{name}' must be an integer in [2, {MAX_QUANTILE_CELLS}]"
+            )
+        codes = None if domain.x_codes is None else domain.x_codes[j]
+        if k >= 2 and codes is not None:
+            raise InvalidParameters(
+                f"'{name}' is categorical: cut it with cut_points between its codes, not at "
+                "quantiles"
+            )
+    return tuple(quantile_cuts)
+
+
+def quantile_levels(k: int) -> list[float]:
+    """The levels of the k - 1 DP quantiles that cut a covariate into k cells: i / k."""
+    return [i / k for i in range(1, k)]
+
+
+def quantile_candidates(lower: float, upper: float) -> NDArray[np.float64]:
+    """The public grid of a cut-point quantile: ``QUANTILE_CANDIDATES`` equally spaced points of
+    the covariate's declared bounds (both included)."""
+    grid = np.linspace(lower, upper, QUANTILE_CANDIDATES)
+    grid[0], grid[-1] = lower, upper
+    return np.asarray(grid, dtype=np.float64)
+
+
+def measured_edges(
+    domain: PublicDomain, params: UpliftParams, measured: dict[int, list[float]]
+) -> list[list[float]]:
+    """The grid's edges per covariate (post-processing of the DP quantiles, proof step 8): the
+    declared cut points where given, the released quantiles (sorted, inside the bounds) where
+    measured, else the declared bounds alone. Equal quantiles leave an empty cell, so the grid
+    keeps its public shape."""
+    cuts = params.cut_points if params.cut_points is not None else ((),) * domain.q
+    edges = declared_edges(domain, cuts)
+    for j, values in measured.items():
+        lower, upper = edges[j][0], edges[j][-1]
+        inner = sorted(min(max(float(v), lower), upper) for v in values)
+        edges[j] = [lower, *inner, upper]
+    return edges
 
 
 def suggested_bins(
@@ -268,8 +351,10 @@ def default_bins(domain: PublicDomain, epsilon: float) -> tuple[int, ...]:
 
 
 def _even_edges(lower: float, upper: float, cells: int) -> list[float]:
-    """The ``cells + 1`` edges of ``cells`` equal-width cells of [lower, upper]."""
-    return [float(v) for v in lower + (upper - lower) * np.arange(cells + 1) / cells]
+    """The ``cells + 1`` edges of ``cells`` equal-width cells of [lower, upper], at 12
+    significant digits (15, not 15.000000000000002); the bounds exactly."""
+    inner = lower + (upper - lower) * np.arange(1, cells) / cells
+    return [float(lower), *(float(f"{v:.12g}") for v in inner), float(upper)]
 
 
 def regular_edges(domain: PublicDomain, bins: tuple[int, ...]) -> list[list[float]]:

@@ -59,6 +59,16 @@ class UpliftTableRequest(KindParams):
         "inside the covariate's declared bounds; a cell runs from one cut to the next, [c_k, "
         "c_{k+1}), the outermost to the bounds; a covariate not named is not cut",
     )
+    quantile_cuts: (
+        dict[str, Annotated[StrictInt, Field(ge=2, le=uplift.MAX_QUANTILE_CELLS)]] | None
+    ) = Field(
+        default=None,
+        min_length=1,
+        description='cells at DP quantiles, keyed by numeric covariate name (e.g. {"crp": 4}: '
+        "CRP cut at its DP quartiles); the cut points are measured by OpenDP's quantile "
+        "mechanism with 10 % of epsilon and released with the table; with cut_points on other "
+        "covariates, not with bins",
+    )
     min_count: StrictFloat = Field(default=1.0, ge=1.0, allow_inf_nan=False)
     low_count_threshold: StrictFloat = Field(default=10.0, gt=0, allow_inf_nan=False)
     adjustment_partition: StrictBool = False
@@ -92,6 +102,7 @@ class UpliftTableRequest(KindParams):
 
 # The table estimator's own fields and their defaults: a request changing any keeps the table.
 TABLE_DEFAULTS: dict[str, Any] = {
+    "quantile_cuts": None,
     "min_count": 1.0,
     "low_count_threshold": 10.0,
     "adjustment_partition": False,
@@ -145,21 +156,39 @@ def cut_point_columns(
     """
     if params.cut_points is None:
         return None
+    _refuse_unknown("cut_points", params.cut_points, domain)
     names = domain.names
-    unknown = [key for key in params.cut_points if key not in names]
+    return tuple(tuple(params.cut_points.get(name, ())) for name in names)
+
+
+def quantile_cut_columns(
+    params: UpliftTableRequest, domain: PublicDomain
+) -> tuple[int, ...] | None:
+    """The request's ``quantile_cuts`` per covariate position (0: none); None without them.
+
+    Raises:
+        ValidationFailed: a key that names no covariate of the dataset.
+    """
+    if params.quantile_cuts is None:
+        return None
+    _refuse_unknown("quantile_cuts", params.quantile_cuts, domain)
+    return tuple(params.quantile_cuts.get(name, 0) for name in domain.names)
+
+
+def _refuse_unknown(field: str, mapping: dict[str, Any], domain: PublicDomain) -> None:
+    unknown = [key for key in mapping if key not in domain.names]
     if unknown:
         raise ValidationFailed(
-            f"cut_points names '{unknown[0]}', which is not a covariate of this dataset (the "
+            f"{field} names '{unknown[0]}', which is not a covariate of this dataset (the "
             "keys are the schema's covariate names)",
             errors=[
                 {
-                    "pointer": f"#/params/cut_points/{_pointer_token(key)}",
+                    "pointer": f"#/params/{field}/{_pointer_token(key)}",
                     "detail": "not a covariate of this dataset",
                 }
                 for key in unknown
             ],
         )
-    return tuple(tuple(params.cut_points.get(name, ())) for name in names)
 
 
 def requested_shape(params: UpliftTableRequest, domain: PublicDomain) -> tuple[int, ...] | None:
@@ -170,10 +199,14 @@ def requested_shape(params: UpliftTableRequest, domain: PublicDomain) -> tuple[i
         ValidationFailed / InvalidParameters: invalid cut points, or both given.
     """
     cut_points = cut_point_columns(params, domain)
-    if cut_points is None:
+    quantile_cuts = quantile_cut_columns(params, domain)
+    if cut_points is None and quantile_cuts is None:
         return None if params.bins is None else tuple(params.bins)
     probe = uplift.UpliftParams(
-        epsilon=params.epsilon, bins=tuple(params.bins or ()), cut_points=cut_points
+        epsilon=params.epsilon,
+        bins=tuple(params.bins or ()),
+        cut_points=cut_points,
+        quantile_cuts=quantile_cuts,
     )
     return uplift.grid_shape(domain, probe)
 
@@ -235,14 +268,16 @@ def _ebm_request(params: UpliftTableRequest) -> ebm_kind.EbmCateRequest:
 
 def to_mechanism_params(params: UpliftTableRequest, domain: PublicDomain) -> uplift.UpliftParams:
     cut_points = cut_point_columns(params, domain)
+    quantile_cuts = quantile_cut_columns(params, domain)
     bins = tuple(params.bins or ())
-    if not bins and cut_points is None and params.partition == "grid":
+    if not bins and cut_points is None and quantile_cuts is None and params.partition == "grid":
         bins = uplift.default_bins(domain, params.epsilon)
     return uplift.UpliftParams(
         epsilon=params.epsilon,
         delta=params.delta,
         bins=bins,
         cut_points=cut_points,
+        quantile_cuts=quantile_cuts,
         min_count=params.min_count,
         low_count_threshold=params.low_count_threshold,
         adjustment_partition=params.adjustment_partition,
@@ -412,6 +447,8 @@ def _one_cell(quoted: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def _noise_sd(request: UpliftTableRequest, domain: PublicDomain) -> float:
-    """Public per-prediction privacy-noise sd of a request (approx_uplift_sd_per_cell)."""
+    """Public per-prediction privacy-noise sd of a request (approx_privacy_noise_sd_per_cell:
+    the table's Laplace noise alone, as versus_ate's message says; the quote's
+    approx_uplift_sd_per_cell adds the sampling error at the worst-case outcome sd)."""
     quoted = uplift.quote(domain, to_mechanism_params(request, domain))
-    return float(quoted["approx_uplift_sd_per_cell"])
+    return float(quoted["approx_privacy_noise_sd_per_cell"])
