@@ -561,10 +561,18 @@ def _access(conn: Connection, key: str, function_id: str) -> Any:
             Role(found.role) in (Role.ANALYST, Role.CLIENT) and found.grant_id is not None
         )
     if row is None or not granted or row.release_status != "done":
-        raise NotFound("function not found")
+        raise NotFound(FUNCTION_NOT_FOUND)
     if row.visible_at is not None and time.time() < row.visible_at:
-        raise NotFound("function not found")  # not visible before its padded completion time
+        raise NotFound(FUNCTION_NOT_FOUND)  # not visible before its padded completion time
     return row
+
+
+# One fixed message whether the id is unknown, not granted or not yet visible (nothing about the
+# function shows); it says where the other evaluable releases are answered.
+FUNCTION_NOT_FOUND = (
+    "function not found: a function's id is its cate_function release's function_id; an "
+    "ebm_cate or uplift_table release is evaluated with POST /v1/releases/{id}/predict"
+)
 
 
 def evaluate_with_key(

@@ -143,10 +143,11 @@ def codes_text(codes: Any) -> str:
 def coordinate_error(value: float, lower: float, upper: float, codes: Any) -> str | None:
     """Why a query point's coordinate is refused (outside the public bounds, a non-finite
     value included, or not one of a categorical covariate's ``codes``); None if it is valid."""
+    if codes is not None and not (math.isfinite(value) and value in codes):
+        # a categorical covariate's values are its codes, whatever lies between them
+        return f"a categorical covariate: one of its codes {codes_text(codes)}"
     if not (math.isfinite(value) and lower <= value <= upper):
         return f"outside the public bounds [{lower:g}, {upper:g}]"
-    if codes is not None and value not in codes:
-        return f"a categorical covariate: one of its codes {codes_text(codes)}"
     return None
 
 

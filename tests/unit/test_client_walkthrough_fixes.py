@@ -33,7 +33,7 @@ def test_cli_points_refuse_json_strings_and_name_a_bad_csv_cell(tmp_path: Path) 
     assert read_points("[[64, 1]]", None, list) == [[64.0, 1.0]]
     csv_path = tmp_path / "patients.csv"
     csv_path.write_text("age,sex,patient_id\n64,1,A\n71,x,B\n")
-    with pytest.raises(click.BadParameter, match=r"data row 2, value 2 of its point"):
+    with pytest.raises(click.BadParameter, match=r"data row 2, column 'sex' is not one"):
         read_points(None, csv_path, lambda: ["age", "sex"])
 
 
@@ -131,6 +131,16 @@ def test_a_refused_parameter_is_one_line_without_repeating_itself() -> None:
     line = error.one_line()
     assert line.count("Input should be greater than 0") == 1
     assert line.endswith("[params/alpha: Input should be a finite number]")
+    # a mechanism's refusal: its detail is its one error's, at #/params (an analyst saw it twice)
+    refusal = "uplift_table is causal only for an RCT design"
+    mechanism = ProblemError(
+        type="https://dp-curator.dev/problems/validation-failed",
+        title="The request is invalid",
+        status=422,
+        detail=refusal,
+        errors=[{"pointer": "#/params", "detail": refusal}],
+    )
+    assert mechanism.one_line().count(refusal) == 1
 
 
 def test_an_uplift_grid_names_each_cells_ranges() -> None:

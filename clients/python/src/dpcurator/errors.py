@@ -83,7 +83,9 @@ class ProblemError(CuratorError):
         rest = [
             _error_text(e)
             for e in self.errors
-            if _error_text(e) not in said and f"#/{_error_text(e)}" not in said
+            if _error_text(e) not in said
+            and f"#/{_error_text(e)}" not in said
+            and not (e.get("detail") and str(e["detail"]) in said)  # the detail said it already
         ]
         if rest:
             text += " [" + "; ".join(rest) + "]"

@@ -669,7 +669,7 @@ def _wait_with_bar(state: State, release_id: str, timeout: float) -> Release:
     done = 0
     with click.progressbar(
         length=1000,
-        label=f"release {release_id[:12]}",
+        label=f"release {release_id}",  # the whole id: the one `release show` takes
         file=sys.stderr,
         show_eta=False,
         item_show_func=lambda stage: stage,
@@ -926,8 +926,10 @@ def read_points(
                 points.append([float(c) for c in r])
             except ValueError:
                 j = next(j for j, c in enumerate(r) if not _is_number(c))
+                known = list(covariates())
+                column = f"'{known[j]}'" if j < len(known) else f"value {j + 1}"
                 raise click.BadParameter(
-                    f"every cell must be a number: data row {i}, value {j + 1} of its point is not",
+                    f"every cell must be a number: data row {i}, column {column} is not one",
                     param_hint="--csv",
                 ) from None
     if not points:
