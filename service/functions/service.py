@@ -241,7 +241,10 @@ def validate_points(
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """Check shape, finiteness and the public box; return canonical codes and points."""
     if not points:
-        raise ValidationFailed(errors=[{"pointer": "#/points", "detail": "at least one point"}])
+        raise ValidationFailed(
+            "#/points: give at least one point",
+            errors=[{"pointer": "#/points", "detail": "at least one point"}],
+        )
     if len(points) > facts.batch_max:
         raise ValidationFailed(
             f"at most {facts.batch_max} points per request",

@@ -141,6 +141,13 @@ def test_points_validated_and_capacity(client: TestClient, setup: Any) -> None:
     assert r.status_code == 422
     assert r.json()["errors"][0]["pointer"] == "#/points/0/0"
     assert evaluate(client, key, fid, [[20.0, 0.5]]).status_code == 422
+    empty = evaluate(client, key, fid, [])
+    assert empty.status_code == 422
+    assert empty.json()["detail"] == "#/points: give at least one point"
+    # a categorical value between its codes and one beyond them get the same words
+    for sex in (0.5, 2.0):
+        odd = evaluate(client, key, fid, [[20.0, 0.5, sex]])
+        assert odd.json()["errors"][0]["detail"].startswith("a categorical covariate: one of")
     assert evaluate(client, key, fid, [[20.0, 0.5, 1.0]] * 21).status_code == 422  # batch cap
     ok = evaluate(client, key, fid, [[20.0, 0.5, 1.0], [21.0, 0.5, 1.0], [22.0, 0.5, 1.0]])
     assert ok.status_code == 200
