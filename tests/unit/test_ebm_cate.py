@@ -234,15 +234,21 @@ def test_r_learner_paper_run() -> None:
 
 
 def test_quote_warns_below_the_measured_crossover() -> None:
-    """Warn for DR/R when n * min(eps, 4) < 8000 (bench crossover), never for S."""
-    quote = ec.quote(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5))  # n eps = 4000
+    """Warn for the unanchored DR/R learners when n * min(eps, 4) < 8000 (bench crossover),
+    never for S, and not for the anchored default: it falls back to its DP ATE there, and its
+    verdict says so (an analyst read 'possible' beside this warning)."""
+    raw = {"delta": 1e-5, "shrinkage": "none"}
+    quote = ec.quote(domain(), ec.EbmCateParams(epsilon=1.0, **raw))  # n eps = 4000
     assert quote["warnings"]
     assert quote["boosting_noise_sd_per_step"] > 0
-    assert not ec.quote(domain(), ec.EbmCateParams(epsilon=2.0, delta=1e-5))["warnings"]
-    assert not ec.quote(domain(8000), ec.EbmCateParams(epsilon=1.0, delta=1e-5))["warnings"]
-    assert ec.quote(domain(1000), ec.EbmCateParams(epsilon=50.0, delta=1e-5))["warnings"]
+    assert not ec.quote(domain(), ec.EbmCateParams(epsilon=2.0, **raw))["warnings"]
+    assert not ec.quote(domain(8000), ec.EbmCateParams(epsilon=1.0, **raw))["warnings"]
+    assert ec.quote(domain(1000), ec.EbmCateParams(epsilon=50.0, **raw))["warnings"]
     s = ec.EbmCateParams(epsilon=1.0, delta=1e-5, learner="s")
     assert not ec.quote(domain(), s)["warnings"]
+    anchored = ec.quote(domain(), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert anchored["shrinkage"] == "ate"
+    assert not anchored["warnings"]
 
 
 def test_service_defaults_of_the_dr_learner_are_the_public_rule() -> None:

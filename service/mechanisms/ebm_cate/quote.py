@@ -43,7 +43,10 @@ def quote(domain: PublicDomain, params: EbmCateParams) -> dict[str, Any]:
     shape_noise = sigma_boost * math.sqrt(rounds) / max(last / 3.0, 1.0)
     warnings: list[str] = []
     scale = domain.n * min(state.record.epsilon, WARNING_EPSILON_CAP)
-    if params.learner != "s" and scale < SMALL_N_EPSILON_WARNING:
+    # the unanchored learners only: an anchored release falls back to its DP ATE where the
+    # model's deviations are noise (its versus_ate verdict weighs that), so the warning, measured
+    # before the anchor, contradicted an anchored quote's verdict
+    if params.learner != "s" and not state.anchored and scale < SMALL_N_EPSILON_WARNING:
         warnings.append(
             f"n x epsilon is small ({scale:g} < {SMALL_N_EPSILON_WARNING:g}): on simulated data "
             "the DR learner was then usually less accurate than the constant ATE of learner 's' "

@@ -85,7 +85,12 @@ class ProblemError(CuratorError):
             for e in self.errors
             if _error_text(e) not in said
             and f"#/{_error_text(e)}" not in said
-            and not (e.get("detail") and str(e["detail"]) in said)  # the detail said it already
+            # the detail said it already, and the pointer names no field of its own
+            and not (
+                e.get("detail")
+                and str(e["detail"]) in said
+                and str(e.get("pointer", "")) in ("", "#", "#/params")
+            )
         ]
         if rest:
             text += " [" + "; ".join(rest) + "]"
