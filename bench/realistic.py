@@ -116,7 +116,10 @@ CATE_KINDS = (
 # uplift_table_declared_ebm: uplift_table_declared with the ebm estimator asked for.
 # cate_function_exact and cate_vector_ridge: those kinds' own estimators (the exact kernel
 # basis, the ridge), the comparators of the rule that runs the ebm release instead.
+# ebm_cate_given_anchor: the ebm_cate default anchored at the constant DP ATE release's estimate
+# (ebm_cate.md step 6.5: an analyst who already has that release; no anchor share).
 EXTRA_CATE_KINDS = (
+    "ebm_cate_given_anchor",
     "uplift_table_declared_ebm",
     "cate_function_exact",
     "cate_vector_ridge",
@@ -312,6 +315,13 @@ def cate_release(
             max_rounds=ebm_cate.DR_DEFAULT_MAX_ROUNDS if kind == "ebm_cate_rounds200" else None,
         )
         out = EbmCateKind().run(arrays, domain, ebm_request, **options)
+        return ebm_cate.predict(out, x_test)
+    if kind == "ebm_cate_given_anchor":
+        if dp_ate is None:
+            raise ValueError("no DP ATE release to anchor at")
+        bound = domain.outcome_range
+        given = EbmCateRequest(epsilon=epsilon, anchor=float(np.clip(dp_ate, -bound, bound)))
+        out = EbmCateKind().run(arrays, domain, given, **options)
         return ebm_cate.predict(out, x_test)
     if kind.startswith(CONFIGURED_EBM):
         out = EbmCateKind().run(

@@ -255,6 +255,44 @@ def test_uplift_tables_and_lookup(client: TestClient, api: Api) -> None:
     assert _spent(client, owner, ds) == pytest.approx(3.5)
 
 
+def test_an_ebm_release_anchored_at_an_ate_the_analyst_has(client: TestClient, api: Api) -> None:
+    """An analyst buys an ATE, then anchors ebm_cate (and the ebm basis of cate_function) at
+    its estimate: nothing is spent on a second anchor, the release's ate is that estimate, and
+    an anchor where no anchor applies is a 422 before any charge."""
+    owner, analyst, ds = _setup(api, schema=SCHEMA, n=4000)
+    key = analyst["api_key"]
+    r = post_release(client, key, ds["id"], {"epsilon": 1.0}, kind="ate")
+    ate = wait(client, key, r.json()["id"])
+    assert ate["status"] == "done", ate
+    estimate = float(ate["result"]["estimate"])
+    spent = _spent(client, owner, ds)
+    params = {"epsilon": 4.0, "anchor": estimate}
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "ebm_cate", "params": params},
+        headers=Api.auth(key),
+    ).json()
+    assert quote["accuracy"]["anchor_source"] == "given"
+    assert quote["accuracy"]["anchor_share"] == 0.0
+    r = post_release(client, key, ds["id"], params, kind="ebm_cate")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["result"]["ate"] == done["result"]["ate_anchor"] == pytest.approx(estimate)
+    assert done["result"]["anchor_source"] == "given"
+    assert _spent(client, owner, ds) == pytest.approx(spent + 4.0)
+    function = {"epsilon": 4.0, "basis": "ebm", "anchor": estimate}
+    r = post_release(client, key, ds["id"], function, kind="cate_function")
+    done = wait(client, key, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["result"]["ate_anchor"] == pytest.approx(estimate)
+    unanchored = {"epsilon": 4.0, "anchor": estimate, "shrinkage": "none"}
+    body = problem(
+        post_release(client, key, ds["id"], unanchored, kind="ebm_cate"), 422, "validation-failed"
+    )
+    assert "not anchored" in body["detail"]
+    assert _spent(client, owner, ds) == pytest.approx(spent + 8.0)
+
+
 def test_uplift_table_at_declared_cut_points(client: TestClient, api: Api) -> None:
     """cut_points keyed by covariate name: the grid's cells run between them, lookups follow
     them, the quote shows the edges, and bad keys or values are 422s that name them, before

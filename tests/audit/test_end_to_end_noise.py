@@ -178,6 +178,10 @@ CASES = [
     ("ebm_cate", {"epsilon": 1.0}, StudyDesign.OBSERVATIONAL),
     ("ebm_cate", {"epsilon": 2.0}, StudyDesign.RCT),
     ("ebm_cate", {"epsilon": 8.0}, StudyDesign.RCT),
+    # a given anchor (proof step 6.5): no anchor is drawn, in either design; the calibration
+    # sums at the effect fold's whole budget
+    ("ebm_cate", {"epsilon": 1.0, "anchor": 0.5}, StudyDesign.OBSERVATIONAL),
+    ("ebm_cate", {"epsilon": 2.0, "anchor": 0.5}, StudyDesign.RCT),
     (
         "cate_vector",
         {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8], [0.9, 0.1, 0.4]]},
@@ -203,6 +207,7 @@ CASES = [
     # n eps / q >= 1500: the basis rule's "ebm" runs the ebm_cate default (cate_function.md §9)
     ("cate_function", {"epsilon": 4.0}, StudyDesign.OBSERVATIONAL),
     ("cate_function", {"epsilon": 4.0}, StudyDesign.RCT),
+    ("cate_function", {"epsilon": 4.0, "basis": "ebm", "anchor": 0.5}, StudyDesign.OBSERVATIONAL),
 ]
 
 

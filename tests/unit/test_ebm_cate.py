@@ -693,3 +693,63 @@ def test_public_epsilon_p_names_each_modules_own() -> None:
             assert value == pytest.approx(fitted[module])
         assert state.outcome_accounting is not None
         assert shown["outcome"] < state.accounting.epsilon_p
+
+
+@pytest.mark.parametrize("rct", [False, True])
+def test_a_given_anchor_buys_no_anchor_and_is_the_releases_ate(rct: bool) -> None:
+    """proof step 6.5: a public anchor (e.g. an ATE release's estimate) replaces the DP anchor:
+    no anchor events, the whole budget for the DR pipeline (the calibration Gaussian at the
+    effect fold's full budget, so less noisy than with a bought anchor), and the release's ate
+    and anchor are that value (an analyst's CATE had fallen back to a noisier anchor than the
+    ATE it had bought)."""
+    dom = domain(8000, rct=rct)
+    bought = ec.make_plan(dom, ec.EbmCateParams(epsilon=4.0, delta=1e-5, shrinkage="ate"))
+    given = ec.make_plan(
+        dom, ec.EbmCateParams(epsilon=4.0, delta=1e-5, shrinkage="ate", anchor=1.25)
+    )
+    assert bought.anchor_share > 0.0
+    assert given.anchor_share == 0.0
+    assert given.anchored
+    assert (given.record.epsilon, given.record.delta) == (4.0, 1e-5)
+    statistics = [str(e.params.get("statistic", "")) for e in given.record.events]
+    assert not any("anchor" in s for s in statistics)
+    assert not any(e.module.startswith("anchor") for e in given.record.events)
+    assert given.calibration is not None
+    assert bought.calibration is not None
+    assert given.calibration.sigma < bought.calibration.sigma
+    rng = np.random.default_rng(0)
+    n = dom.n
+    x = rng.uniform(size=(n, 2))
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    y = np.clip(a * (1.0 + x[:, 0]) + rng.normal(0.0, 1.0, n), -2.0, 5.0)
+    out = ec.run(
+        Arrays(x, a, y),
+        dom,
+        given.params,
+        rng=rng,
+        noise=SeededSampler(np.random.default_rng(1)),
+        progress=lambda f, s: None,
+    )
+    assert out["ate"] == out["ate_anchor"] == 1.25
+    assert out["anchor_source"] == "given"
+    assert "ate_anchor_interval" not in out
+    assert out["model"]["shrinkage"]["anchor"] == 1.25  # predictions: anchor + factor * dev
+    predictions = ec.predict(out, np.array([[0.1, 0.5], [0.9, 0.5]]))
+    assert np.all(np.isfinite(predictions))
+    if out["shrinkage_factor"] == 0.0:
+        np.testing.assert_allclose(predictions, [1.25, 1.25])
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (ec.EbmCateParams(epsilon=4.0, delta=1e-5, shrinkage="none", anchor=1.0), "not anchored"),
+        (ec.EbmCateParams(epsilon=4.0, delta=1e-5, learner="s", anchor=1.0), "not anchored"),
+        (ec.EbmCateParams(epsilon=4.0, delta=1e-5, shrinkage="ate", anchor=7.5), r"\[-7, 7\]"),
+    ],
+)
+def test_a_given_anchor_is_refused_where_it_cannot_apply(
+    params: ec.EbmCateParams, message: str
+) -> None:
+    with pytest.raises(InvalidParameters, match=message):
+        ec.plan(domain(8000), params)

@@ -97,6 +97,8 @@ class Plan:
     # the rest of the outcome module's budget (None: the declared range, ``accounting``)
     outcome_range: outcome_range.OutcomeRange | None = None
     outcome_accounting: DpEbmAccounting | None = None
+    # proof step 6.5: the request's public anchor (no anchor is bought)
+    given_anchor: float | None = None
 
     @property
     def effect_fit_size(self) -> int:
@@ -104,11 +106,15 @@ class Plan:
 
     @property
     def anchored(self) -> bool:
-        return self.anchor is not None or self.rct_anchor is not None
+        return (
+            self.anchor is not None or self.rct_anchor is not None or self.given_anchor is not None
+        )
 
     @property
     def anchor_rows(self) -> int:
-        """The records the anchor's DP mean averages (public)."""
+        """The records the anchor's DP mean averages (public; 0 for a given anchor)."""
+        if self.given_anchor is not None:
+            return 0
         if self.rct_anchor is not None:
             return self.rct_anchor.n2
         return self.fold_sizes[-1]
@@ -210,7 +216,17 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     share = 0.0
     calibration: GaussianCalibration | None = None
     rct_anchor: AteAnchorPlan | None = None
-    if shrinkage == "ate" and domain.design == StudyDesign.RCT:
+    given_anchor = checked_anchor(domain, params.anchor, shrinkage)
+    if given_anchor is not None:
+        # proof step 6.5: the request's public anchor; the whole budget goes to the DR
+        # pipeline, the calibration statistics at the effect fold's full (epsilon, delta)
+        calibration = calibrate_gaussian(
+            effect_epsilon,
+            effect_delta,
+            ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
+            dim=CALIBRATION_STATISTICS,
+        )
+    elif shrinkage == "ate" and domain.design == StudyDesign.RCT:
         # proof step 6.1 (RCT): the strict ATE release on all n at the anchor's share, then the
         # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
         chosen = rct_anchor_share(domain, epsilon, delta, width_anchor, screen_on)
@@ -377,7 +393,28 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         screen=screen,
         outcome_range=measured_range,
         outcome_accounting=outcome_accounting if measured_range is not None else None,
+        given_anchor=given_anchor,
     )
+
+
+def checked_anchor(domain: PublicDomain, anchor: float | None, shrinkage: str) -> float | None:
+    """proof step 6.5: the request's public anchor, finite and in [-R_Y, R_Y] (an ATE cannot
+    leave that range), for the anchored DR learner only. Public request and schema only.
+
+    Raises:
+        InvalidParameters: an anchor without shrinkage "ate", or outside [-R_Y, R_Y].
+    """
+    if anchor is None:
+        return None
+    if shrinkage != "ate":
+        raise InvalidParameters(
+            "anchor is for the anchored DR learner (shrinkage 'ate'); this request's release "
+            "is not anchored"
+        )
+    bound = domain.outcome_range
+    if isinstance(anchor, bool) or not math.isfinite(anchor) or abs(anchor) > bound:
+        raise InvalidParameters(f"anchor must be a finite ATE in [-{bound:g}, {bound:g}] (R_Y)")
+    return float(anchor)
 
 
 def checked_effect_columns(domain: PublicDomain, params: EbmCateParams) -> tuple[int, ...] | None:
@@ -558,6 +595,15 @@ def public_parameters(state: Plan, domain: PublicDomain) -> dict[str, Any]:
         "design": str(domain.design),
         "shrinkage": "ate" if state.anchored else "none",
         "anchor_share": state.anchor_share,
+        "anchor_source": (
+            None
+            if not state.anchored
+            else "given"
+            if state.given_anchor is not None
+            else "ate_release"
+            if state.rct_anchor is not None
+            else "effect_fold"
+        ),
         "effect_columns": (
             None if state.params.effect_columns is None else list(state.params.effect_columns)
         ),

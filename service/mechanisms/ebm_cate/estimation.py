@@ -291,7 +291,9 @@ def _run_anchored(
     # already in [c, 1 - c]); in an RCT the anchor release's estimate, drawn before the folds.
     _, clip = public_propensity(domain, params.propensity_clip)
     gamma = anchor_pseudo_outcomes("dr", a2, y2, e_hat, mu0, mu1, anchor_bound(domain, clip, k))
-    if rct_anchor is not None:
+    if state.given_anchor is not None:
+        anchor = state.given_anchor  # step 6.5: the request's public anchor, nothing drawn
+    elif rct_anchor is not None:
         anchor = rct_anchor
     elif state.anchor is not None:
         anchor = draw_anchor(gamma, state.anchor, big_r, noise)

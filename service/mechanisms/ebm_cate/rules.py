@@ -171,6 +171,10 @@ class EbmCateParams:
             outcome module spends ``outcome_range.SHARE`` of its epsilon on two DP quantiles of
             its fold's outcomes and fits the DP-EBM on that range, its noise calibrated to it.
             None: the public rule ``outcome_range_rule``.
+        anchor: shrinkage ``"ate"`` only (proof step 6.5): a public ATE to anchor at, e.g. the
+            estimate of a DP ATE release the analyst already has, in [-R_Y, R_Y]; no anchor is
+            bought, so the whole budget goes to the DR pipeline. None: the DP anchor of step
+            6.1.
     """
 
     epsilon: float
@@ -186,6 +190,7 @@ class EbmCateParams:
     adjustment_columns: tuple[int, ...] | None = None
     effect_screen: bool | None = None
     outcome_range: bool | None = None
+    anchor: float | None = None
 
 
 def outcome_range_rule(learner: Learner, n_epsilon: float, requested: bool | None) -> bool:

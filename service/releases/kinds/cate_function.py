@@ -112,6 +112,10 @@ def basis_for(params: CateFunctionParams, domain: PublicDomain) -> Basis:
         ValidationFailed: ``"ebm"`` asked for together with a kernel field.
     """
     changed = ebm_kind.changed_fields(params, KERNEL_DEFAULTS)
+    if params.basis == "ebm":
+        # the ebm basis takes a public anchor too (ebm_cate's, proof step 6.5); elsewhere an
+        # anchor keeps a kernel basis, as it always did
+        changed = [name for name in changed if name != "anchor"]
     asked = ebm_kind.asks_for_ebm(
         "basis", params.basis, params.effect_columns, changed, "kernel bases"
     )
@@ -142,6 +146,7 @@ def _ebm_request(params: CateFunctionParams) -> ebm_kind.EbmCateRequest:
         params.delta,
         params.expected_heterogeneity_sd,
         effect_columns=params.effect_columns,
+        anchor=params.anchor if params.basis == "ebm" else None,
     )
 
 

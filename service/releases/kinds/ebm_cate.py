@@ -82,6 +82,15 @@ class EbmCateRequest(KindParams):
         description="fit the DR learner's outcome model on a DP-measured range of its fold's "
         "outcomes; omitted: on for the DR learner from n * epsilon = 20000",
     )
+    # The anchored DR learner's anchor at this public value instead of a DP anchor bought from
+    # the budget (proof ebm_cate.md step 6.5): e.g. the estimate of an ATE release you already
+    # have, so the CATE falls back to that ATE and the whole budget goes to the model.
+    anchor: StrictFloat | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="anchor the anchored DR learner at this public ATE (e.g. your ate "
+        "release's estimate) instead of buying a DP anchor; in [-R_Y, R_Y]",
+    )
     # Quote only: the heterogeneity sd(tau) you expect, for the quote's verdict against the
     # constant ATE (versus_ate); None: the public default R_Y / 24. Ignored by a release.
     expected_heterogeneity_sd: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -125,6 +134,7 @@ def to_mechanism_params(params: EbmCateRequest, domain: PublicDomain) -> ebm_cat
         adjustment_columns=adjustment,
         effect_screen=params.effect_screen,
         outcome_range=params.outcome_range,
+        anchor=params.anchor,
         **resolved,
     )
 
@@ -185,6 +195,7 @@ PUBLIC_FIELDS = (
     "design",
     "shrinkage",
     "anchor_share",
+    "anchor_source",
     "ate_anchor",
     "ate_anchor_interval",
     "shrinkage_factor",
@@ -201,14 +212,16 @@ def default_request(
     delta: float | None,
     expected_heterogeneity_sd: float | None = None,
     effect_columns: list[int] | None = None,
+    anchor: float | None = None,
 ) -> EbmCateRequest:
     """The strict ebm_cate default release at (epsilon, delta), with the request's effect
-    modifiers (None: every covariate)."""
+    modifiers (None: every covariate) and public anchor (None: a DP anchor)."""
     return EbmCateRequest(
         epsilon=epsilon,
         delta=delta,
         expected_heterogeneity_sd=expected_heterogeneity_sd,
         effect_columns=effect_columns,
+        anchor=anchor,
     )
 
 
