@@ -266,6 +266,12 @@ def test_an_ebm_release_anchored_at_an_ate_the_analyst_has(client: TestClient, a
     assert ate["status"] == "done", ate
     estimate = float(ate["result"]["estimate"])
     spent = _spent(client, owner, ds)
+    bought = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "ebm_cate", "params": {"epsilon": 4.0}},
+        headers=Api.auth(key),
+    ).json()
+    assert "give its estimate as anchor" in bought["accuracy"]["anchor_hint"]
     params = {"epsilon": 4.0, "anchor": estimate}
     quote = client.post(
         f"/v1/datasets/{ds['id']}/quotes",
@@ -274,6 +280,7 @@ def test_an_ebm_release_anchored_at_an_ate_the_analyst_has(client: TestClient, a
     ).json()
     assert quote["accuracy"]["anchor_source"] == "given"
     assert quote["accuracy"]["anchor_share"] == 0.0
+    assert "anchor_hint" not in quote["accuracy"]
     r = post_release(client, key, ds["id"], params, kind="ebm_cate")
     done = wait(client, key, r.json()["id"])
     assert done["status"] == "done", done

@@ -155,6 +155,14 @@ class EbmCateKind:
         checked = to_mechanism_params(request, domain)
         out = ebm_cate.quote(domain, checked)
         out["versus_ate"] = with_modifiers_hint(_versus_ate(request, domain), request, domain)
+        if out.get("anchor_source") in ("effect_fold", "ate_release"):
+            out["anchor_hint"] = (
+                f"this release buys its own DP ATE anchor with {out['anchor_share']:.0%} of its "
+                "budget; if you already hold an ate release of this dataset, give its estimate "
+                "as anchor: nothing is spent on a second anchor, the release falls back to that "
+                "ATE where the heterogeneity is not detectable, and the whole budget goes to "
+                "the model"
+            )
         return out
 
     def run(
