@@ -271,7 +271,7 @@ def test_an_ebm_release_anchored_at_an_ate_the_analyst_has(client: TestClient, a
         json={"kind": "ebm_cate", "params": {"epsilon": 4.0}},
         headers=Api.auth(key),
     ).json()
-    assert "give its estimate as anchor" in bought["accuracy"]["anchor_hint"]
+    assert "its estimate can be the anchor" in bought["accuracy"]["anchor_hint"]
     params = {"epsilon": 4.0, "anchor": estimate}
     quote = client.post(
         f"/v1/datasets/{ds['id']}/quotes",
