@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -123,6 +124,11 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
     releases = run.json(analyst, "release", "list", ds)
     assert [r["status"] for r in releases] == ["done"]
     rid = releases[0]["id"]
+    # every id the request printed is the whole id, the one `release show` takes (its
+    # progress line used to print a 12-character prefix that show refused)
+    printed = re.findall(r"release ([0-9a-f]{6,})", req.stderr)
+    assert printed
+    assert set(printed) == {rid}
     assert "estimate" in run(analyst, "release", "show", rid).stdout
     assert "estimate" in run(analyst, "release", "wait", rid).stdout
     plot = tmp_path / "ate.png"

@@ -669,3 +669,15 @@ def test_the_verdict_weighs_the_tables_privacy_noise_not_the_assumed_sampling_er
     assert 0.0 < privacy < quoted["approx_uplift_sd_per_cell"]
     kind = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[3, 3]), dom)
     assert kind["versus_ate"]["prediction_noise_sd"] == pytest.approx(privacy)
+
+
+def test_regular_edges_are_short_decimals_with_the_bounds_exact() -> None:
+    """An analyst's quote showed an edge of 15.000000000000002."""
+    dom = PublicDomain(
+        x_lower=np.array([0.2, 18.0]),
+        x_upper=np.array([15.0, 90.0]),
+        y_lower=0.0,
+        y_upper=1.0,
+        n=100,
+    )
+    assert up.regular_edges(dom, (4, 3)) == [[0.2, 3.9, 7.6, 11.3, 15.0], [18.0, 42.0, 66.0, 90.0]]
