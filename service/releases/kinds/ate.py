@@ -345,6 +345,9 @@ class AteKind:
 def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> dict[str, Any]:
     nuisance: str | None = None
     adjusted = False
+    narrowed = isinstance(mechanism, ate_strict.AteStrictParams) and (
+        mechanism.adaptive_clip or mechanism.pseudo_outcome_clip is not None
+    )
     if isinstance(mechanism, ate_strict.AteStrictParams | ate_ipw.AteIpwParams):
         adjusted = mechanism.adjustment_columns is not None
         if _preset_defaults(checked, domain, mechanism):
@@ -359,6 +362,7 @@ def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> di
         nuisance=nuisance,
         epsilon=checked.epsilon,
         adjustment_set=adjusted,
+        narrowed_clip=narrowed,
     )
 
 
