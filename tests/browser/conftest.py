@@ -204,10 +204,17 @@ def _principal(base: str, role: str, name: str) -> dict[str, Any]:
     return body
 
 
-def _release(base: str, key: str, dataset_id: str, epsilon: float = 1.0) -> dict[str, Any]:
+def _release(
+    base: str,
+    key: str,
+    dataset_id: str,
+    epsilon: float = 1.0,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An ``ate`` release (``params``; default: no nuisance model), waited for."""
     r = httpx.post(
         f"{base}/v1/datasets/{dataset_id}/releases",
-        json={"kind": "ate", "params": {"epsilon": epsilon, "nuisance": "none"}},
+        json={"kind": "ate", "params": params or {"epsilon": epsilon, "nuisance": "none"}},
         headers=auth(key) | {"Idempotency-Key": uuid.uuid4().hex},
     )
     assert r.status_code == 202, r.text

@@ -15,7 +15,7 @@ import httpx2 as httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.browser.conftest import Live, Watch, auth, make_study, upload_dataset
+from tests.browser.conftest import Live, Watch, _release, auth, make_study, upload_dataset
 from tests.conftest import ADMIN_KEY
 
 SQLITE_ONLY = pytest.mark.parametrize("live", ["sqlite"], indirect=True)
@@ -519,6 +519,23 @@ def test_long_and_shared_names_stay_readable(page: Any, live: Live, watch: Watch
     picker = page.locator("#grant-principal option")  # the live server's other principals too
     for twin in twins:
         expect(picker.filter(has_text=f"(key {twin['key_prefix']}…)")).to_have_count(1)
+    # an analyst's release whose models adjust for the declared set: the console names the
+    # covariates of its adjustment_columns
+    owner_auth = auth(owner["api_key"])
+    budget = {"epsilon_total": 2.0, "delta_total": 1e-4}
+    assert httpx.put(
+        f"{live.base}/v1/datasets/{first['id']}/budget", json=budget, headers=owner_auth
+    ).is_success
+    assert httpx.put(
+        f"{live.base}/v1/datasets/{first['id']}/grants/{twins[0]['id']}",
+        json={},
+        headers=owner_auth,
+    ).is_success
+    adjusted = _release(live.base, twins[0]["api_key"], first["id"], params={"epsilon": 1.0})
+    assert adjusted["result"]["adjustment_columns"] == [0, 1]
+    page.get_by_label("Dataset", exact=True).select_option(first["id"])
+    view(page, "Releases")
+    expect(page.locator("#releases-table")).to_contain_text("age, severity")
     for name in ("Datasets", "Budget & grants"):
         view(page, name)
         expect(
