@@ -29,7 +29,9 @@ Claim (strict learners S and DR):
     two, so the total is still (epsilon, delta). In an RCT (step 6.1, version 3) the anchor is
     the strict ``ate`` kind's RCT default release on all n at a public share of (epsilon, delta),
     and the whole DR pipeline runs at the rest: sequential composition, (epsilon, delta) in
-    total. The factor and ``anchor + lambda * deviation`` are post-processing.
+    total. The factor and ``anchor + lambda * deviation`` are post-processing. A given anchor
+    (``anchor``, step 6.5: a public number, e.g. an ate release's estimate) buys none: the DR
+    pipeline and its calibration sums run at the whole (epsilon, delta).
 
     Pre-specified effect modifiers (``effect_columns``, proof step 7): the effect model is a
     DP-EBM on those public columns only; interpret composes its noise over the features it

@@ -19,7 +19,10 @@ Claim:
     y_lo``). Each vector gets the Laplace mechanism at epsilon / 2 with those sensitivities
     (scales 4 / epsilon and 2 W / epsilon = 4 D_y / epsilon, D_y = W / 2), plus the lattice
     inflation; sequential composition gives epsilon. The grid is public (declared box and
-    analyst-chosen bins or cut points), so the partition costs nothing. Shrinkage ``"ate"`` (the
+    analyst-chosen bins or cut points), so the partition costs nothing. Quantile cells (proof
+    step 8): ``QUANTILE_CUTS_SHARE`` of epsilon first buys DP quantiles (OpenDP's exponential
+    mechanism on the declared range) that cut the covariates asked for, and the table runs at
+    the rest of epsilon on that DP grid (sequential composition). Shrinkage ``"ate"`` (the
     default, >= 2 cells) first spends 10 % of the table's epsilon on the arms' centred second
     moments (Laplace, L1 sensitivity W^2 / 2); the anchor (the count-weighted mean of the cell
     uplifts) and the James–Stein factor are post-processing. Exception (proof step 6): with
