@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from dpcurator.models import LedgerEntry, Release
-from dpcurator.plots import plot_ate, plot_budget_spend, plot_cate_slice, plot_shape_functions
+from dpcurator.plots import (
+    default_ate_labels,
+    plot_ate,
+    plot_budget_spend,
+    plot_cate_slice,
+    plot_shape_functions,
+)
 from dpcurator.results import (
     AteResult,
     CateVectorResult,
@@ -93,6 +99,19 @@ def test_ate_result_parses_and_plots(tmp_path: Path) -> None:
     assert is_png(out)
     with pytest.raises(ValueError, match="one label per result"):
         plot_ate([parsed], tmp_path / "x.png", labels=["a", "b"])
+    # the default labels tell two releases at one epsilon apart (an analyst's plot of a
+    # declared-clip and an adaptive-clip ATE read "ε=0.5" twice)
+    adaptive = parse_result(release("ate", {**ATE, "clip": "adaptive"}))
+    declared = parse_result(release("ate", {**ATE, "clip": "declared"}))
+    assert isinstance(adaptive, AteResult)
+    assert isinstance(declared, AteResult)
+    labels = default_ate_labels([adaptive, declared, declared])
+    epsilon = f"ε={adaptive.epsilon:g}"
+    assert labels == [
+        f"{epsilon}, clip adaptive",
+        f"{epsilon}, clip declared #1",
+        f"{epsilon}, clip declared #2",
+    ]
 
 
 def test_budget_spend_plot(tmp_path: Path) -> None:

@@ -71,6 +71,33 @@ def plot_budget_spend(
     return _save(fig, path)
 
 
+def default_ate_labels(results: Sequence[AteResult]) -> list[str]:
+    """A row label per release: its epsilon, and the estimator and clip where the result names
+    them (two releases at one epsilon with different clips must not look alike); rows that
+    would still read the same are numbered."""
+    names = []
+    for r in results:
+        parts = [f"ε={r.epsilon:g}"]
+        estimator = r.raw.get("estimator")
+        if isinstance(estimator, str) and estimator != "aipw":
+            parts.append(estimator)
+        clip = r.raw.get("clip")
+        if isinstance(clip, str):
+            parts.append(f"clip {clip}")
+        names.append(", ".join(parts))
+    seen: dict[str, int] = {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+    counts: dict[str, int] = {}
+    out = []
+    for name in names:
+        if seen[name] > 1:
+            counts[name] = counts.get(name, 0) + 1
+            name = f"{name} #{counts[name]}"
+        out.append(name)
+    return out
+
+
 def plot_ate(
     results: Sequence[AteResult],
     path: str | Path,
@@ -82,7 +109,7 @@ def plot_ate(
     """DP ATE estimates with their confidence intervals, one row per release."""
     if not results:
         raise ValueError("no ATE results to plot")
-    names = list(labels) if labels is not None else [f"ε={r.epsilon:g}" for r in results]
+    names = list(labels) if labels is not None else default_ate_labels(results)
     if len(names) != len(results):
         raise ValueError("one label per result")
     fig = _figure(7.0, 1.2 + 0.5 * len(results))

@@ -816,7 +816,7 @@ def release_plot(
     state: State, release_ids: tuple[str, ...], output: Path, reference: float | None
 ) -> None:
     """Plot ATE releases with their confidence intervals, to a PNG."""
-    from dpcurator.plots import plot_ate
+    from dpcurator.plots import default_ate_labels, plot_ate
 
     results: list[AteResult] = []
     labels = []
@@ -826,7 +826,7 @@ def release_plot(
         if not isinstance(parsed, AteResult):
             fail(f"release {rid} is not a finished ate release")
         results.append(parsed)
-        labels.append(f"{rid[:8]} ε={parsed.epsilon:g}")
+        labels.append(f"{rid[:8]} {default_ate_labels([parsed])[0]}")  # eps, estimator, clip
     plot_ate(results, output, labels=labels, reference=reference)
     click.echo(f"wrote {output}")
 
