@@ -88,7 +88,8 @@ def test_guards_floor_counts_and_clip_means() -> None:
 
 
 def test_observational_needs_an_adjustment_partition() -> None:
-    with pytest.raises(InvalidParameters):
+    # the refusal names every way out (an analyst followed the guide's example into it)
+    with pytest.raises(InvalidParameters, match="adjustment_partition=true.*effect_columns"):
         up.plan(domain(rct=False), up.UpliftParams(epsilon=1.0, bins=(4,)))
     up.plan(domain(rct=False), up.UpliftParams(epsilon=1.0, bins=(4,), adjustment_partition=True))
 

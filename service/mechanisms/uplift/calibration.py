@@ -71,8 +71,10 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     if domain.design != StudyDesign.RCT and not params.adjustment_partition:
         raise InvalidParameters(
             "uplift_table is causal only for an RCT design; for observational data set "
-            "adjustment_partition=true to assert the grid cells are a valid adjustment set "
-            "(or request one cell with shrinkage 'ate': the adjusted DP ATE)"
+            "adjustment_partition=true to assert the grid cells are a valid adjustment set, "
+            "or name effect_columns (the table is then the ebm_cate model over them, adjusted "
+            "for every covariate), or request one cell with shrinkage 'ate' (the adjusted DP "
+            "ATE)"
         )
     kmeans_events: list[NoiseEvent] = []
     kmeans_counts: LaplaceCalibration | None = None
