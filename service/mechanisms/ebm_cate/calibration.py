@@ -217,16 +217,9 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
     calibration: GaussianCalibration | None = None
     rct_anchor: AteAnchorPlan | None = None
     given_anchor = checked_anchor(domain, params.anchor, shrinkage)
-    if given_anchor is not None:
-        # proof step 6.5: the request's public anchor; the whole budget goes to the DR
-        # pipeline, the calibration statistics at the effect fold's full (epsilon, delta)
-        calibration = calibrate_gaussian(
-            effect_epsilon,
-            effect_delta,
-            ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
-            dim=CALIBRATION_STATISTICS,
-        )
-    elif shrinkage == "ate" and domain.design == StudyDesign.RCT:
+    # proof step 6.5: a given (public) anchor buys nothing: the DR pipeline keeps the budget
+    buys_anchor = shrinkage == "ate" and given_anchor is None
+    if buys_anchor and domain.design == StudyDesign.RCT:
         # proof step 6.1 (RCT): the strict ATE release on all n at the anchor's share, then the
         # whole DR pipeline (outcome model, effect model, calibration sums) at the rest.
         chosen = rct_anchor_share(domain, epsilon, delta, width_anchor, screen_on)
@@ -239,13 +232,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         # every DR module runs at the rest (sequential composition with the anchor)
         epsilon, delta = effect_epsilon, effect_delta
         accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)
-        calibration = calibrate_gaussian(
-            effect_epsilon,
-            effect_delta,
-            ate_strict.float_slack(calibration_sensitivity(clip_k), calibration_size),
-            dim=CALIBRATION_STATISTICS,
-        )
-    elif shrinkage == "ate":
+    elif buys_anchor:
         share = ebm_anchor_share(domain.n, epsilon, width_anchor, screen_on)
         epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
         delta_anchor, effect_delta = ate_strict.split_share(delta, share)
@@ -262,6 +249,8 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
             replace(event, module="effect", params={**event.params, "rows": "effect fold"})
             for event in planned
         ]
+    if shrinkage == "ate":
+        # proof step 6.3: the calibration sums at the effect fold's budget after the anchor
         calibration = calibrate_gaussian(
             effect_epsilon,
             effect_delta,

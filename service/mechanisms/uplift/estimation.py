@@ -28,10 +28,9 @@ from service.mechanisms.uplift.rules import (
     cell_centres,
     cell_index,
     checked_quantile_cuts,
-    declared_edges,
     edge_index,
+    grid_edges,
     grid_shape,
-    measured_edges,
     quantile_candidates,
     quantile_levels,
 )
@@ -64,12 +63,12 @@ def grid_aggregates(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Exact counts and centred sums per (cell, arm) on the request's grid: at ``edges`` (the
     grid with its released DP quantile cuts, proof step 8), else at its cut points
-    (``declared_edges``), else its regular ``bins``. NEVER released (proof step 1: any partition
+    (``grid_edges``), else its regular ``bins``. NEVER released (proof step 1: any partition
     fixed before the table, public or DP, has the same sensitivities)."""
-    if edges is None and params.cut_points is None:
-        return aggregates(x, a, y, domain, params.bins)
     if edges is None:
-        edges = declared_edges(domain, params.cut_points or ())
+        edges = grid_edges(domain, params)
+    if edges is None:
+        return aggregates(x, a, y, domain, params.bins)
     cells = math.prod(len(e) - 1 for e in edges)
     return aggregates_by_cell(edge_index(x, edges), a, y, domain, cells)
 
@@ -369,14 +368,12 @@ def _run(
             "scaling": "u = 2 (x - lower) / (upper - lower) - 1, clipped to [-1, 1]",
         }
     else:
-        edges: list[list[float]] | None = None
+        measured: dict[int, list[float]] = {}
         if state.quantile_epsilon is not None:
             # proof step 8: the DP quantile cut points first, then the table on their grid
             measured = measure_cut_points(x, domain, params, state.quantile_epsilon, noise)
-            edges = measured_edges(domain, params, measured)
             progress(0.3, "cut points")
-        elif params.cut_points is not None:
-            edges = declared_edges(domain, params.cut_points)
+        edges = grid_edges(domain, params, measured)
         counts, sums = grid_aggregates(x, a, y, domain, params, edges)
         partition = {
             "type": "grid",

@@ -17,7 +17,7 @@ from service.mechanisms.uplift.calibration import (
 from service.mechanisms.uplift.rules import (
     QUANTILE_CUTS_SHARE,
     UpliftParams,
-    declared_edges,
+    grid_edges,
     grid_shape,
     suggested_bins,
 )
@@ -96,7 +96,7 @@ def _grid_fields(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
         return {"bins": list(params.bins)}
     out: dict[str, Any] = {"bins": list(grid_shape(domain, params))}
     if params.quantile_cuts is None:
-        out["edges"] = declared_edges(domain, params.cut_points or ())
+        out["edges"] = grid_edges(domain, params)
     else:
         out["quantile_cuts"] = list(params.quantile_cuts)
         out["quantile_cuts_share"] = QUANTILE_CUTS_SHARE

@@ -220,6 +220,16 @@ def quantile_candidates(lower: float, upper: float) -> NDArray[np.float64]:
     return np.asarray(grid, dtype=np.float64)
 
 
+def grid_edges(
+    domain: PublicDomain, params: UpliftParams, measured: dict[int, list[float]] | None = None
+) -> list[list[float]] | None:
+    """The edges of a grid cut at points (the request's, or its released DP quantiles
+    ``measured``: ``measured_edges``); None for the regular grid of ``bins``."""
+    if params.cut_points is None and params.quantile_cuts is None:
+        return None
+    return measured_edges(domain, params, measured or {})
+
+
 def measured_edges(
     domain: PublicDomain, params: UpliftParams, measured: dict[int, list[float]]
 ) -> list[list[float]]:

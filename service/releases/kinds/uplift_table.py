@@ -198,17 +198,9 @@ def requested_shape(params: UpliftTableRequest, domain: PublicDomain) -> tuple[i
     Raises:
         ValidationFailed / InvalidParameters: invalid cut points, or both given.
     """
-    cut_points = cut_point_columns(params, domain)
-    quantile_cuts = quantile_cut_columns(params, domain)
-    if cut_points is None and quantile_cuts is None:
+    if params.cut_points is None and params.quantile_cuts is None:
         return None if params.bins is None else tuple(params.bins)
-    probe = uplift.UpliftParams(
-        epsilon=params.epsilon,
-        bins=tuple(params.bins or ()),
-        cut_points=cut_points,
-        quantile_cuts=quantile_cuts,
-    )
-    return uplift.grid_shape(domain, probe)
+    return uplift.grid_shape(domain, to_mechanism_params(params, domain))
 
 
 def ebm_bins(params: UpliftTableRequest, domain: PublicDomain) -> tuple[int, ...]:
