@@ -86,7 +86,7 @@ from service.mechanisms.ebm_cate.estimation import (
     run_plan,
 )
 from service.mechanisms.ebm_cate.quote import (
-    PREDICTION_NOISE_CALIBRATION,
+    boosting_accumulation,
     prediction_noise_sd,
     quote,
 )
@@ -163,7 +163,7 @@ __all__ = [
     "MIN_EPSILON",
     "MIN_MAX_BINS",
     "MIN_MAX_ROUNDS",
-    "PREDICTION_NOISE_CALIBRATION",
+    "boosting_accumulation",
     "Plan",
     "Progress",
     "RCT_USEFUL_ANCHOR_SHARE",
