@@ -363,3 +363,60 @@ def test_measured_bands_are_ordered_and_the_lookup_picks_the_containing_or_neare
     assert measured_band("none", 4000.0) is None
     assert measured_band(None, 4000.0) is None
     assert measured_band("dp_linear", 0.0) is None
+
+
+def _walkthrough_trial(n: int = 3000) -> PublicDomain:
+    """A trial of a walkthrough: 2:1 allocation, a skewed outcome declared on [0, 60]."""
+    return PublicDomain(
+        x_lower=np.zeros(9),
+        x_upper=np.full(9, 100.0),
+        y_lower=0.0,
+        y_upper=60.0,
+        n=n,
+        design=StudyDesign.RCT,
+        treatment_probability=0.6667,
+    )
+
+
+def test_target_epsilon_follows_the_public_rules_at_each_epsilon() -> None:
+    """A trial's default cross-fits above n eps = 10^4 (narrower there). The search used to hold
+    the resolved request fixed: below the switch it answered "no epsilon" for a target the
+    default reaches at 3.34, above it an epsilon (2.49) whose default did not reach it."""
+    domain = _walkthrough_trial()
+    kind = AteKind()
+    found = {
+        eps: kind.quote(AteParams(epsilon=eps, target_half_width=0.5), domain)[
+            "epsilon_for_target_half_width"
+        ]
+        for eps in (1.0, 3.0, 3.34, 5.0)
+    }
+    assert len(set(found.values())) == 1
+    needed = found[1.0]
+    assert needed is not None
+    assert 3.0 < needed < 3.5
+    assert kind.quote(AteParams(epsilon=needed), domain)["expected_half_width"] <= 0.5
+    below = kind.quote(AteParams(epsilon=needed * 0.99), domain)["expected_half_width"]
+    assert below > 0.5
+    # a request that pins cross_fit keeps it pinned at every epsilon of the search
+    pinned = kind.quote(AteParams(epsilon=1.0, cross_fit=False, target_half_width=0.5), domain)[
+        "epsilon_for_target_half_width"
+    ]
+    assert pinned is None or pinned > needed
+
+
+def test_quote_without_an_outcome_model_assumes_the_midpoint_residual() -> None:
+    """nuisance 'none' fits no outcome model (the bounds' midpoint), so the pseudo-outcome's sd is
+    about rms(Y - m) sqrt(1/p + 1/(1-p)), assumed R/3 times that: the walkthrough's trial
+    released a half-width of 2.22 at eps 0.3 where R/6 had quoted 1.37 (and ranked 'none' the
+    narrower estimator at every epsilon)."""
+    domain = _walkthrough_trial()
+    kind = AteKind()
+    none = kind.quote(AteParams(epsilon=0.3, nuisance="none"), domain)
+    assert none["assumed_pseudo_outcome_sd"] == pytest.approx(
+        20.0 * np.sqrt(1 / 0.6667 + 1 / 0.3333), rel=1e-3
+    )
+    assert 1.8 < none["expected_half_width"] < 2.7
+    large = kind.quote(AteParams(epsilon=10.0, nuisance="none"), domain)
+    default = kind.quote(AteParams(epsilon=10.0), domain)
+    assert large["expected_half_width"] > 3 * default["expected_half_width"]
+    assert default["assumed_pseudo_outcome_sd"] == pytest.approx(10.0)

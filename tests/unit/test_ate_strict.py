@@ -926,21 +926,23 @@ def test_fitted_noise_check_reads_the_learning_rate() -> None:
 
 @pytest.mark.parametrize(("n", "epsilon"), [(2_000, 0.5), (40_000, 2.0)])
 def test_expected_half_width_matches_releases_at_the_assumed_scale(n: int, epsilon: float) -> None:
-    """With the declared clip, on data at the quote's assumption (pseudo-outcome sd R / 6: a
-    trial at p = 1/2 without an outcome model, so Gamma = +-2 (Y - midpoint), and Y centred with
-    sd R / 12) the realised half-widths average to the quote within 10 %; where the sampling
-    error dominates (n 40000, eps 2) the noise-only figure is far short of it."""
+    """With the declared clip, on data at the quote's assumption for nuisance "none" (a trial at
+    p = 1/2 without an outcome model, so Gamma = +-2 (Y - midpoint), and a skewed Y near the
+    lower bound with rms(Y - midpoint) = R / 3, so a pseudo-outcome sd of 2 R / 3) the realised
+    half-widths average to the quote within 10 %; where the sampling error dominates (n 40000,
+    eps 2) the noise-only figure is far short of it."""
     domain = make_domain(n=n, y_lower=-2.0, y_upper=2.0, design=StudyDesign.RCT, p=0.5)
     params = AteStrictParams(epsilon=epsilon, delta=1e-6, nuisance="none")
     preview = quote(domain, params)
     assert preview["half_width_basis"] == "assumed_scale"
-    assert preview["assumed_pseudo_outcome_sd"] == pytest.approx(4.0 / 6.0)
+    assert preview["assumed_pseudo_outcome_sd"] == pytest.approx(2.0 * 4.0 / 3.0)
     rng = np.random.default_rng(17)
     widths = []
     for rep in range(30):
         x = rng.uniform(-1.0, 1.0, size=(n, 2))
         a = (rng.uniform(size=n) < 0.5).astype(np.float64)
-        y = np.clip(rng.normal(0.0, 4.0 / 12.0, n), -2.0, 2.0)
+        # rms(Y - 0) = sqrt(1.25^2 + 0.46^2) = 1.33 = R / 3
+        y = np.clip(-1.25 + rng.gamma(4.0, 0.23, n) - 0.92, -2.0, 2.0)
         result, _ = _run(Arrays(x=x, a=a, y=y), domain, params, seed=300 + rep)
         widths.append(result["half_width"])
     assert np.mean(widths) == pytest.approx(preview["expected_half_width"], rel=0.10)

@@ -45,10 +45,25 @@ from service.mechanisms.noise import (
 
 # Quote only: the pseudo-outcome sd assumed for the expected half-width is R / this (public).
 ADAPTIVE_QUOTE_RANGE_RATIO = 6.0
+# Quote only, nuisance "none": the outcome model is the midpoint m of the declared bounds, so the
+# pseudo-outcome is A (Y - m) / e - (1 - A) (Y - m) / (1 - e), whose sd is about
+# rms(Y - m) sqrt(1 / p + 1 / (1 - p)). rms(Y - m) is assumed R / this: a skewed outcome with
+# honest bounds sits near one end of them (R / rms(Y - m) was 2.9-3.5 on the realistic studies
+# and 3.4 on a walkthrough's trial, where R / 6 had quoted 1.37 for a 2.22 half-width).
+MIDPOINT_QUOTE_RANGE_RATIO = 3.0
 
 
-def assumed_pseudo_outcome_sd(domain: PublicDomain) -> float:
-    """Quote only: the public scale assumption R / ``ADAPTIVE_QUOTE_RANGE_RATIO``."""
+def assumed_pseudo_outcome_sd(domain: PublicDomain, nuisance: str | None = None) -> float:
+    """Quote only: the public scale assumption R / ``ADAPTIVE_QUOTE_RANGE_RATIO``; with nuisance
+    ``"none"`` (no outcome model: the bounds' midpoint) R / ``MIDPOINT_QUOTE_RANGE_RATIO`` times
+    sqrt(1 / p + 1 / (1 - p)), p the declared assignment probability (observational: 0.5, the
+    least such factor)."""
+    if nuisance == "none":
+        p = domain.treatment_probability
+        if domain.design != StudyDesign.RCT or p is None:
+            p = 0.5
+        spread = math.sqrt(1.0 / p + 1.0 / (1.0 - p))
+        return domain.outcome_range / MIDPOINT_QUOTE_RANGE_RATIO * spread
     return domain.outcome_range / ADAPTIVE_QUOTE_RANGE_RATIO
 
 
@@ -75,7 +90,7 @@ def expected_declared_half_width(
     ``min_half_width``. ``sigmas`` = (s_theta, s_2) at another epsilon (the inverse's search);
     by default the plan's."""
     nodes, weights = standard_normal_quadrature()
-    sd = assumed_pseudo_outcome_sd(domain)
+    sd = assumed_pseudo_outcome_sd(domain, state.nuisance)
     s_theta, s_2 = sigmas or (state.mean.sigma, state.second_moment.sigma)
     variance = np.maximum(0.0, sd * sd + s_theta * s_theta + s_2 * nodes)
     if state.params.variance_inflation:
@@ -93,7 +108,8 @@ _LAW_SPAN = 40.0
 def assumed_clip(domain: PublicDomain, state: Plan) -> float:
     """The clip K at the assumed scale without the quantile's noise: kappa(n2) times the
     0.9-quantile of |N(0, sd^2)| (the value the noise scatters around)."""
-    quantile = float(ndtri(0.5 + ADAPTIVE_CLIP_LEVEL / 2.0)) * assumed_pseudo_outcome_sd(domain)
+    sd = assumed_pseudo_outcome_sd(domain, state.nuisance)
+    quantile = float(ndtri(0.5 + ADAPTIVE_CLIP_LEVEL / 2.0)) * sd
     return adaptive_clip_bound(quantile, state.bound, state.n2)
 
 
@@ -137,7 +153,7 @@ def expected_adaptive_half_width(domain: PublicDomain, state: Plan, z: float) ->
     proportional to K). Public inputs only."""
     if state.quantile_epsilon is None:
         raise ValueError("no adaptive clip in this plan")
-    sd = assumed_pseudo_outcome_sd(domain)
+    sd = assumed_pseudo_outcome_sd(domain, state.nuisance)
     candidates = adaptive_clip_candidates(state.bound)
     law = quantile_law(
         2.0 * ndtr(candidates / sd) - 1.0, ADAPTIVE_CLIP_LEVEL, state.n2, state.quantile_epsilon
@@ -175,7 +191,7 @@ def quote(
         "min_half_width": z * state.mean.sigma,
         "expected_half_width": expected_declared_half_width(domain, state, z),
         "half_width_basis": "assumed_scale",
-        "assumed_pseudo_outcome_sd": assumed_pseudo_outcome_sd(domain),
+        "assumed_pseudo_outcome_sd": assumed_pseudo_outcome_sd(domain, state.nuisance),
         "s_theta": state.mean.sigma,
         "s_2": state.second_moment.sigma,
         "n2": state.n2,

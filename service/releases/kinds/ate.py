@@ -16,6 +16,7 @@ use are refused by name):
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -23,7 +24,7 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from service.mechanisms import ate_ipw, ate_privATE, ate_rct, ate_strict
 from service.mechanisms.ate_coverage import ate_coverage
-from service.mechanisms.calibration import default_delta
+from service.mechanisms.calibration import default_delta, round_up_significant
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import NoiseSampler
@@ -309,6 +310,9 @@ class AteKind:
             out = ate_ipw.quote(domain, mechanism, target_half_width=target)
         else:
             out = ate_strict.quote(domain, mechanism, target_half_width=target)
+            if target is not None:
+                # the request's omitted parameters follow their public rules at each epsilon
+                out["epsilon_for_target_half_width"] = _epsilon_for_target(checked, domain, target)
         out["coverage"] = _coverage(domain, checked, mechanism)
         if target is not None:
             out.update(_target_verdict(out, checked.epsilon, target))
@@ -383,6 +387,52 @@ def _preset_defaults(
             epsilon=checked.epsilon, nuisance=mechanism.nuisance, adjustment_columns=listed
         )
     return to_mechanism_params(default, domain) == mechanism
+
+
+# The epsilon search of a strict aipw quote: a log grid over the kind's epsilon range (each
+# step about 35 %), then bisection inside the first step that reaches the target.
+_SEARCH_STEPS = 40
+
+
+def _epsilon_for_target(checked: AteParams, domain: PublicDomain, target: float) -> float | None:
+    """Smallest epsilon (10 significant digits, rounded up, as the mechanism's) whose strict
+    quote of this request, with every omitted parameter re-resolved by its public rule at that
+    epsilon (the nuisance class, cross-fitting, the folds and delta, as a release at that
+    epsilon would run), expects a half-width of at most ``target``; None if none up to
+    ``MAX_EPSILON`` does. The rules switch at public n epsilon thresholds, where the half-width
+    can jump up, so the search scans a grid first instead of assuming monotonicity (the
+    mechanism's own search holds the resolved request fixed: a trial's cross-fitting rule made
+    it answer "no epsilon" below the switch and an epsilon that did not reach the target above
+    it). Public inputs only."""
+
+    def width(epsilon: float) -> float:
+        request = checked.model_copy(update={"epsilon": epsilon, "target_half_width": None})
+        try:
+            mechanism = to_mechanism_params(request, domain)
+            if not isinstance(mechanism, ate_strict.AteStrictParams):
+                return math.inf
+            return float(ate_strict.quote(domain, mechanism)["expected_half_width"])
+        except (InvalidParameters, ValueError):  # an epsilon the request cannot run at
+            return math.inf
+
+    low, high = ate_strict.MIN_EPSILON, ate_strict.MAX_EPSILON
+    grid = np.geomspace(low, high, _SEARCH_STEPS + 1)
+    first = next((i for i, e in enumerate(grid) if width(float(e)) <= target), None)
+    if first is None:
+        return None
+    if first == 0:
+        return low
+    lower, upper = float(grid[first - 1]), float(grid[first])
+    for _ in range(60):
+        if upper - lower <= 1e-12 * upper:
+            break
+        middle = math.sqrt(lower * upper)
+        if width(middle) <= target:
+            upper = middle
+        else:
+            lower = middle
+    rounded = min(round_up_significant(upper, 10), high)
+    return rounded if width(rounded) <= target else upper
 
 
 def _target_verdict(quoted: dict[str, Any], epsilon: float, target: float) -> dict[str, Any]:
