@@ -68,7 +68,7 @@ def main() -> None:
     for row in table.rows:
         print(
             f"  severity cell {row['cell']}: uplift {row['uplift']:+.3f} "
-            f"(noise sd {row.get('uplift_noise_sd', float('nan')):.3f})"
+            f"(noise sd {row.get('released_noise_sd', float('nan')):.3f})"
         )
     # Scoring new patients is a lookup in the released table: free, identical on repeat.
     patients = [[40.0, 0.1, 0.0], [65.0, 0.9, 1.0], [40.0, 0.1, 0.0]]

@@ -71,4 +71,5 @@ async def evaluate(
         values=values,
         guarantee=str(public.get("guarantee", "")),
         pointwise_noise_sd=public.get("pointwise_noise_sd"),
+        shrinkage_factor=public.get("shrinkage_factor"),
     )

@@ -31,6 +31,14 @@ class EvaluateRead(BaseModel):
         "noise at any point, before shrinkage (an answer carries shrinkage_factor times it, plus "
         "the anchor's error); null on the ebm basis.",
     )
+    shrinkage_factor: float | None = Field(
+        default=None,
+        description="An anchored function's DP shrinkage factor in [0, 1]: an answer is the "
+        "anchor plus this factor times the fitted function and its noise, so its privacy noise "
+        "sd is this factor times pointwise_noise_sd; at 0 every answer is the DP ATE anchor "
+        "(its ate_anchor_interval, on GET /v1/functions/{id}, is then the error bar). Null: "
+        "not anchored.",
+    )
 
 
 class FunctionRead(BaseModel):

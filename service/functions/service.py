@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import threading
 import time
@@ -594,6 +595,9 @@ def evaluate_with_key(
         raise FunctionClosed("the function's state is closed")
     facts = _public_facts(row.function_id, row.q, row.basis, row.batch_max, row.public_json)
     codes, canonical = validate_points(facts, points)
+    constant = constant_answer(facts.public)
+    if constant is not None:
+        return [constant] * len(points), facts.public
     if facts.basis != "exact":
         return _finite_basis_values(function_id, canonical), facts.public
     caller = getattr(row, "principal_id", None) or "admin"
@@ -603,6 +607,25 @@ def evaluate_with_key(
         except BaseException:
             session.rollback()
             raise
+
+
+def constant_answer(public: dict[str, Any]) -> float | None:
+    """The answer of an anchored function whose DP shrinkage factor is 0 (None otherwise).
+
+    Such a function answers ``anchor + 0 * (...)``, rounded to its public output lattice and
+    clipped to its public range, at every point: its DP ATE anchor, whatever the GP path would
+    draw. It is served from its public facts, so it neither draws nor stores points and has no
+    capacity to reach (a walkthrough's constant function refused its 9th batch of 1000 new
+    patients at the exact basis's t_max, every answer the same). Post-processing of public
+    release values only."""
+    if public.get("shrinkage_factor") != 0.0:
+        return None
+    anchor, step = public.get("ate_anchor"), public.get("output_lattice")
+    if anchor is None or step is None:
+        return None
+    bound = float(public.get("value_bound", math.inf))
+    value = float(np.rint(float(anchor) / float(step)) * float(step))
+    return float(np.clip(value, -bound, bound))
 
 
 def _evaluate_exact(

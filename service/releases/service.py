@@ -311,16 +311,18 @@ def _shortfall(
         cap_eps, cap_dlt = ledger.cap_remaining(
             session, dataset_id=dataset_id, principal_id=caller.id
         )
+        # the cost is named once: after the dataset's line, the cap's says only what it leaves
+        said = " ".join(short)
         if cap_eps is not None and eps > cap_eps:
+            need = f"it needs epsilon {amounts.epsilon_value(eps):g}"
+            lead = "and" if need in said else f"{need};"
             short.append(
-                f"it needs epsilon {amounts.epsilon_value(eps):g}; your cap on this dataset "
-                f"leaves {amounts.epsilon_value(cap_eps):g}"
+                f"{lead} your cap on this dataset leaves {amounts.epsilon_value(cap_eps):g}"
             )
         if cap_dlt is not None and dlt > cap_dlt:
-            short.append(
-                f"it needs delta {amounts.delta_value(dlt):g}; your cap on this dataset "
-                f"leaves {amounts.delta_value(cap_dlt):g}"
-            )
+            need = f"it needs delta {amounts.delta_value(dlt):g}"
+            lead = "and" if need in said else f"{need};"
+            short.append(f"{lead} your cap on this dataset leaves {amounts.delta_value(cap_dlt):g}")
     return short, cap_eps, cap_dlt
 
 

@@ -398,6 +398,12 @@ def test_gp_noise_is_drawn_through_the_sampler_at_the_proof_scale(
     points = np.array([[30.0, 0.2, 0.0], [70.0, 0.9, 1.0]])
     r = evaluate(client, setup["analyst"]["api_key"], fid, points.tolist())
     assert r.status_code == 200, r.text
+    if shrinkage == "ate" and result["shrinkage_factor"] == 0.0:
+        # factor 0: the answers are the anchor, served from the public facts with nothing
+        # drawn (test_a_constant_function_answers_its_anchor_without_state)
+        assert _FixedNormals.sizes == []
+        assert len(set(r.json()["values"])) == 1
+        return
     assert _FixedNormals.sizes == [2]
     released = np.array(r.json()["values"])
 
@@ -653,3 +659,71 @@ def test_a_half_rolled_out_rotation_closes_no_function(
     info = client.get(f"/v1/functions/{fid}", headers=Api.auth(key)).json()
     assert info["status"] == "open"
     get_settings.cache_clear()
+
+
+def test_a_constant_function_answers_its_anchor_without_state(
+    client: TestClient, setup: Any, configured: str
+) -> None:
+    """At DP shrinkage factor 0 an anchored function answers ``anchor + 0 * (...)`` at every
+    point: it is served from its public facts, draws and stores nothing and so never reaches
+    its capacity (a walkthrough's constant function refused new patients at t_max), and the
+    response says the factor so a client draws no noise band around the anchor."""
+    from service.db.models import CateFunction
+    from service.mechanisms import cate_function as mech
+
+    params = {**{k: v for k, v in FAST.items() if k != "shrinkage"}, "t_max": 30}
+    done = release(client, setup, params)
+    fid, result = done["id"], done["result"]
+    engine = create_engine(configured)
+    try:
+        with Session(engine) as session:
+            row = session.get(CateFunction, fid)
+            assert row is not None
+            public = json.loads(row.public_json)
+            if public["shrinkage_factor"] != 0.0:  # a factor > 0 by chance: make it the case
+                public["shrinkage_factor"] = 0.0
+                row.public_json = json.dumps(public)
+                session.commit()
+            stored_t = row.t
+    finally:
+        engine.dispose()
+    functions.forget()
+    lattice = mech.FittedFunction(
+        "gp",
+        1.0,
+        0.0,
+        np.zeros((0, 3)),
+        np.zeros(0),
+        int(np.log2(result["output_lattice"])),
+        value_bound=result["value_bound"],
+        anchor=result["ate_anchor"],
+        shrink=0.0,
+    )
+    expected = float(lattice.round_output(np.array([result["ate_anchor"]]))[0])
+    rng = np.random.default_rng(5)
+    key = setup["client"]["api_key"]
+    for _ in range(3):  # 60 new points, twice t_max
+        points = [[float(rng.uniform(18, 90)), float(rng.uniform(0, 1)), 1.0] for _ in range(20)]
+        r = evaluate(client, key, fid, points)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["values"] == [expected] * 20
+        assert body["shrinkage_factor"] == 0.0
+    engine = create_engine(configured)
+    try:
+        with Session(engine) as session:
+            row = session.get(CateFunction, fid)
+            assert row is not None
+            assert row.t == stored_t
+    finally:
+        engine.dispose()
+    bad = evaluate(client, key, fid, [[200.0, 0.5, 1.0]])
+    assert bad.status_code == 422  # the points are still checked
+
+
+def test_evaluate_response_states_the_shrinkage_factor(client: TestClient, setup: Any) -> None:
+    """An unanchored function's answers carry its whole pointwise noise: factor null."""
+    fid = release(client, setup, FAST)["id"]
+    body = evaluate(client, setup["client"]["api_key"], fid, [[40.0, 0.5, 1.0]]).json()
+    assert body["shrinkage_factor"] is None
+    assert body["pointwise_noise_sd"] > 0

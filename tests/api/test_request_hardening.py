@@ -284,8 +284,8 @@ def test_quote_answers_for_the_callers_cap(client: TestClient, api: Api) -> None
     # more than the dataset holds: the remainder and the cap both named
     both = _quote(client, analyst["api_key"], ds["id"], epsilon=2.5)
     assert both["budget_note"] == (
-        "Not charged now: it needs epsilon 2.5; the dataset has 2.25 left; it needs epsilon "
-        "2.5; your cap on this dataset leaves 0.25."
+        "Not charged now: it needs epsilon 2.5; the dataset has 2.25 left; and your cap on this "
+        "dataset leaves 0.25."
     )
 
 

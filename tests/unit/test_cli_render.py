@@ -132,9 +132,30 @@ def test_the_quote_view_shows_the_expected_width_and_the_verdict_against_the_ate
     }
     assert shown["basis"] == "ebm"
     assert shown["expected half width"] == "4.42"
-    assert shown["min half width"] == "4.24"
+    assert shown["min half width (privacy noise alone)"] == "4.24"
     assert shown["versus the ATE"] == "not_expected"
     assert shown["why"] == "request the ATE instead"
+    # with the adaptive clip the floor is at the smallest clip the quantile can draw (a
+    # walkthrough read 0.0086 as the noise beside an expected 0.956): labelled so, and the
+    # declared bound's worst case beside it
+    adaptive = quote.model_copy(
+        update={
+            "accuracy": {
+                "expected_half_width": 0.956,
+                "min_half_width": 0.0086,
+                "max_noise_half_width": 2.4,
+                "expected_clip": 3.1,
+            }
+        }
+    )
+    shown = {
+        key.strip(): value.strip()
+        for key, value in (line.split("  ", 1) for line in render.quote(adaptive).splitlines())
+    }
+    assert shown["min half width (privacy noise alone, at the smallest clip it can draw)"] == (
+        "0.0086"
+    )
+    assert shown["noise half width at the declared bound (the worst case)"] == "2.4"
 
 
 def test_an_anchored_cate_at_factor_zero_says_every_estimate_is_the_anchor() -> None:

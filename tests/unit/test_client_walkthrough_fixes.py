@@ -4,6 +4,7 @@ reading notes, a refused parameter's one-line error without repetition."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +186,60 @@ def test_a_quote_labels_its_clip_and_noise_figures() -> None:
     assert "pseudo-outcome bound (the declared clip" in text
     assert "1200" in text
     assert "clip (requested)" not in text  # a null request field is not shown as "-"
+
+
+def test_function_bands_carry_the_shrinkage_factor() -> None:
+    """An anchored function's answer carries factor x the pointwise noise; at factor 0 every
+    answer is the anchor and there is no band (a walkthrough saw +-8.3 around a constant)."""
+    from dpcurator.results import FunctionEvaluation
+
+    def evaluation(factor: float | None) -> FunctionEvaluation:
+        body = {
+            "function_id": "f",
+            "values": [1.0, 2.0],
+            "guarantee": "strict",
+            "pointwise_noise_sd": 4.0,
+            "shrinkage_factor": factor,
+        }
+        return FunctionEvaluation.from_response(body, [[0.0], [1.0]])
+
+    assert evaluation(None).noise_sd == [4.0, 4.0]
+    assert evaluation(0.5).noise_sd == [2.0, 2.0]
+    half = evaluation(0.5).bands(0.95)
+    assert half is not None
+    assert half[0] == pytest.approx((1.0 - 3.92, 1.0 + 3.92), abs=1e-2)
+    constant = evaluation(0.0)
+    assert constant.answers_the_ate_everywhere
+    assert constant.noise_sd is None
+    assert constant.bands() is None
+    text = render.evaluation(constant)
+    assert "every answer is the DP ATE anchor" in text
+    assert "noise band" not in text
+
+
+def test_long_point_lists_are_sent_as_consecutive_batches() -> None:
+    """More points than one evaluate request takes go as consecutive batches of the function's
+    batch_max (at most the API's 1000), in order; the values come back in order."""
+    import httpx2 as httpx
+
+    from dpcurator.client import EVALUATE_BATCH_LIMIT, CuratorClient
+
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            info = {"id": "f", "dataset_id": "d", "status": "open", "basis": "exact", "q": 1}
+            return httpx.Response(200, json={**info, "t_max": 10_000, "batch_max": 300})
+        points = json.loads(request.content)["points"]
+        sizes.append(len(points))
+        body = {"function_id": "f", "values": [p[0] for p in points], "guarantee": "strict"}
+        return httpx.Response(200, json=body)
+
+    client = CuratorClient("http://curator.test", "k", transport=httpx.MockTransport(handler))
+    points = [[float(i)] for i in range(1200)]
+    out = client.evaluate_function("f", points)
+    assert out.values == [float(i) for i in range(1200)]
+    assert sizes == [300, 300, 300, 300]
+    sizes.clear()
+    client.evaluate_function("f", points[:EVALUATE_BATCH_LIMIT])
+    assert sizes == [EVALUATE_BATCH_LIMIT]  # one request: no metadata read

@@ -187,14 +187,36 @@ def shrink_to_anchor(
             np.sqrt(weights) * (uplift - anchor), trace, trace_squared, prior
         )
     shrunk = np.clip(anchor + factor * (uplift - anchor), -width, width)
+    anchor_sd, released_sd = released_noise_sds(
+        np.asarray(released["uplift_noise_sd"], dtype=np.float64), weights, factor, width
+    )
     return {
         **released,
         "uplift": shrunk.tolist(),
         "uplift_unshrunk": uplift.tolist(),
+        "released_noise_sd": released_sd.tolist(),
         "ate_anchor": anchor,
+        "ate_anchor_noise_sd": anchor_sd,
         "shrinkage_factor": factor,
         "arm_variance": {"control": variances[0], "treated": variances[1]},
     }
+
+
+def released_noise_sds(
+    noise_sd: NDArray[np.float64], weights: NDArray[np.float64], factor: float, width: float
+) -> tuple[float, NDArray[np.float64]]:
+    """The privacy-noise sd of the anchor ``a = sum_k w_k u_k`` and of each released value
+    ``a + lambda (u_k - a)``, from the unshrunk uplifts' noise sds (``uplift_noise_sd``, delta
+    method), the weights and the factor taken as fixed: ``(1 - lambda)^2 V_a + lambda^2 v_k +
+    2 lambda (1 - lambda) w_k v_k``, ``V_a = sum_k w_k^2 v_k``. At factor 0 every cell's is the
+    anchor's. Capped at R_Y (a released value lies in [-R_Y, R_Y]; a near-empty cell's delta-
+    method sd can exceed it). Post-processing of public quantities."""
+    v = noise_sd * noise_sd
+    anchor_var = float(np.sum(weights * weights * v))
+    keep = 1.0 - factor
+    cell_var = keep * keep * anchor_var + factor * factor * v + 2.0 * factor * keep * weights * v
+    capped = np.minimum(np.sqrt(np.maximum(cell_var, 0.0)), width)
+    return min(math.sqrt(anchor_var), width), capped
 
 
 def _deviation_traces(weights: NDArray[np.float64], v: NDArray[np.float64]) -> tuple[float, float]:

@@ -60,6 +60,11 @@ M = TypeVar("M", bound=BaseModel)
 ProgressCallback = Callable[[Release], None]
 
 
+# The most points one evaluate request takes (the API's limit; a function's batch_max may be
+# smaller). The client sends a longer list as consecutive batches.
+EVALUATE_BATCH_LIMIT = 1000
+
+
 class Retry(Enum):
     """When a request may be sent again."""
 
@@ -519,9 +524,25 @@ class CuratorClient:
         """POST /v1/functions/{id}/evaluate. Free; a repeated point returns the same value.
 
         Retrying is safe: an answer is returned only after its noise is committed, and a point
-        already answered is served from the stored state.
+        already answered is served from the stored state. More points than one request takes
+        (``EVALUATE_BATCH_LIMIT``, or the function's own ``batch_max`` where smaller) are sent
+        as consecutive batches in order, as if the caller had sent them one after another; a
+        batch refused (e.g. at the function's capacity) raises, and the batches before it
+        stay answered.
         """
         pts = _as_points(points)
+        if len(pts) <= EVALUATE_BATCH_LIMIT:
+            return self._evaluate_batch(function_id, pts)
+        size = min(EVALUATE_BATCH_LIMIT, self.function_info(function_id).batch_max)
+        parts = [
+            self._evaluate_batch(function_id, pts[i : i + size]) for i in range(0, len(pts), size)
+        ]
+        first = parts[0]
+        values = [v for part in parts for v in part.values]
+        raw = {**first.raw, "values": values}
+        return FunctionEvaluation.from_response(raw, pts)
+
+    def _evaluate_batch(self, function_id: str, pts: list[list[float]]) -> FunctionEvaluation:
         r = self.request("POST", f"/v1/functions/{function_id}/evaluate", json_body={"points": pts})
         return FunctionEvaluation.from_response(r.json(), pts)
 

@@ -157,8 +157,12 @@ def _bands(
 class FunctionEvaluation:
     """``POST /v1/functions/{id}/evaluate``: a released CATE function's values at points (free).
 
-    ``pointwise_noise_sd`` is the public sd of the privacy noise at any point (strict mode only;
-    ``None`` in paper mode); ``noise_sd`` repeats it per point for ``bands`` and the plots.
+    ``pointwise_noise_sd`` is the public sd of the fitted function's privacy noise at any point
+    before shrinkage (strict kernel bases only; ``None`` on the ebm basis and in paper mode);
+    ``shrinkage_factor`` the anchored function's factor (None: unanchored). An answer carries the
+    factor times that noise, which ``noise_sd`` repeats per point for ``bands`` and the plots; at
+    factor 0 every answer is the DP ATE anchor and there is no noise band (the anchor's interval,
+    ``FunctionInfo.public["ate_anchor_interval"]``, is the error bar).
     """
 
     function_id: str
@@ -167,6 +171,7 @@ class FunctionEvaluation:
     guarantee: str
     pointwise_noise_sd: float | None
     raw: dict[str, Any] = field(repr=False)
+    shrinkage_factor: float | None = None
 
     @classmethod
     def from_response(
@@ -178,6 +183,7 @@ class FunctionEvaluation:
         if len(pts) != len(values):
             raise ValueError("points and values have different lengths")
         sd = body.get("pointwise_noise_sd")
+        factor = body.get("shrinkage_factor")
         return cls(
             function_id=str(body.get("function_id", "")),
             points=pts,
@@ -185,11 +191,22 @@ class FunctionEvaluation:
             guarantee=str(body.get("guarantee", "")),
             pointwise_noise_sd=float(sd) if sd is not None else None,
             raw=body,
+            shrinkage_factor=float(factor) if factor is not None else None,
         )
 
     @property
+    def answers_the_ate_everywhere(self) -> bool:
+        """True where every answer is the DP ATE anchor (shrinkage factor 0)."""
+        return self.shrinkage_factor == 0.0
+
+    @property
     def noise_sd(self) -> list[float] | None:
-        return _sd(self.pointwise_noise_sd, len(self.values))
+        """The privacy noise sd of each answer: the factor times ``pointwise_noise_sd`` (None
+        without a public sd, and at factor 0, where the answers carry none of it)."""
+        if self.pointwise_noise_sd is None or self.answers_the_ate_everywhere:
+            return None
+        factor = 1.0 if self.shrinkage_factor is None else self.shrinkage_factor
+        return _sd(factor * self.pointwise_noise_sd, len(self.values))
 
     def bands(self, level: float = 0.95) -> list[tuple[float, float]] | None:
         """Pointwise noise bands ``value ± z·sd`` (the GP noise is correlated across points)."""
@@ -418,6 +435,8 @@ UPLIFT_COLUMNS = (
     "mean_control",
     "mean_treated",
     "uplift",
+    "released_noise_sd",
+    "uplift_unshrunk",
     "uplift_noise_sd",
     "low_count",
 )

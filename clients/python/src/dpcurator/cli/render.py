@@ -93,6 +93,7 @@ def dataset(d: Dataset) -> str:
             ("status", d.status),
             ("n", d.n),
             ("design", schema.get("design", "observational")),
+            ("assignment probability", schema.get("treatment_probability")),
             ("treatment", schema.get("treatment", {}).get("name")),
             ("outcome", f"{outcome.get('name')} {_box(outcome)}" if outcome else None),
             ("covariates", covariates),
@@ -224,7 +225,10 @@ def quote(q: Quote) -> str:
                 continue
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
                 value = "; ".join(value) if value else "none"
-            items.append((_QUOTE_LABELS.get(key, key.replace("_", " ")), value))
+            label = _QUOTE_LABELS.get(key, key.replace("_", " "))
+            if key == "min_half_width" and "expected_clip" not in q.accuracy:
+                label = "min half width (privacy noise alone)"
+            items.append((label, value))
     coverage = q.accuracy.get("coverage")
     if isinstance(coverage, dict) and coverage.get("message"):
         items.append(("interval covers", coverage["message"]))
@@ -244,6 +248,7 @@ _QUOTE_ACCURACY_KEYS = (
     "ci_level",
     "expected_half_width",
     "min_half_width",
+    "max_noise_half_width",
     "target_half_width",
     "epsilon_for_target_half_width",
     "target_message",
@@ -267,6 +272,8 @@ _QUOTE_ACCURACY_KEYS = (
 
 # Labels where the field name alone misreads; fields shown only when set.
 _QUOTE_LABELS = {
+    "min_half_width": "min half width (privacy noise alone, at the smallest clip it can draw)",
+    "max_noise_half_width": "noise half width at the declared bound (the worst case)",
     "pseudo_outcome_clip": "pseudo-outcome clip (requested)",
     "bound": "pseudo-outcome bound (the declared clip; the outer guard of an adaptive one)",
     "expected_clip": "expected adaptive clip (at the assumed scale)",
@@ -410,6 +417,12 @@ def result(
                 row.insert(1, text)
         if any(c.startswith("counts") for c in parsed.columns):
             head += "\nnote: counts are DP noisy counts (one can be negative); not row counts"
+        if "released_noise_sd" in parsed.columns:
+            head += (
+                "\nnote: uplift is the released value (shrunk towards the anchor) and "
+                "released_noise_sd its privacy-noise sd; uplift_unshrunk and uplift_noise_sd "
+                "are the raw table's"
+            )
         return head + "\n\n" + _capped(columns, rows, max_rows)
     if isinstance(parsed, CateVectorResult):
         points = parsed.points or [[] for _ in parsed.estimates]
@@ -523,7 +536,12 @@ def evaluation(
             row.append(f"[{bands[i][0]:.4g}, {bands[i][1]:.4g}]")
         rows.append(row)
     footer = f"\n(guarantee {ev.guarantee}; free: no budget charged)"
-    if bands is None:
+    if ev.answers_the_ate_everywhere:
+        footer += (
+            "\n(shrinkage factor 0: every answer is the DP ATE anchor, the same for every "
+            "patient; its interval, in `dpcurator function show`, is the error bar)"
+        )
+    elif bands is None:
         footer += (
             "\n(no noise band: this function has no public pointwise noise sd; "
             "`dpcurator function show` says how to read it)"
