@@ -8,17 +8,20 @@ embedded runner (the same one ``bash scripts/serve`` runs inside the API process
 the release table. Either way the job code is ``service.jobs.execute.execute_release_job``.
 
 The worker does not migrate: it waits (up to ``--wait`` seconds) for the API to have brought the
-schema to head. An unreachable database is one line on stderr and exit status 1.
+schema to head. An unreachable database at start is one line on stderr and exit status 1; once
+running, a PostgreSQL worker outlives database outages (``service.jobs.engine.supervise`` starts
+it again as the database answers), and SIGTERM / SIGINT stop it after its running jobs.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
 from types import FrameType
 
-from service.config import get_settings
+from service.config import settings_or_exit
 from service.db import preflight
 from service.functions.keys import state_key_problem
 from service.jobs.workers import embedded_runner, procrastinate_app
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    settings = get_settings()
+    settings = settings_or_exit()
     problem = preflight.unreachable(settings.database_url)
     if problem is None:
         problem = preflight.wait_for_schema(settings.database_url, args.wait)
@@ -52,12 +55,22 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(problem)
     concurrency = args.concurrency or settings.job_workers
     if settings.is_postgres:
-        from service.jobs.engine import worker_options
+        from service.jobs.engine import supervise, worker_options
 
         options = worker_options(concurrency, settings.job_stale_seconds)
-        options["install_signal_handlers"] = True  # SIGTERM/SIGINT: finish running jobs, stop
+        app = procrastinate_app(settings)
+
+        async def run() -> None:
+            # SIGTERM/SIGINT: finish the running jobs, stop. Any other stop (a database outage
+            # stops procrastinate's worker) starts it again (supervise).
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, stop.set)
+            await supervise(app, options, stop)
+
         logger.warning("worker: procrastinate, concurrency %d", concurrency)
-        procrastinate_app(settings).run_worker(**options)
+        asyncio.run(run())
         return
 
     runner = embedded_runner(settings, concurrency)

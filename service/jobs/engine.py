@@ -173,8 +173,72 @@ def worker_options(concurrency: int, stale_after: float) -> dict[str, Any]:
     }
 
 
+# A worker that stopped on its own is started again after RESTART_DELAYS[i] seconds (the last
+# repeats), i counting the restarts since the worker last ran for HEALTHY_SECONDS.
+RESTART_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
+HEALTHY_SECONDS = 60.0
+
+
+async def supervise(
+    app: procrastinate.App,
+    options: dict[str, Any],
+    stop: asyncio.Event,
+    *,
+    on_running: Any = None,
+    delays: tuple[float, ...] = RESTART_DELAYS,
+) -> int:
+    """Run a procrastinate worker until ``stop`` is set, starting it again whenever it stops on
+    its own; returns the number of restarts.
+
+    procrastinate stops its worker, without an error, when a side task fails: its notification
+    listener fails on any database error, so a PostgreSQL restart of a few seconds used to stop
+    every worker for good (a walkthrough's operator saw the processes exit 0, charged releases
+    stay queued and a running one keep its charge only when workers came back). Each attempt
+    opens the app afresh (a new connection pool) and, if the database does not answer yet,
+    waits the next delay. ``stop`` ends it gracefully: the running jobs finish (procrastinate's
+    shutdown on cancellation). ``on_running`` is called once the first attempt is running."""
+    restarts = 0
+    attempt = 0
+    while not stop.is_set():
+        started = asyncio.get_running_loop().time()
+        reason = "it stopped on its own (a database error stops its listener)"
+        try:
+            async with app.open_async():
+                worker = asyncio.create_task(app.run_worker_async(**options))
+                stopping = asyncio.create_task(stop.wait())
+                if on_running is not None:
+                    on_running()
+                    on_running = None
+                done, _ = await asyncio.wait(
+                    {worker, stopping}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopping in done:
+                    worker.cancel()
+                    try:
+                        await worker
+                    except asyncio.CancelledError:
+                        pass
+                    return restarts
+                stopping.cancel()
+                worker.result()  # the worker's own error, if it raised one
+        except Exception as exc:  # an unreachable database, or the worker's error
+            reason = f"{type(exc).__name__}"
+        if asyncio.get_running_loop().time() - started >= HEALTHY_SECONDS:
+            attempt = 0
+        delay = delays[min(attempt, len(delays) - 1)]
+        attempt += 1
+        restarts += 1
+        logger.warning("the job worker stopped: %s; starting it again in %g s", reason, delay)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+    return restarts
+
+
 class InProcessWorker:
-    """A procrastinate worker on its own event loop in a thread of this process.
+    """A procrastinate worker on its own event loop in a thread of this process, supervised
+    (``supervise``: started again after a database outage).
 
     Used by an API process that should run jobs itself on PostgreSQL (``CURATOR_JOB_RUNNER=
     inprocess``; a single-process deployment, and the test suite). Same tasks, same engine.
@@ -184,7 +248,7 @@ class InProcessWorker:
         self.app = app
         self.options = worker_options(concurrency, stale_after)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="procrastinate", daemon=True)
 
@@ -197,18 +261,16 @@ class InProcessWorker:
 
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        async with self.app.open_async():
-            self._task = asyncio.create_task(self.app.run_worker_async(**self.options))
+        self._stop = asyncio.Event()
+        try:
+            await supervise(self.app, self.options, self._stop, on_running=self._ready.set)
+        except Exception:
+            logger.exception("the in-process worker stopped")
+        finally:
             self._ready.set()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            except Exception:
-                logger.exception("the in-process worker stopped")
 
     def stop(self, timeout: float = 10.0) -> None:
-        loop, task = self._loop, self._task
-        if loop is not None and task is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(task.cancel)
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
         self._thread.join(timeout)

@@ -28,6 +28,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from tests.conftest import ADMIN_KEY, RCT_SCHEMA, _truncate, synthetic_csv
 from tests.live import ROOT, live_server
@@ -202,3 +203,74 @@ def test_two_apis_workers_killed_mid_job(
             30,
             "a release job was left in todo/doing",
         )
+
+
+def _outage(db_url: str, seconds: float) -> None:
+    """What a database restart does to its clients: every connection to it is closed and new
+    ones are refused for ``seconds``."""
+    url = make_url(db_url)
+    name = url.database
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+        time.sleep(seconds)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+        admin.dispose()
+
+
+def test_workers_outlive_a_database_restart(
+    pg_url: str, workers: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    """procrastinate stops its worker (exit 0) when its listener's connection fails, so a
+    PostgreSQL restart of a few seconds used to stop every worker for good: releases charged
+    afterwards stayed queued. Supervised, the worker starts again and runs them."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with live_server(pg_url, admin_key=ADMIN_KEY, extra_env=ENV, workers=0) as base:
+        worker = workers()
+        owner = httpx.post(
+            f"{base}/v1/principals", json={"name": "o", "role": "owner"}, headers=admin
+        ).json()
+        oh = {"Authorization": f"Bearer {owner['api_key']}"}
+        ds = httpx.post(
+            f"{base}/v1/datasets",
+            data={"name": "d", "schema": json.dumps(RCT_SCHEMA)},
+            files={"file": ("r.csv", synthetic_csv(300).encode(), "text/csv")},
+            headers=oh,
+        ).json()
+        httpx.put(
+            f"{base}/v1/datasets/{ds['id']}/budget",
+            json={"epsilon_total": 10.0, "delta_total": 1e-4},
+            headers=oh,
+        ).raise_for_status()
+
+        def release_done() -> str:
+            r = httpx.post(
+                f"{base}/v1/datasets/{ds['id']}/releases",
+                json={"kind": "ate", "params": {"epsilon": 0.5, "nuisance": "none"}, "fresh": True},
+                headers=oh | {"Idempotency-Key": uuid.uuid4().hex},
+            )
+            assert r.status_code == 202, r.text
+            rid = r.json()["id"]
+
+            def status() -> str | None:
+                view = httpx.get(f"{base}/v1/releases/{rid}", headers=oh).json()
+                return str(view["status"]) if view["status"] in ("done", "failed") else None
+
+            return str(_wait_for(status, 60, "the release never finished"))
+
+        assert release_done() == "done"
+        for _ in range(2):  # twice: the restarted worker must survive the next outage too
+            _outage(pg_url, 4.0)
+            time.sleep(1.0)
+            assert worker.poll() is None, "the worker exited"
+            assert release_done() == "done"
