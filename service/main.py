@@ -34,6 +34,7 @@ from service.problems import (
     DevelopmentSecretsExposed,
     PayloadTooLarge,
     Unauthenticated,
+    UnhandledErrorMiddleware,
     install_handlers,
     problem_response,
 )
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # Pure ASGI middlewares (the outermost is added last): a few microseconds per request,
     # where ``@app.middleware("http")`` costs a task and a stream per request.
+    app.add_middleware(UnhandledErrorMiddleware)  # innermost: its answers get the others' headers
     app.add_middleware(LimitsMiddleware, max_upload_bytes=settings.max_upload_bytes)
     if settings.development_secrets:
         app.add_middleware(LoopbackOnlyMiddleware)
@@ -252,8 +254,9 @@ class LoopbackOnlyMiddleware:
     """Installed only while a development default secret is in use (``Settings.
     development_secrets``): refuse every request that is not local (``is_local_request``: it
     arrived on a non-loopback address, or through a proxy) with ``development-secrets-exposed``
-    (503). ``CURATOR_HOST`` is checked when the settings load, but ``uvicorn service.main:app
-    --host 0.0.0.0`` binds wherever it is told without it, and a proxy forwards from anywhere."""
+    (503). ``CURATOR_HOST`` is checked when the settings load, but ``uvicorn --factory
+    service.main:create_app --host 0.0.0.0`` binds wherever it is told without it, and a proxy
+    forwards from anywhere."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

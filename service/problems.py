@@ -180,6 +180,14 @@ class DevelopmentSecretsExposed(Problem):
     slug, title, status = "development-secrets-exposed", "Service misconfigured", 503
 
 
+class DatabaseUnavailable(Problem):
+    slug, title, status = (
+        "database-unavailable",
+        "The database is not answering; retry shortly",
+        503,
+    )
+
+
 class HttpError(Problem):
     slug, title, status = "http-error", "HTTP error", 400
 
@@ -212,9 +220,13 @@ ALL_PROBLEMS: tuple[type[Problem], ...] = (
     FunctionCapacityReached,
     FunctionBatchRejected,
     DevelopmentSecretsExposed,
+    DatabaseUnavailable,
     HttpError,
     InternalError,
 )
+
+# Seconds a client is asked to wait before retrying a request the database could not answer.
+DATABASE_RETRY_AFTER_SECONDS = 5
 
 
 def problem_response(problem: Problem, instance: str | None) -> JSONResponse:
@@ -331,8 +343,60 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-        request_id = uuid.uuid4().hex
-        # The exception text may contain data; it goes to the operator log with the request id
-        # only as its type, never to the client.
-        logger.error("unhandled error %s (request %s)", type(exc).__name__, request_id)
-        return problem_response(InternalError(request_id=request_id), request.url.path)
+        return unhandled_response(exc, request.url.path)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database not answering (a lost or refused connection, a server
+    shutting down, a lock or statement timeout): transient, so a client should retry."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def unhandled_response(exc: BaseException, instance: str | None) -> JSONResponse:
+    """The response to an exception no handler answered: ``database-unavailable`` (503,
+    ``Retry-After``) where the database did not answer, else ``internal-error`` (500) with a
+    request id. The exception's text may contain data (SQL parameters, values): the operator
+    log gets its type and the request id only, and no traceback."""
+    request_id = uuid.uuid4().hex
+    if database_unavailable(exc):
+        logger.warning("database unavailable: %s (request %s)", type(exc).__name__, request_id)
+        response = problem_response(DatabaseUnavailable(request_id=request_id), instance)
+        response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response
+    logger.error("unhandled error %s (request %s)", type(exc).__name__, request_id)
+    return problem_response(InternalError(request_id=request_id), instance)
+
+
+class UnhandledErrorMiddleware:
+    """Answers an exception that passed every handler itself (``unhandled_response``), inside
+    the other middlewares (so its response gets their headers).
+
+    Starlette's own catch-all answers too, but then re-raises, and uvicorn logs the traceback
+    (about 180 lines per failed request during a database outage, with the failing statement's
+    parameters). Pure ASGI."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:  # the response is under way: nothing else can be sent
+                raise
+            await unhandled_response(exc, scope.get("path"))(scope, receive, send)

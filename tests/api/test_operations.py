@@ -88,6 +88,50 @@ def test_unhandled_error_is_problem_without_text(client: TestClient) -> None:
     assert "RuntimeError" not in r.text
 
 
+def test_a_database_that_does_not_answer_is_a_retryable_503_without_a_traceback(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database outage used to answer 500 internal-error (which the client does not retry)
+    while /readyz said 503, and uvicorn logged ~180 lines of traceback per request, the
+    failing statement's parameters included. Now: 503 database-unavailable with Retry-After,
+    the no-store header, and one log line with the exception's type only."""
+    import logging
+
+    from sqlalchemy.exc import OperationalError
+
+    app = client.app
+
+    @app.get("/down")  # type: ignore[attr-defined, untyped-decorator]
+    def down() -> None:
+        raise OperationalError("SELECT 42.137", {"value": "42.137"}, Exception("refused"))
+
+    @app.get("/boom2")  # type: ignore[attr-defined, untyped-decorator]
+    def boom() -> None:
+        raise RuntimeError("secret value 42.137 from a row")
+
+    with caplog.at_level(logging.DEBUG):
+        r = client.get("/down")
+        other = client.get("/boom2")
+    assert r.status_code == 503
+    assert r.headers["Retry-After"] == "5"
+    assert r.headers["Cache-Control"] == "no-store"
+    body = r.json()
+    assert body["type"].endswith("/database-unavailable")
+    assert "request_id" in body
+    assert "42.137" not in r.text
+    assert other.status_code == 500
+    assert other.headers["Cache-Control"] == "no-store"
+    logged = "\n".join(
+        record.getMessage() + (str(record.exc_info) if record.exc_info else "")
+        for record in caplog.records
+    )
+    assert "OperationalError" in logged
+    assert "RuntimeError" in logged
+    assert "42.137" not in logged
+    assert "Traceback" not in logged
+    assert not any(record.exc_info for record in caplog.records)
+
+
 def test_development_secrets_are_served_on_loopback_only(
     configured: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -203,6 +203,12 @@ class DevelopmentSecretsExposed(ProblemError):
     slug = "development-secrets-exposed"
 
 
+class DatabaseUnavailable(ProblemError):
+    """503: the server's database did not answer (the client retries it, like any 503)."""
+
+    slug = "database-unavailable"
+
+
 class HttpError(ProblemError):
     slug = "http-error"
 
@@ -237,6 +243,7 @@ PROBLEM_CLASSES: dict[str, type[ProblemError]] = {
         FunctionCapacityReached,
         FunctionBatchRejected,
         DevelopmentSecretsExposed,
+        DatabaseUnavailable,
         HttpError,
         InternalError,
     )
