@@ -21,6 +21,6 @@ RUN pip install --no-cache-dir -e . \
 USER curator
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s \
-  CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz').status != 200)"
+  CMD python -c "import os,urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('CURATOR_PORT', '8000')).status != 200)"
 # Migrates the database (alembic upgrade head), then serves. Workers: see docker-compose.yml.
 CMD ["python", "-m", "service"]

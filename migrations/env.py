@@ -17,9 +17,10 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from service.config import get_settings
+    # the URL alone: migrating by hand (alembic upgrade head) needs no secrets
+    from service.config import database_url_from_environment
 
-    return get_settings().database_url
+    return database_url_from_environment()
 
 
 def run_migrations_offline() -> None:

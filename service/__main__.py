@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 import sys
+from typing import Any
 
 import uvicorn
+import uvicorn.config
 
 from service import __version__
-from service.config import get_settings
+from service.config import settings_or_exit
 from service.db import migrate, preflight
 from service.functions.keys import state_key_problem
 
 
 def main() -> None:
-    settings = get_settings()
+    settings = settings_or_exit()
     problem = preflight.unreachable(settings.database_url)
     if problem is not None:
         raise SystemExit(problem)
@@ -36,7 +39,19 @@ def main() -> None:
         port=settings.port,
         workers=settings.workers,
         log_level="warning",
+        log_config=log_config(),
     )
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging configuration with a timestamp on every line, and the service's own
+    loggers (``service.*``: failures by exception type and request id, job outcomes) on the
+    same handler."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = "%(asctime)s " + formatter["fmt"]
+    config["loggers"]["service"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import os
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ADMIN_KEY = "change-me"
@@ -27,7 +28,11 @@ def _is_aes256_key(value: str) -> bool:
 class Settings(BaseSettings):
     """Service configuration, read from ``CURATOR_*`` environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="CURATOR_", extra="ignore")
+    # hide_input_in_errors: a refused setting's message must not echo the environment (it held
+    # the admin key, or the tail of the state key or the metrics token, in a start-up traceback)
+    model_config = SettingsConfigDict(
+        env_prefix="CURATOR_", extra="ignore", hide_input_in_errors=True
+    )
 
     environment: Literal["development", "production", "test"] = "development"
     # SQLite file by default (embedded, no setup); PostgreSQL in production.
@@ -157,3 +162,28 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def settings_or_exit() -> Settings:
+    """``get_settings`` for a command's start: a refused configuration is one line on stderr
+    and exit status 1, naming the setting and the rule, never a value."""
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_input=False, include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{where}: {message}" if where else message)
+        raise SystemExit("configuration refused: " + "; ".join(problems)) from None
+
+
+def database_url_from_environment() -> str:
+    """The database URL alone (``DATABASE_URL`` or ``CURATOR_DATABASE_URL``, else the default),
+    for commands that need nothing else (migrations): they do not ask for the secrets."""
+    for name in ("DATABASE_URL", "CURATOR_DATABASE_URL"):
+        value = os.environ.get(name)
+        if value:
+            return value
+    default = Settings.model_fields["database_url"].default
+    return str(default)

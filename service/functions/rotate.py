@@ -96,10 +96,10 @@ def reseal_all(
 
 
 def main() -> int:
-    from service.config import get_settings
+    from service.config import settings_or_exit
     from service.db.engine import get_sessionmaker
 
-    problem = keys.state_key_problem(get_settings().database_url)
+    problem = keys.state_key_problem(settings_or_exit().database_url)
     if problem is not None:
         sys.stderr.write(problem + "\n")
         return 1

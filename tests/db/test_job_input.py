@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,3 +161,54 @@ def test_unreachable_database_at_start_up_is_one_line(module: str) -> None:
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error: cannot reach the database postgresql+psycopg://curator:***@")
     assert "secret" not in err
+
+
+@pytest.mark.parametrize("module", ["service", "service.worker"])
+@pytest.mark.parametrize(
+    ("settings", "rule"),
+    [
+        ({"CURATOR_ADMIN_KEY": "Hospital-Admin-2026!"}, "CURATOR_STATE_KEY must be set"),
+        (
+            {"CURATOR_ADMIN_KEY": "Hospital-Admin-2026!", "CURATOR_STATE_KEY": "x" * 40},
+            "must be base64 of 32 bytes",
+        ),
+        (
+            {"CURATOR_ADMIN_KEY": "change-me", "CURATOR_STATE_KEY": "QWxs" * 11},
+            "CURATOR_ADMIN_KEY must be set",
+        ),
+    ],
+)
+def test_a_refused_setting_is_one_line_without_its_value(
+    module: str, settings: dict[str, str], rule: str
+) -> None:
+    """A refused configuration used to print pydantic's traceback with the input: the whole
+    admin key, or the tail of the state key or the metrics token. Now one line naming the
+    rule, exit status 1, no value."""
+    env = {"PATH": "/usr/bin:/bin", "CURATOR_ENVIRONMENT": "production", **settings}
+    proc = subprocess.run(
+        [sys.executable, "-m", module], cwd=ROOT, env=env, capture_output=True, timeout=60
+    )
+    err = proc.stderr.decode().strip()
+    assert proc.returncode == 1
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("configuration refused: ")
+    assert rule in err
+    for value in settings.values():
+        assert value not in err
+        assert value[-12:] not in err
+
+
+def test_migrating_by_hand_needs_only_the_database_url(tmp_path: Path) -> None:
+    """alembic upgrade head in production shape: the secrets are not asked for."""
+    url = f"sqlite:///{tmp_path / 'by-hand.sqlite3'}"
+    env = {"PATH": "/usr/bin:/bin", "CURATOR_ENVIRONMENT": "production", "DATABASE_URL": url}
+    proc = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert (tmp_path / "by-hand.sqlite3").exists()
