@@ -408,6 +408,28 @@ def _decode_batch(
     return codes, u, y, d
 
 
+def _stored_answers(session: Session, header: CateFunction) -> dict[bytes, float]:
+    """Every answered point's value from the stored batches (decrypted and checked as ``_sync``
+    checks them), without conditioning the path (caller holds the lock)."""
+    answers: dict[bytes, float] = {}
+    expected = 0
+    rows = session.execute(
+        select(CateFunctionBatch)
+        .where(CateFunctionBatch.function_id == header.id)
+        .order_by(CateFunctionBatch.seq)
+    ).scalars()
+    for row in rows:
+        expected += 1
+        if row.seq != expected:
+            raise _CorruptState()
+        codes, _, y, _ = _decode_batch(row, header.q)
+        for key_codes, value in zip(codes, y, strict=True):
+            answers[key_codes.tobytes()] = float(value)
+    if expected != header.version or len(answers) != header.t:
+        raise _CorruptState()
+    return answers
+
+
 def _sync(session: Session, header: CateFunction) -> _Entry:
     """Bring this process's cache to the header's version (caller holds the lock)."""
     entry = _cached(header.id)
@@ -650,8 +672,17 @@ def _evaluate_exact(
         if locked.status != "open":
             session.rollback()
             raise FunctionClosed("the function's state is closed")
+        point_keys = [row.tobytes() for row in codes]
         try:
             cached = _cached(function_id)
+            if cached is None and locked.version > 0:
+                # A process that has not built this function's path yet (a restart, the cache
+                # evicted it): a batch of points it has answered is read from the stored
+                # answers, without the O(t^3) rebuild (9 s at t ~ 9000 on a walkthrough).
+                known = _stored_answers(session, locked)
+                if all(key in known for key in point_keys):
+                    session.rollback()
+                    return [known[key] for key in point_keys]
             behind = locked.t - (cached.path.t if cached and cached.path else 0)
             with _blas_threads(_threads_for(locked.t, behind)):
                 entry = _sync(session, locked)
@@ -660,7 +691,6 @@ def _evaluate_exact(
             raise FunctionClosed("the function's state is unavailable") from None
         assert entry.path is not None
 
-        point_keys = [row.tobytes() for row in codes]
         new_index: dict[bytes, int] = {}
         for i, key in enumerate(point_keys):
             if key not in entry.answers and key not in new_index:
