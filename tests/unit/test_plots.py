@@ -241,7 +241,7 @@ def test_prediction_response() -> None:
         Prediction.from_response(body, [[50, 0.3, 1]])
 
 
-def test_ebm_shape_functions(tmp_path: Path) -> None:
+def test_ebm_shape_functions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The shape of service/mechanisms/ebm_cate.run() (DR learner): ate, model, shape_functions.
     result = {
         "mode": "strict",
@@ -265,6 +265,20 @@ def test_ebm_shape_functions(tmp_path: Path) -> None:
     assert parsed.intercept == pytest.approx(0.9)
     assert parsed.learner == "dr"
     assert is_png(plot_shape_functions(parsed, tmp_path / "shapes.png"))
+    # with the schema's names the panels read "x1 (diabetes)", not "x1" (a walkthrough)
+    import dpcurator.plots as plots
+
+    titles: list[str] = []
+    real_save = plots._save
+
+    def keep_titles(fig: Any, path: Any) -> Any:
+        titles.extend(ax.get_title() for ax in fig.axes if ax.get_visible())
+        return real_save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep_titles)
+    named = plot_shape_functions(parsed, tmp_path / "named.png", names=["age", "diabetes", "crp"])
+    assert is_png(named)
+    assert titles == ["x0 (age)", "x1 (diabetes)", "x2 (crp)"]
     with pytest.raises(ValueError, match="len\\(edges\\)"):
         EbmShapeResult.from_result({"shape_functions": [{"edges": [0, 1], "values": [1, 2]}]})
 

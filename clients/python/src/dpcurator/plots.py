@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcurator.models import LedgerEntry
-from dpcurator.results import AteResult, EbmShapeResult, FunctionEvaluation
+from dpcurator.results import AteResult, EbmShapeResult, FunctionEvaluation, feature_label
 
 
 def _figure(width: float = 7.0, height: float = 4.0) -> Any:
@@ -179,9 +179,15 @@ def plot_cate_slice(
 
 
 def plot_shape_functions(
-    ebm: EbmShapeResult, path: str | Path, *, title: str | None = None
+    ebm: EbmShapeResult,
+    path: str | Path,
+    *,
+    title: str | None = None,
+    names: Sequence[str] | None = None,
 ) -> Path:
-    """Each EBM shape function: steps over numeric bins, bars over categorical codes."""
+    """Each EBM shape function: steps over numeric bins, bars over categorical codes. ``names``:
+    the schema's covariate names in order (``Dataset.schema``), shown beside the server's
+    ``x3``."""
     shapes = ebm.shape_functions
     if not shapes:
         raise ValueError("the result has no shape functions")
@@ -196,7 +202,9 @@ def plot_shape_functions(
         else:
             ax.stairs(shape.scores, shape.edges, color="tab:green", baseline=None)
         ax.axhline(0.0, color="black", linewidth=0.6)
-        ax.set_title(shape.feature or f"term {i}", fontsize=10)
+        ax.set_title(
+            feature_label(shape.feature, names) if shape.feature else f"term {i}", fontsize=10
+        )
     for j in range(len(shapes), rows * cols):
         axes[j // cols][j % cols].set_visible(False)
     fig.suptitle(title or f"DP-EBM shape functions (intercept {ebm.intercept:.3g})")

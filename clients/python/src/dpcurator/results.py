@@ -442,6 +442,15 @@ UPLIFT_COLUMNS = (
 )
 
 
+def feature_label(feature: str, names: Sequence[str] | None) -> str:
+    """An EBM feature as the server names it (``x3``: covariate 3 in schema order; the
+    S-learner's ``treatment`` as it is) with its schema column's name when known: ``x3 (bmi)``."""
+    if not names or not feature.startswith("x") or not feature[1:].isdigit():
+        return feature
+    j = int(feature[1:])
+    return f"{feature} ({names[j]})" if j < len(names) else feature
+
+
 @dataclass(frozen=True)
 class UpliftTable:
     """A DP uplift table (``kind: "uplift_table"``), one row per public cell.

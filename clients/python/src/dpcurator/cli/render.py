@@ -18,6 +18,7 @@ from dpcurator.results import (
     Prediction,
     TypedResult,
     UpliftTable,
+    feature_label,
 )
 
 
@@ -320,15 +321,6 @@ def _capped(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int
         table(headers, rows[:max_rows])
         + f"\n... {hidden} more rows of {len(rows)} (--all shows every row, --json the result)"
     )
-
-
-def feature_label(feature: str, names: Sequence[str] | None) -> str:
-    """An EBM feature as the server names it (``x3``: covariate 3 in schema order; the
-    S-learner's ``treatment`` as it is) with its schema column's name when known: ``x3 (bmi)``."""
-    if not names or not feature.startswith("x") or not feature[1:].isdigit():
-        return feature
-    j = int(feature[1:])
-    return f"{feature} ({names[j]})" if j < len(names) else feature
 
 
 def cell_ranges(
