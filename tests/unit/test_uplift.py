@@ -618,6 +618,32 @@ def test_a_quote_with_cut_points_shows_the_grid() -> None:
     assert quoted["edges"] == [[-1.0, 0.0, 1.0], [-1.0, 1.0]]
 
 
+def test_a_quote_of_equal_widths_on_a_numeric_covariate_warns() -> None:
+    """Equal-width cells on a numeric covariate assume n / cells records in each (a skewed lab
+    breaks that): the quote says so and names the ways out; coded covariates, cut points and
+    quantile cells get no such warning."""
+    dom = PublicDomain(
+        x_lower=np.array([0.0, 0.0]),
+        x_upper=np.array([300.0, 1.0]),
+        y_lower=0.0,
+        y_upper=60.0,
+        n=3000,
+        design=StudyDesign.RCT,
+        treatment_probability=0.5,
+        x_codes=(None, (0, 1)),
+        x_names=("crp", "diabetes"),
+    )
+    warned = up.quote(dom, up.UpliftParams(epsilon=1.0, bins=(2, 2)))["warnings"]
+    assert len(warned) == 1
+    assert "'crp' is cut into 2 equal widths" in warned[0]
+    assert "quantile_cuts" in warned[0]
+    assert up.quote(dom, up.UpliftParams(epsilon=1.0, bins=(1, 2)))["warnings"] == []
+    cuts = up.UpliftParams(epsilon=1.0, cut_points=((10.0,), (0.5,)))
+    assert up.quote(dom, cuts)["warnings"] == []
+    quantiles = up.UpliftParams(epsilon=1.0, quantile_cuts=(3, 0), cut_points=((), (0.5,)))
+    assert up.quote(dom, quantiles)["warnings"] == []
+
+
 def test_quantile_cuts_find_a_skewed_covariates_quartiles_and_pay_for_them() -> None:
     """proof step 8: 10 % of epsilon buys the DP quartiles of a skewed covariate; the table at
     the rest of epsilon is cut there (the regular grid of the same shape puts nearly every row
