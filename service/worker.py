@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("service").setLevel(logging.INFO)  # job outcomes; libraries stay at WARNING
     settings = settings_or_exit()
     problem = preflight.unreachable(settings.database_url)
     if problem is None:

@@ -342,6 +342,9 @@ def _finish(
             )
         )
         session.commit()
+    if status == "done":
+        # operators only (the real finish time is theirs, docs/privacy.md); failures log above
+        logger.info("release %s done", release_id)
 
 
 def fail_invalid(factory: sessionmaker[Session], release_id: str) -> bool:

@@ -87,6 +87,23 @@ def test_strict_ate_end_to_end(client: TestClient, rct: Any) -> None:
     assert charge["guarantee"] == "strict"
 
 
+def test_a_finished_release_is_one_operator_log_line(
+    client: TestClient, rct: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator's walkthrough found that a successful job logged nothing (failures did):
+    one line with the release id, nothing about its data or result."""
+    import logging
+
+    _, analyst, ds = rct
+    with caplog.at_level(logging.INFO, logger="service"):
+        r = post_release(client, analyst["api_key"], ds["id"], FAST)
+        done = wait(client, analyst["api_key"], r.json()["id"])
+    assert done["status"] == "done"
+    lines = [record.getMessage() for record in caplog.records if done["id"] in record.getMessage()]
+    assert lines == [f"release {done['id']} done"]
+    assert str(done["result"]["estimate"]) not in caplog.text
+
+
 def test_same_key_same_body_charges_once(client: TestClient, rct: Any) -> None:
     owner, analyst, ds = rct
     first = post_release(client, analyst["api_key"], ds["id"], FAST, idem="key-1")
