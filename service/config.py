@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import os
 from functools import lru_cache
 from typing import Literal
 
@@ -25,8 +24,9 @@ def _is_aes256_key(value: str) -> bool:
         return False
 
 
-class Settings(BaseSettings):
-    """Service configuration, read from ``CURATOR_*`` environment variables."""
+class DatabaseSettings(BaseSettings):
+    """The database URL alone: what commands that need nothing else read (migrations by
+    hand ask for no secrets); ``Settings`` extends it."""
 
     # hide_input_in_errors: a refused setting's message must not echo the environment (it held
     # the admin key, or the tail of the state key or the metrics token, in a start-up traceback)
@@ -34,12 +34,17 @@ class Settings(BaseSettings):
         env_prefix="CURATOR_", extra="ignore", hide_input_in_errors=True
     )
 
-    environment: Literal["development", "production", "test"] = "development"
     # SQLite file by default (embedded, no setup); PostgreSQL in production.
     database_url: str = Field(
         default="sqlite:///./data/curator.sqlite3",
         validation_alias=AliasChoices("DATABASE_URL", "CURATOR_DATABASE_URL"),
     )
+
+
+class Settings(DatabaseSettings):
+    """Service configuration, read from ``CURATOR_*`` environment variables."""
+
+    environment: Literal["development", "production", "test"] = "development"
     admin_key: str = DEFAULT_ADMIN_KEY
     # base64 of 32 bytes: AES-256-GCM key for the secret state of released functions.
     state_key: str = DEFAULT_STATE_KEY
@@ -179,11 +184,6 @@ def settings_or_exit() -> Settings:
 
 
 def database_url_from_environment() -> str:
-    """The database URL alone (``DATABASE_URL`` or ``CURATOR_DATABASE_URL``, else the default),
-    for commands that need nothing else (migrations): they do not ask for the secrets."""
-    for name in ("DATABASE_URL", "CURATOR_DATABASE_URL"):
-        value = os.environ.get(name)
-        if value:
-            return value
-    default = Settings.model_fields["database_url"].default
-    return str(default)
+    """The database URL alone (``DatabaseSettings``), for commands that need nothing else
+    (migrations): they do not ask for the secrets."""
+    return DatabaseSettings().database_url

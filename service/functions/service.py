@@ -387,9 +387,11 @@ def _encode_batch(
     return buffer.getvalue()
 
 
-def _decode_batch(
-    row: CateFunctionBatch, q: int
-) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+# a stored batch decoded: the points' canonical codes, the unit GP values, the answers, jitters
+_Batch = tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
+
+
+def _decode_batch(row: CateFunctionBatch, q: int) -> _Batch:
     if _digest(row.payload) != row.digest:
         raise _CorruptState()
     try:
@@ -408,24 +410,32 @@ def _decode_batch(
     return codes, u, y, d
 
 
-def _stored_answers(session: Session, header: CateFunction) -> dict[bytes, float]:
-    """Every answered point's value from the stored batches (decrypted and checked as ``_sync``
-    checks them), without conditioning the path (caller holds the lock)."""
-    answers: dict[bytes, float] = {}
-    expected = 0
+def _batches_after(session: Session, header: CateFunction, version: int) -> Iterator[_Batch]:
+    """The stored batches after ``version``, decoded, in order; ``_CorruptState`` where one is
+    missing or does not decode, or they do not end at the header's version."""
     rows = session.execute(
         select(CateFunctionBatch)
-        .where(CateFunctionBatch.function_id == header.id)
+        .where(CateFunctionBatch.function_id == header.id, CateFunctionBatch.seq > version)
         .order_by(CateFunctionBatch.seq)
     ).scalars()
+    expected = version
     for row in rows:
         expected += 1
         if row.seq != expected:
             raise _CorruptState()
-        codes, _, y, _ = _decode_batch(row, header.q)
+        yield _decode_batch(row, header.q)
+    if expected != header.version:
+        raise _CorruptState()
+
+
+def _stored_answers(session: Session, header: CateFunction) -> dict[bytes, float]:
+    """Every answered point's value from the stored batches (decrypted and checked as ``_sync``
+    checks them), without conditioning the path (caller holds the lock)."""
+    answers: dict[bytes, float] = {}
+    for codes, _, y, _ in _batches_after(session, header, 0):
         for key_codes, value in zip(codes, y, strict=True):
             answers[key_codes.tobytes()] = float(value)
-    if expected != header.version or len(answers) != header.t:
+    if len(answers) != header.t:
         raise _CorruptState()
     return answers
 
@@ -447,27 +457,15 @@ def _sync(session: Session, header: CateFunction) -> _Entry:
     if entry.version < header.version:
         if entry.path is None:
             raise _CorruptState()
-        rows = session.execute(
-            select(CateFunctionBatch)
-            .where(
-                CateFunctionBatch.function_id == header.id, CateFunctionBatch.seq > entry.version
-            )
-            .order_by(CateFunctionBatch.seq)
-        ).scalars()
         steps = 1.0 / float(1 << mech.CANONICAL_BITS)
-        expected = entry.version
-        for row in rows:
-            expected += 1
-            if row.seq != expected:
-                raise _CorruptState()
-            codes, u, y, d = _decode_batch(row, header.q)
+        for codes, u, y, d in _batches_after(session, header, entry.version):
             try:
                 entry.path.extend_known(np.asarray(codes * steps, np.float64), u, d)
             except gp.GpNumericalError:
                 raise _CorruptState() from None
             for key_codes, value in zip(codes, y, strict=True):
                 entry.answers[key_codes.tobytes()] = float(value)
-        if expected != header.version or entry.path.t != header.t:
+        if entry.path.t != header.t:
             raise _CorruptState()
         entry.version = header.version
     _remember(header.id, entry)
@@ -646,8 +644,7 @@ def constant_answer(public: dict[str, Any]) -> float | None:
     if anchor is None or step is None:
         return None
     bound = float(public.get("value_bound", math.inf))
-    value = float(np.rint(float(anchor) / float(step)) * float(step))
-    return float(np.clip(value, -bound, bound))
+    return float(mech.on_output_lattice(np.array([float(anchor)]), float(step), bound)[0])
 
 
 def _evaluate_exact(

@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -184,7 +185,7 @@ async def supervise(
     options: dict[str, Any],
     stop: asyncio.Event,
     *,
-    on_running: Any = None,
+    on_running: Callable[[], None] | None = None,
     delays: tuple[float, ...] = RESTART_DELAYS,
 ) -> int:
     """Run a procrastinate worker until ``stop`` is set, starting it again whenever it stops on

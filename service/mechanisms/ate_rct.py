@@ -320,18 +320,27 @@ def _replace(params: AteRctParams, epsilon: float) -> AteRctParams:
     return AteRctParams(epsilon=epsilon, alpha=params.alpha, variance=params.variance)
 
 
-def solve_epsilon(half_width: Callable[[float], float], target: float) -> float | None:
-    """Smallest epsilon in [MIN_EPSILON, MAX_EPSILON] (rounded up) with half_width <= target.
+def solve_epsilon(
+    half_width: Callable[[float], float],
+    target: float,
+    *,
+    minimum: float = MIN_EPSILON,
+    maximum: float = MAX_EPSILON,
+    tolerance: float = 1e-10,
+) -> float | None:
+    """Smallest epsilon in [minimum, maximum] (rounded up to 10 significant digits, at most
+    MAX_EPSILON) with half_width <= target, bisected to the relative ``tolerance``.
 
-    ``half_width`` must be non-increasing in epsilon. Returns None if unreachable.
+    ``half_width`` must be non-increasing in epsilon on [minimum, maximum]. Returns None if
+    unreachable.
     """
-    if half_width(MAX_EPSILON) > target:
+    if half_width(maximum) > target:
         return None
-    if half_width(MIN_EPSILON) <= target:
-        return MIN_EPSILON
-    lower, upper = MIN_EPSILON, MAX_EPSILON
+    if half_width(minimum) <= target:
+        return minimum
+    lower, upper = minimum, maximum
     for _ in range(100):
-        if upper - lower <= 1e-10 * upper:
+        if upper - lower <= tolerance * upper:
             break
         middle = math.sqrt(lower * upper)
         if half_width(middle) <= target:

@@ -117,32 +117,41 @@ def _running_of(db_url: str, pid: int, *, read: bool) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
+def _owner_with_dataset(
+    owner_base: str, upload_base: str, *, rows: int
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """An owner (created through ``owner_base``), a trial of ``rows`` rows uploaded through
+    ``upload_base`` and its budget (epsilon 10) set: the owner's headers and the dataset."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    owner = httpx.post(
+        f"{owner_base}/v1/principals", json={"name": "o", "role": "owner"}, headers=admin
+    ).json()
+    oh = {"Authorization": f"Bearer {owner['api_key']}"}
+    ds: dict[str, Any] = httpx.post(
+        f"{upload_base}/v1/datasets",
+        data={"name": "d", "schema": json.dumps(RCT_SCHEMA)},
+        files={"file": ("r.csv", synthetic_csv(rows).encode(), "text/csv")},
+        headers=oh,
+    ).json()
+    r = httpx.put(
+        f"{owner_base}/v1/datasets/{ds['id']}/budget",
+        json={"epsilon_total": 10.0, "delta_total": 1e-4},
+        headers=oh,
+    )
+    assert r.status_code == 200, r.text
+    return oh, ds
+
+
 def test_two_apis_workers_killed_mid_job(
     pg_url: str, workers: Callable[[], subprocess.Popen[bytes]]
 ) -> None:
-    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     with ExitStack() as stack:
         bases = [
             stack.enter_context(live_server(pg_url, admin_key=ADMIN_KEY, extra_env=ENV, workers=0))
             for _ in range(2)
         ]
         a, b = workers(), workers()
-        owner = httpx.post(
-            f"{bases[0]}/v1/principals", json={"name": "o", "role": "owner"}, headers=admin
-        ).json()
-        oh = {"Authorization": f"Bearer {owner['api_key']}"}
-        ds = httpx.post(
-            f"{bases[1]}/v1/datasets",
-            data={"name": "d", "schema": json.dumps(RCT_SCHEMA)},
-            files={"file": ("r.csv", synthetic_csv(500).encode(), "text/csv")},
-            headers=oh,
-        ).json()
-        r = httpx.put(
-            f"{bases[0]}/v1/datasets/{ds['id']}/budget",
-            json={"epsilon_total": 10.0, "delta_total": 1e-4},
-            headers=oh,
-        )
-        assert r.status_code == 200, r.text
+        oh, ds = _owner_with_dataset(bases[0], bases[1], rows=500)
         ids = []
         for i in range(6):
             r = httpx.post(
@@ -234,24 +243,9 @@ def test_workers_outlive_a_database_restart(
     """procrastinate stops its worker (exit 0) when its listener's connection fails, so a
     PostgreSQL restart of a few seconds used to stop every worker for good: releases charged
     afterwards stayed queued. Supervised, the worker starts again and runs them."""
-    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     with live_server(pg_url, admin_key=ADMIN_KEY, extra_env=ENV, workers=0) as base:
         worker = workers()
-        owner = httpx.post(
-            f"{base}/v1/principals", json={"name": "o", "role": "owner"}, headers=admin
-        ).json()
-        oh = {"Authorization": f"Bearer {owner['api_key']}"}
-        ds = httpx.post(
-            f"{base}/v1/datasets",
-            data={"name": "d", "schema": json.dumps(RCT_SCHEMA)},
-            files={"file": ("r.csv", synthetic_csv(300).encode(), "text/csv")},
-            headers=oh,
-        ).json()
-        httpx.put(
-            f"{base}/v1/datasets/{ds['id']}/budget",
-            json={"epsilon_total": 10.0, "delta_total": 1e-4},
-            headers=oh,
-        ).raise_for_status()
+        oh, ds = _owner_with_dataset(base, base, rows=300)
 
         def release_done() -> str:
             r = httpx.post(

@@ -104,6 +104,13 @@ class ReferenceDraw:
     jitters: FloatArray
 
 
+def on_output_lattice(values: FloatArray, step: float, value_bound: float) -> FloatArray:
+    """``values`` rounded to the public output lattice of spacing ``step`` and clipped to
+    ``[-value_bound, value_bound]``: every released function answer."""
+    rounded = np.rint(np.asarray(values, dtype=np.float64) / step) * step
+    return np.asarray(np.clip(rounded, -value_bound, value_bound), dtype=np.float64)
+
+
 @dataclass
 class FittedFunction:
     """The secret state of one released function (never returned).
@@ -183,8 +190,7 @@ class FittedFunction:
         """Round to the public output lattice 2^k and clip to the public CATE range
         ``[-R_Y, R_Y]`` (post-processing of the DP values)."""
         step = math.ldexp(1.0, self.output_lattice_exponent)
-        rounded = np.rint(values / step) * step
-        return np.asarray(np.clip(rounded, -self.value_bound, self.value_bound), dtype=np.float64)
+        return on_output_lattice(values, step, self.value_bound)
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()

@@ -24,7 +24,7 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from service.mechanisms import ate_ipw, ate_privATE, ate_rct, ate_strict
 from service.mechanisms.ate_coverage import ate_coverage
-from service.mechanisms.calibration import default_delta, round_up_significant
+from service.mechanisms.calibration import default_delta
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import NoiseSampler
@@ -422,17 +422,10 @@ def _epsilon_for_target(checked: AteParams, domain: PublicDomain, target: float)
         return None
     if first == 0:
         return low
-    lower, upper = float(grid[first - 1]), float(grid[first])
-    for _ in range(60):
-        if upper - lower <= 1e-12 * upper:
-            break
-        middle = math.sqrt(lower * upper)
-        if width(middle) <= target:
-            upper = middle
-        else:
-            lower = middle
-    rounded = min(round_up_significant(upper, 10), high)
-    return rounded if width(rounded) <= target else upper
+    # bisect inside the first grid step that reaches the target
+    return ate_rct.solve_epsilon(
+        width, target, minimum=float(grid[first - 1]), maximum=float(grid[first]), tolerance=1e-12
+    )
 
 
 def _target_verdict(quoted: dict[str, Any], epsilon: float, target: float) -> dict[str, Any]:
