@@ -17,6 +17,7 @@ class EvaluateRequest(BaseModel):
         "categorical covariate at one of its codes (the function's public x_codes); at most the "
         "function's batch_max (itself at most 1000).",
         examples=[[[50.0, 0.5, 1.0]]],
+        min_length=1,
         max_length=MAX_BATCH,
     )
 

@@ -143,7 +143,9 @@ def test_points_validated_and_capacity(client: TestClient, setup: Any) -> None:
     assert evaluate(client, key, fid, [[20.0, 0.5]]).status_code == 422
     empty = evaluate(client, key, fid, [])
     assert empty.status_code == 422
-    assert empty.json()["detail"] == "#/points: give at least one point"
+    # the same words as /predict's (both bodies declare minItems 1)
+    assert empty.json()["errors"][0]["pointer"] == "#/points"
+    assert "at least 1 item" in empty.json()["detail"]
     # a categorical value between its codes and one beyond them get the same words
     for sex in (0.5, 2.0):
         odd = evaluate(client, key, fid, [[20.0, 0.5, sex]])
@@ -216,6 +218,12 @@ def test_access_is_by_grant(client: TestClient, api: Api, setup: Any) -> None:
     r = evaluate(client, stranger["api_key"], fid, [[30.0, 0.2, 0.0]])
     assert r.status_code == 404
     assert evaluate(client, "nope", fid, [[30.0, 0.2, 0.0]]).status_code == 401
+    # without a key, a malformed body is refused as unauthenticated first, as on /predict
+    for url in (f"/v1/functions/{fid}/evaluate", f"/v1/releases/{fid}/predict"):
+        for body in ({"points": "x"}, {"wrong": 1}):
+            refused = client.post(url, json=body)
+            assert refused.status_code == 401, (url, body, refused.text)
+            assert refused.json()["type"].endswith("unauthenticated")
     assert evaluate(client, setup["client"]["api_key"], "0" * 32, [[30, 0, 0]]).status_code == 404
 
 
