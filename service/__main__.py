@@ -38,18 +38,22 @@ def main() -> None:
         host=settings.host,
         port=settings.port,
         workers=settings.workers,
-        log_level="warning",
-        log_config=log_config(),
+        log_level=None,  # the levels are log_config's
+        log_config=log_config(access=settings.access_log),
+        access_log=settings.access_log,
     )
 
 
-def log_config() -> dict[str, Any]:
-    """uvicorn's logging configuration with a timestamp on every line, and the service's own
-    loggers (``service.*``: failures by exception type and request id, job outcomes) on the
-    same handler."""
+def log_config(*, access: bool = True) -> dict[str, Any]:
+    """uvicorn's logging configuration with a timestamp on every line: uvicorn's own lines from
+    WARNING, its access log (one line per request) at INFO when ``access``, and the service's
+    loggers (``service.*``: failures by exception type and request id, job outcomes) at INFO
+    on the same handler."""
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     for formatter in config["formatters"].values():
         formatter["fmt"] = "%(asctime)s " + formatter["fmt"]
+    config["loggers"]["uvicorn.error"]["level"] = "WARNING"
+    config["loggers"]["uvicorn.access"]["level"] = "INFO" if access else "WARNING"
     config["loggers"]["service"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return config
 

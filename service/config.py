@@ -88,6 +88,9 @@ class Settings(DatabaseSettings):
     # Unset, ``/metrics`` is open only in development on a loopback host (``metrics_open``).
     metrics_token: str = ""
     run_migrations_on_start: bool = True
+    # One uvicorn access-log line per request (client address, request line, status), on the
+    # same timestamped handler as the service's own lines; no bodies or headers, so no keys.
+    access_log: bool = True
     # False: this process runs no jobs whatever job_runner says (benchmarks, openapi export).
     start_job_runner: bool = True
 

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import base64
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from service.config import get_settings
 from tests.conftest import ADMIN_KEY, Api
+from tests.live import ROOT, free_port
 
 
 def test_health_ready_metrics(api: Api, client: TestClient) -> None:
@@ -170,3 +180,51 @@ def test_development_secrets_are_served_on_loopback_only(
     assert is_loopback_address(None)  # a Unix socket
     assert not is_loopback_address(("::ffff:10.1.2.3", 80))
     assert not is_loopback_address(("0.0.0.0", 80))
+
+
+@pytest.mark.parametrize("access_log", [True, False])
+def test_the_server_logs_one_access_line_per_request(tmp_path: Path, access_log: bool) -> None:
+    """``python -m service`` writes uvicorn's access line per request to standard output,
+    timestamped, without the request's headers (an operator walkthrough found no access log at
+    all); ``CURATOR_ACCESS_LOG=false`` turns it off. uvicorn's own start-up chatter stays off."""
+    port = free_port()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'access.sqlite3'}",
+        "CURATOR_PORT": str(port),
+        "CURATOR_ACCESS_LOG": str(access_log).lower(),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, "the server exited"
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.2)
+        secret = "k-" + uuid.uuid4().hex
+        answer = httpx.get(base + "/v1/datasets", headers={"authorization": f"Bearer {secret}"})
+        assert answer.status_code == 401
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    log = out.decode()
+    lines = [line for line in log.splitlines() if '"GET /v1/datasets HTTP/1.1" 401' in line]
+    assert secret not in log
+    assert "Started server process" not in log
+    if not access_log:
+        assert lines == [], log
+        return
+    assert len(lines) == 1, log
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", lines[0]), lines[0]
