@@ -358,7 +358,9 @@ def test_an_evaluation_of_more_points_than_any_batch_allows_is_422(client: TestC
     from service.mechanisms.cate_function import MAX_BATCH
 
     body = {"points": [[0.0]] * (MAX_BATCH + 1)}
-    r = client.post("/v1/functions/f/evaluate", json=body)
+    # without a bearer key: 401 first; with one, the body is refused before the key is looked up
+    assert client.post("/v1/functions/f/evaluate", json=body).status_code == 401
+    r = client.post("/v1/functions/f/evaluate", json=body, headers={"authorization": "Bearer x"})
     assert r.status_code == 422, r.text
 
 
