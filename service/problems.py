@@ -269,6 +269,9 @@ def validation_error(
     if kind == "string_type" and loc == ("body", "schema"):
         # curl's -F schema=@file sends a file part; the upload's schema is a text field
         message = "the schema is a text field: send it with -F 'schema=<schema.json' ('<', not '@')"
+    if loc == ("body", "file") and "UploadFile" in message:
+        # curl's -F file=<rows.csv sends the file's text as a field; the rows are a file part
+        message = "the rows are a file part: send them with -F 'file=@rows.csv' ('@', not '<')"
     if kind.startswith("int_") and len(loc) >= 2 and loc[-2] == "codes":
         # a categorical covariate declared with its labels ("male", "female")
         message += (

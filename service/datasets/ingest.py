@@ -7,7 +7,6 @@ column and the row (the owner holds the file) but never quote a value.
 from __future__ import annotations
 
 import csv
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ import pyarrow.csv as pacsv
 from numpy.typing import NDArray
 
 from service.datasets.schemas import (
+    CSV_DELIMITERS,
+    CsvFormat,
     IngestReport,
     MissingPolicy,
     OutOfBoundsPolicy,
@@ -39,10 +40,6 @@ class Ingested:
     report: IngestReport
 
 
-_ROW_RE = re.compile(r"Row #(\d+)")
-_COL_RE = re.compile(r"column #(\d+)")
-
-
 # A column clipped (or rows rejected) in more than this share of the rows gets a warning: the
 # declared bounds are then probably not the column's honest range.
 WARN_SHARE = 0.01
@@ -52,29 +49,52 @@ WARN_SHARE = 0.01
 _ARROW_NULLS = frozenset(pacsv.ConvertOptions().null_values)
 
 
-def _first_bad_row(
-    path: Path, header: list[str], wanted: list[str], *, numbers: bool
-) -> int | None:
-    """The 1-based data row of the first field count other than the header's (``numbers``
-    false) or of the first value in a ``wanted`` column that is neither a number nor missing
-    (``numbers`` true); None if none is found. Names a row, never a value."""
-    columns = [header.index(c) for c in wanted]
-    with path.open(newline="", encoding="utf-8", errors="replace") as handle:
-        reader = csv.reader(handle)
+def _python_encoding(fmt: CsvFormat) -> str:
+    return "utf-8-sig" if fmt.encoding == "utf-8" else fmt.encoding
+
+
+def _is_number(value: str, decimal: str) -> bool:
+    if decimal == ",":
+        if "." in value:
+            return False
+        value = value.replace(",", ".")
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_bad_cell(
+    path: Path, header: list[str], wanted: list[str], fmt: CsvFormat, nulls: frozenset[str]
+) -> tuple[int, str] | None:
+    """The 1-based data row and the column of the first value (in file order: row by row, left
+    to right) in a ``wanted`` column that is neither a number nor missing; None if none is
+    found. Error path only; names a place, never a value."""
+    columns = [(header.index(c), c) for c in wanted]
+    delimiter = fmt.delimiter or ","
+    with path.open(newline="", encoding=_python_encoding(fmt), errors="replace") as handle:
+        reader = csv.reader(handle, delimiter=delimiter)
         next(reader, None)
         for i, fields in enumerate(reader, start=1):
-            if not numbers:
-                if len(fields) != len(header):
-                    return i
-                continue
-            for j in columns:
+            for j, name in columns:
                 value = fields[j].strip() if j < len(fields) else ""
-                if value in _ARROW_NULLS:
+                if value in nulls:
                     continue
-                try:
-                    float(value)
-                except ValueError:
-                    return i
+                if not _is_number(value, fmt.decimal):
+                    return i, name
+    return None
+
+
+def _first_ragged_row(path: Path, header: list[str], fmt: CsvFormat) -> int | None:
+    """The 1-based data row of the first field count other than the header's; None if none."""
+    delimiter = fmt.delimiter or ","
+    with path.open(newline="", encoding=_python_encoding(fmt), errors="replace") as handle:
+        reader = csv.reader(handle, delimiter=delimiter)
+        next(reader, None)
+        for i, fields in enumerate(reader, start=1):
+            if len(fields) != len(header):
+                return i
     return None
 
 
@@ -133,40 +153,92 @@ def design_warnings(treatment: NDArray[np.float64], outcome: NDArray[np.float64]
     return warnings
 
 
-def _header(path: Path) -> list[str]:
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        try:
-            row = next(csv.reader(f))
-        except StopIteration:
-            raise CsvError("the file is empty") from None
-        except (csv.Error, UnicodeDecodeError):
-            raise CsvError("the header line cannot be parsed as UTF-8 CSV") from None
-    return [c.strip() for c in row]
+# The header line is read as bytes up to its first newline, at most this long.
+MAX_HEADER_BYTES = 1 << 20
 
 
-def _last_line_complete(path: Path, width: int) -> bool:
+def constant_warnings(covariates: NDArray[np.float64], names: list[str]) -> list[str]:
+    """The ingest report's warnings on covariates with one value in every row kept: they
+    adjust for nothing and explain no effect, yet DP-EBM and linear models spend budget on
+    them (a walkthrough's site code was 3 in every row). Owner-only, like the report."""
+    warnings = []
+    for j, name in enumerate(names):
+        column = covariates[:, j]
+        if column.size and np.all(column == column[0]):
+            warnings.append(
+                f"covariate '{name}' takes one value ({column[0]:g}) in every row: it adjusts "
+                "for nothing and explains no effect, yet the models spend budget on it; "
+                "declare it in drop_columns and upload again"
+            )
+    return warnings
+
+
+def _header_line(path: Path, fmt: CsvFormat) -> str:
+    with path.open("rb") as f:
+        raw = f.readline(MAX_HEADER_BYTES)
+    if not raw.strip():
+        raise CsvError("the file is empty" if not raw else "the header line is empty", "#/header")
+    try:
+        return raw.decode(_python_encoding(fmt)).rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise CsvError(
+            f"the header line is not {fmt.encoding} text: save the file as UTF-8 (Excel: "
+            "'CSV UTF-8'), or give its encoding in csv_format (e.g. cp1252)",
+            "#/header",
+        ) from None
+
+
+def _split(line: str, delimiter: str) -> list[str]:
+    try:
+        return [c.strip() for c in next(csv.reader([line], delimiter=delimiter))]
+    except (StopIteration, csv.Error):
+        raise CsvError("the header line cannot be parsed as CSV", "#/header") from None
+
+
+def _header(path: Path, fmt: CsvFormat, expected: list[str]) -> tuple[list[str], CsvFormat]:
+    """The header's column names and the format with its delimiter: the given one, else the
+    candidate whose split holds the most of the schema's ``expected`` names (',' on a tie;
+    never ',' with a decimal comma). Reads the header line only."""
+    line = _header_line(path, fmt)
+    if fmt.delimiter is not None:
+        return _split(line, fmt.delimiter), fmt
+    candidates = [d for d in CSV_DELIMITERS if not (d == "," and fmt.decimal == ",")]
+    wanted = set(expected)
+    best = max(candidates, key=lambda d: (len(wanted & set(_split(line, d))), d == ","))
+    return _split(line, best), fmt.model_copy(update={"delimiter": best})
+
+
+def _last_line_complete(path: Path, width: int, fmt: CsvFormat) -> bool:
     """A file cut mid-row ends with a short last line; a ragged row is caught by the parser."""
     with path.open("rb") as f:
         f.seek(0, 2)
         size = f.tell()
         f.seek(max(0, size - 65536))
         tail = f.read().rstrip(b"\r\n")
-    last = tail.rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
+    last = tail.rsplit(b"\n", 1)[-1].decode(_python_encoding(fmt), errors="replace")
     try:
-        fields = next(csv.reader([last]))
+        fields = next(csv.reader([last], delimiter=fmt.delimiter or ","))
     except (StopIteration, csv.Error):
         return False
     return len(fields) == width
 
 
-def ingest(path: Path, schema: PublicSchema) -> Ingested:
-    header = _header(path)
+def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> Ingested:
+    fmt = fmt or CsvFormat()
+    wanted = [c.name for c in schema.covariates] + [schema.treatment.name, schema.outcome.name]
+    header, fmt = _header(path, fmt, wanted + list(schema.drop_columns))
     dupes = sorted(name for name, k in Counter(header).items() if k > 1)
     if dupes:
-        raise CsvError(f"duplicated column(s): {', '.join(dupes)}", "#/header")
-    if any(c == "" for c in header):
-        raise CsvError("a column has an empty name", "#/header")
-    wanted = [c.name for c in schema.covariates] + [schema.treatment.name, schema.outcome.name]
+        raise CsvError(f"duplicated column(s): {', '.join(repr(d) for d in dupes)}", "#/header")
+    empty = [i + 1 for i, c in enumerate(header) if c == ""]
+    if empty:
+        trailing = empty[-1] == len(header)
+        raise CsvError(
+            f"column {empty[0]} of {len(header)} has an empty name"
+            + (" (a delimiter at the end of the header line?)" if trailing else "")
+            + ": name it and declare it in drop_columns, or remove it",
+            "#/header",
+        )
     missing = [c for c in wanted if c not in header]
     if missing:
         near = {h.strip().casefold(): h for h in header}
@@ -175,6 +247,15 @@ def ingest(path: Path, schema: PublicSchema) -> Ingested:
             for m in missing
             if m.strip().casefold() in near
         ]
+        unnamed = [c for c in header if c not in wanted and c not in schema.drop_columns]
+        if unnamed and not hints:
+            shown = ", ".join(repr(c) for c in unnamed[:10]) + (" ..." if len(unnamed) > 10 else "")
+            hints.append(f"the CSV's columns the schema does not name: {shown}")
+        if len(header) == 1:
+            hints.append(
+                f"the header line is one column with the delimiter '{fmt.delimiter}': give the "
+                "file's delimiter in csv_format"
+            )
         raise CsvError(
             f"missing column(s): {', '.join(missing)}" + (f"; {'; '.join(hints)}" if hints else ""),
             "#/header",
@@ -185,42 +266,54 @@ def ingest(path: Path, schema: PublicSchema) -> Ingested:
             f"column(s) not in the schema: {', '.join(extra)} (declare them in drop_columns)",
             "#/header",
         )
-    if not _last_line_complete(path, len(header)):
+    if not _last_line_complete(path, len(header), fmt):
         raise CsvError("the last line has the wrong number of fields: the file looks truncated")
 
+    nulls = _ARROW_NULLS | frozenset(fmt.missing_values)
     try:
         table = pacsv.read_csv(
             path,
-            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=1 << 24),
-            parse_options=pacsv.ParseOptions(newlines_in_values=False),
+            read_options=pacsv.ReadOptions(
+                column_names=header,
+                skip_rows=1,
+                block_size=1 << 24,
+                encoding="utf8" if fmt.encoding == "utf-8" else fmt.encoding,
+            ),
+            parse_options=pacsv.ParseOptions(
+                delimiter=fmt.delimiter or ",", newlines_in_values=False
+            ),
             convert_options=pacsv.ConvertOptions(
                 column_types={c: pa.float64() for c in wanted},
                 include_columns=wanted,
                 strings_can_be_null=True,
+                null_values=sorted(nulls),
+                decimal_point=fmt.decimal,
             ),
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError) as exc:
-        text = str(exc)
-        row = _ROW_RE.search(text)
-        col = _COL_RE.search(text)
-        where = []
-        if col:
-            idx = int(col.group(1))
-            where.append(f"column '{header[idx]}'" if idx < len(header) else "a column")
-        if row:
-            where.append(f"data row {int(row.group(1))}")
-        if "conversion error" in text.lower():
-            what = "a value that is not a number"
-        elif "expected" in text.lower() and "columns" in text.lower():
-            what = "a row with the wrong number of fields"
-        else:
-            what = "malformed CSV"
-        if not row and what != "malformed CSV":
-            # arrow's parallel reader often names no row: find the first one (error path only)
-            found = _first_bad_row(path, header, wanted, numbers=what.startswith("a value"))
-            if found is not None:
-                where.append(f"data row {found}")
-        raise CsvError(f"{what}" + (f" ({', '.join(where)})" if where else "")) from None
+        text = str(exc).lower()
+        if "conversion error" in text:
+            # arrow's parallel reader names a column and a row of different cells: find the
+            # first bad cell in file order (error path only)
+            found = _first_bad_cell(path, header, wanted, fmt, nulls)
+            if found is None:
+                raise CsvError("a value that is not a number") from None
+            row, column = found
+            hint = " (the decimal mark is ',' here)" if fmt.decimal == "," else ""
+            raise CsvError(
+                f"a value that is not a number (column '{column}', data row {row}){hint}; a "
+                "numeric column holds numbers and missing-value markers only (code categories "
+                "as integers; see csv_format for decimal commas and other markers)",
+                f"#/rows/{row}/{column}",
+            ) from None
+        if "expected" in text and "columns" in text:
+            ragged = _first_ragged_row(path, header, fmt)
+            where = f" (data row {ragged})" if ragged is not None else ""
+            raise CsvError(
+                f"a row with the wrong number of fields{where}",
+                f"#/rows/{ragged}" if ragged is not None else None,
+            ) from None
+        raise CsvError("malformed CSV") from None
 
     rows_received = table.num_rows
     if rows_received == 0:
@@ -229,17 +322,31 @@ def ingest(path: Path, schema: PublicSchema) -> Ingested:
     for j, name in enumerate(wanted):
         matrix[:, j] = table.column(name).to_numpy(zero_copy_only=False)
     del table
-    return _apply_policies(matrix, schema, wanted, rows_received)
+    infinite = np.isinf(matrix)
+    if infinite.any():
+        r, c = np.argwhere(infinite)[0]
+        row, column = int(r) + 1, wanted[int(c)]
+        raise CsvError(
+            f"a value that is not a finite number (column '{column}', data row {row}): "
+            "infinities and numbers beyond the float range are data errors, not missing values",
+            f"#/rows/{row}/{column}",
+        )
+    return _apply_policies(matrix, schema, wanted, rows_received, fmt)
 
 
 def _apply_policies(
-    matrix: NDArray[np.float64], schema: PublicSchema, names: list[str], rows_received: int
+    matrix: NDArray[np.float64],
+    schema: PublicSchema,
+    names: list[str],
+    rows_received: int,
+    fmt: CsvFormat | None = None,
 ) -> Ingested:
     q = len(schema.covariates)
     t_col = q
     keep = np.ones(matrix.shape[0], dtype=bool)
     imputed: dict[str, int] = {}
     clipped: dict[str, int] = {}
+    rejected_by: dict[str, int] = {}
 
     # Categorical values outside the declared codes count as missing (the missing policy
     # applies), but a refused upload says which it was.
@@ -279,6 +386,9 @@ def _apply_policies(
             raise CsvError(detail, f"#/rows/{row}/{names[c]}")
         if schema.missing == MissingPolicy.REJECT_ROW:
             keep &= ~missing.any(axis=1)
+            for j, name in enumerate(names):
+                if missing[:, j].any():
+                    rejected_by[name] = rejected_by.get(name, 0) + int(missing[:, j].sum())
         else:
             fills = [c.impute for c in schema.covariates] + [np.nan, schema.outcome.impute]
             for j, name in enumerate(names):
@@ -287,6 +397,7 @@ def _apply_policies(
                     fill = fills[j]
                     if fill is None:
                         keep &= ~hole  # no impute value declared for this column: drop the rows
+                        rejected_by[name] = rejected_by.get(name, 0) + int(hole.sum())
                         continue
                     matrix[hole, j] = fill
                     imputed[name] = int(hole.sum())
@@ -310,7 +421,11 @@ def _apply_policies(
         if j == t_col:
             continue
         col = matrix[:, j]
-        out = keep & ((col < lo) | (col > hi))
+        outside = (col < lo) | (col > hi)
+        out = keep & outside
+        if schema.out_of_bounds == OutOfBoundsPolicy.REJECT_ROW and outside.any():
+            # by column: a row outside in several columns counts in each
+            rejected_by[names[j]] = rejected_by.get(names[j], 0) + int(outside.sum())
         if not out.any():
             continue
         if schema.out_of_bounds == OutOfBoundsPolicy.REJECT_UPLOAD:
@@ -337,9 +452,12 @@ def _apply_policies(
         rows_rejected=rows_received - n,
         cells_clipped=clipped,
         cells_imputed=imputed,
+        rows_rejected_by_column=rejected_by,
         warnings=bound_warnings(
             clipped, rows_received - n, rows_received, dict(zip(names, bounds, strict=True))
         )
+        + constant_warnings(matrix[:, :q], names[:q])
         + design_warnings(matrix[:, t_col], matrix[:, q + 1]),
+        csv_format=fmt,
     )
     return Ingested(matrix=np.ascontiguousarray(matrix), report=report)

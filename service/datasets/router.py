@@ -19,6 +19,7 @@ from service.datasets.ingest import CsvError
 from service.datasets.schemas import (
     BudgetRead,
     BudgetUpdate,
+    CsvFormat,
     DatasetCreated,
     DatasetRead,
     DatasetUpdate,
@@ -67,6 +68,15 @@ def create_dataset(
     file: Annotated[UploadFile, File(description="The rows, as CSV with a header line")],
     description: Annotated[str, Form(max_length=10_000)] = "",
     allow_paper_mode: Annotated[bool, Form()] = False,
+    csv_format_text: Annotated[
+        str | None,
+        Form(
+            alias="csv_format",
+            description="How the file is written, as JSON (the CsvFormat schema): delimiter "
+            "(omitted: found from the header), decimal mark, encoding, extra missing-value "
+            "markers. Omitted: UTF-8, the delimiter found from the header, '.' decimals.",
+        ),
+    ] = None,
 ) -> DatasetCreated:
     require(caller, Role.OWNER)
     if not name.strip() or any(ord(c) < 0x20 for c in name):
@@ -81,6 +91,11 @@ def create_dataset(
         raise InvalidSchema(validation_summary(errors), errors=errors) from None
     except json.JSONDecodeError:
         raise InvalidSchema("the schema is not valid JSON") from None
+    try:
+        fmt = CsvFormat.model_validate_json(csv_format_text or "{}")
+    except ValidationError as exc:
+        errors = [validation_error(e, field="csv_format") for e in exc.errors()]
+        raise ValidationFailed(validation_summary(errors), errors=errors) from None
     with tempfile.TemporaryDirectory(prefix="curator-upload-") as tmp:
         path = Path(tmp) / "rows.csv"
         with path.open("wb") as out:
@@ -94,6 +109,7 @@ def create_dataset(
                 schema=public,
                 csv_path=path,
                 allow_paper_mode=allow_paper_mode,
+                csv_format=fmt,
             )
         except CsvError as exc:
             errors = [{"pointer": exc.pointer, "detail": str(exc)}] if exc.pointer else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -194,6 +194,40 @@ class UploadSchema(PublicSchema):
         return self
 
 
+CSV_DELIMITERS = (",", ";", "\t", "|")
+
+
+class CsvFormat(Strict):
+    """How the uploaded file is written: a property of the file, not of the dataset (used to
+    read it, shown in the owner's ingest report, not stored)."""
+
+    delimiter: Literal[",", ";", "\t", "|"] | None = Field(
+        default=None,
+        description="The field separator. Omitted: the one of , ; tab | that splits the header "
+        "line into the schema's columns (the header holds column names only).",
+    )
+    decimal: Literal[".", ","] = Field(
+        default=".", description="The decimal mark of numbers ('30,5' with ',')."
+    )
+    encoding: Literal["utf-8", "cp1252", "latin-1"] = Field(
+        default="utf-8",
+        description="The file's text encoding: utf-8 (a byte-order mark is allowed), or cp1252 "
+        "/ latin-1 for files saved by Excel's plain 'CSV' on Western-European Windows.",
+    )
+    missing_values: list[Annotated[str, Field(max_length=32)]] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Markers of a missing value besides the built-in ones (an empty field, NA, "
+        "N/A, NULL, null, NaN, nan, #N/A and their variants), e.g. '.' (SAS, Stata) or '-99'.",
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Self:
+        if self.decimal == "," and self.delimiter == ",":
+            raise ValueError("a decimal comma needs another delimiter (e.g. ';')")
+        return self
+
+
 class IngestReport(BaseModel):
     """Shown once, to the uploading owner only; never stored, logged or shown to others."""
 
@@ -202,10 +236,19 @@ class IngestReport(BaseModel):
     rows_rejected: int
     cells_clipped: dict[str, int]
     cells_imputed: dict[str, int]
+    rows_rejected_by_column: dict[str, int] = Field(
+        default_factory=dict,
+        description="Rows rejected under a reject_row policy, by the column that caused it (a "
+        "row with several bad values counts in each of its columns).",
+    )
     warnings: list[str] = Field(
         default_factory=list,
         description="Columns clipped (or rows rejected) in more than 1 % of the rows: the "
-        "declared bounds are probably not the column's honest range.",
+        "declared bounds are probably not the column's honest range; a covariate with one "
+        "value; an arm or an outcome no estimate can be made from.",
+    )
+    csv_format: CsvFormat | None = Field(
+        default=None, description="How the file was read (the delimiter as found in the header)."
     )
 
 

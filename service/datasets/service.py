@@ -15,6 +15,7 @@ from service.datasets import storage
 from service.datasets.ingest import ingest
 from service.datasets.schemas import (
     BudgetRead,
+    CsvFormat,
     DatasetCreated,
     DatasetRead,
     GrantRead,
@@ -41,9 +42,10 @@ def create(
     schema: PublicSchema,
     csv_path: Path,
     allow_paper_mode: bool,
+    csv_format: CsvFormat | None = None,
 ) -> DatasetCreated:
     """Ingest the CSV and store dataset, rows and ledger genesis in the caller's transaction."""
-    ingested = ingest(csv_path, schema)
+    ingested = ingest(csv_path, schema, csv_format)
     dataset = Dataset(
         id=uuid.uuid4().hex,
         owner_id=owner.id,

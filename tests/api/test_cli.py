@@ -237,6 +237,27 @@ def test_errors_are_one_line_with_exit_status(run: Dpcurator, study: dict[str, s
     assert "does not exist" in missing.stderr
 
 
+def test_a_european_excel_export_uploads_with_its_format(
+    run: Dpcurator, study: dict[str, str], tmp_path: Path
+) -> None:
+    owner = study["owner"]
+    # the example trial as Excel's 'CSV' on a European Windows: semicolons, decimal commas, cp1252
+    european = tmp_path / "trial-eu.csv"
+    text = (DATA / "trial.csv").read_text(encoding="utf-8")
+    european.write_bytes(text.replace(",", ";").replace(".", ",").encode("cp1252"))
+    args = ["dataset", "upload", str(european), "--schema", str(DATA / "schema.json")]
+    refused = run(owner, *args, "--name", "EU", code=1)
+    assert "not a number" in refused.stderr
+    assert "csv_format" in refused.stderr
+    options = ["--name", "EU", "--decimal-comma", "--encoding", "cp1252"]
+    read = run.json(owner, *args, *options)
+    assert read["n"] == 4000
+    assert read["ingest_report"]["csv_format"]["delimiter"] == ";"
+    shown = run(owner, *args, *options).stdout
+    assert "read as" in shown
+    assert "delimiter ';', decimal ',', cp1252" in shown
+
+
 def test_function_show_and_evaluate(run: Dpcurator, study: dict[str, str], tmp_path: Path) -> None:
     owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
     run(owner, "grant", "add", ds, study["analyst_id"])

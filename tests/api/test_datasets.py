@@ -148,7 +148,7 @@ def test_a_column_named_in_another_case_is_pointed_out(api: Api) -> None:
 def test_a_single_arm_upload_is_accepted_and_the_owners_report_says_so(api: Api) -> None:
     owner = api.principal("owner")
     rows = "age,severity,sex,treated,outcome,patient_id\n" + "\n".join(
-        f"{20 + i},0.5,{i % 2},0,{i % 3},P{i}" for i in range(12)
+        f"{20 + i},{0.1 * (i % 4)},{i % 2},0,{i % 3},P{i}" for i in range(12)
     )
     r = api.upload(owner["api_key"], rows + "\n", SCHEMA)
     assert r.status_code == 201, r.text
@@ -161,7 +161,7 @@ def test_policies_clip_reject_and_impute(api: Api) -> None:
     rows = (
         "age,severity,sex,treated,outcome,patient_id\n"
         + "\n".join(
-            [f"{20 + i},0.5,{i % 2},{i % 2},1.0,P{i}" for i in range(10)]
+            [f"{20 + i},{0.1 * (i % 3)},{i % 2},{i % 2},1.0,P{i}" for i in range(10)]
             + ["200,0.5,0,1,9.0,X1", "30,,1,0,1.0,X2", "30,0.5,7,0,1.0,X3"]
         )
         + "\n"
@@ -178,10 +178,24 @@ def test_policies_clip_reject_and_impute(api: Api) -> None:
         "2 of 13 rows",
     ]
     assert "were outside its declared bounds" in rep["warnings"][0]
+    # the rejected rows by the column that caused them (the unknown code counts as missing)
+    assert rep["rows_rejected_by_column"] == {"severity": 1, "sex": 1}
+    assert rep["csv_format"] == {
+        "delimiter": ",",
+        "decimal": ".",
+        "encoding": "utf-8",
+        "missing_values": [],
+    }
     reject = api.upload(
         owner["api_key"], rows, _schema(missing="reject_row", out_of_bounds="reject_row")
     )
     assert reject.json()["n"] == 10
+    assert reject.json()["ingest_report"]["rows_rejected_by_column"] == {
+        "severity": 1,
+        "sex": 1,
+        "age": 1,
+        "outcome": 1,
+    }
     strict = api.upload(
         owner["api_key"], rows, _schema(missing="reject_row", out_of_bounds="reject_upload")
     )

@@ -243,10 +243,15 @@ class CuratorClient:
         *,
         description: str = "",
         allow_paper_mode: bool = False,
+        csv_format: Mapping[str, Any] | None = None,
     ) -> DatasetCreated:
         """Upload a CSV file with its public schema (a dict, or a path to a JSON file).
 
-        The returned ``ingest_report`` is shown once, to you only; it is not public.
+        ``csv_format`` says how the file is written when it is not comma-separated UTF-8
+        with '.' decimals, e.g. ``{"decimal": ",", "encoding": "cp1252", "missing_values":
+        ["."]}`` for Excel's 'CSV' on a European Windows (the delimiter is found from the
+        header unless given: ``"delimiter": ";"``). The returned ``ingest_report`` is shown
+        once, to you only; it is not public.
         """
         csv_path = Path(csv)
         if isinstance(schema, Mapping):
@@ -259,6 +264,8 @@ class CuratorClient:
             "description": description,
             "allow_paper_mode": "true" if allow_paper_mode else "false",
         }
+        if csv_format is not None:
+            form["csv_format"] = json.dumps(dict(csv_format))
 
         def files() -> Mapping[str, tuple[str, IO[bytes], str]]:
             return {"file": (csv_path.name, csv_path.open("rb"), "text/csv")}

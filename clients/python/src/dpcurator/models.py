@@ -57,8 +57,15 @@ class IngestReport(Model):
     rows_rejected: int
     cells_clipped: dict[str, int]
     cells_imputed: dict[str, int]
-    # Columns clipped (or rows rejected) in more than 1 % of the rows (empty: an older server).
+    # Columns clipped (or rows rejected) in more than 1 % of the rows, constant covariates,
+    # arms or outcomes nothing can be estimated from (empty: an older server).
     warnings: list[str] = []
+    # Rows rejected under a reject_row policy, by the column that caused it (empty: an older
+    # server).
+    rows_rejected_by_column: dict[str, int] = {}
+    # How the file was read: delimiter (as found in the header), decimal mark, encoding, extra
+    # missing-value markers (None: an older server).
+    csv_format: dict[str, Any] | None = None
 
 
 class Dataset(Model):

@@ -296,6 +296,28 @@ def dataset() -> None:
 @click.option("--name", required=True)
 @click.option("--description", default="")
 @click.option("--allow-paper-mode", is_flag=True, help="Allow paper-mode (heuristic) kinds.")
+@click.option(
+    "--delimiter",
+    type=click.Choice([",", ";", "tab", "|"]),
+    help="The file's field separator (default: found from the header line).",
+)
+@click.option(
+    "--decimal-comma", is_flag=True, help="Numbers are written with a decimal comma (30,5)."
+)
+@click.option(
+    "--encoding",
+    type=click.Choice(["utf-8", "cp1252", "latin-1"]),
+    default="utf-8",
+    show_default=True,
+    help="The file's text encoding (cp1252: Excel's plain 'CSV' on a Western-European Windows).",
+)
+@click.option(
+    "--missing-value",
+    "missing_values",
+    multiple=True,
+    help="A missing-value marker besides the built-in ones (empty, NA, NULL, NaN, ...), "
+    "e.g. '.'; repeat for more.",
+)
 @click.option("--epsilon", "epsilon_total", type=float, help="Also set the ε budget.")
 @click.option(
     "--delta",
@@ -314,12 +336,26 @@ def dataset_upload(
     name: str,
     description: str,
     allow_paper_mode: bool,
+    delimiter: str | None,
+    decimal_comma: bool,
+    encoding: str,
+    missing_values: tuple[str, ...],
     epsilon_total: float | None,
     delta_total: float,
 ) -> None:
     """Upload CSV with its public schema. The ingest report is shown to you once."""
+    csv_format: dict[str, Any] = {"encoding": encoding, "missing_values": list(missing_values)}
+    if delimiter is not None:
+        csv_format["delimiter"] = "\t" if delimiter == "tab" else delimiter
+    if decimal_comma:
+        csv_format["decimal"] = ","
     created = state.client.upload_dataset(
-        name, csv, schema_path, description=description, allow_paper_mode=allow_paper_mode
+        name,
+        csv,
+        schema_path,
+        description=description,
+        allow_paper_mode=allow_paper_mode,
+        csv_format=csv_format,
     )
     out: dict[str, Any] = dump(created)
     if epsilon_total is not None:
@@ -339,8 +375,14 @@ def dataset_upload(
                 [
                     ("rows received", report.rows_received),
                     ("rows rejected", report.rows_rejected),
+                    *(
+                        [("rejected by column", report.rows_rejected_by_column)]
+                        if report.rows_rejected_by_column
+                        else []
+                    ),
                     ("cells clipped", report.cells_clipped or "none"),
                     ("cells imputed", report.cells_imputed or "none"),
+                    *([("read as", _format_words(report.csv_format))] if report.csv_format else []),
                 ]
             ),
             *(f"warning: {w}" for w in report.warnings),
@@ -350,6 +392,13 @@ def dataset_upload(
         return "\n".join(lines)
 
     emit(state, text, lambda: out)
+
+
+def _format_words(fmt: dict[str, Any]) -> str:
+    delimiter = {"\t": "tab"}.get(str(fmt.get("delimiter")), repr(fmt.get("delimiter")))
+    words = f"delimiter {delimiter}, decimal {fmt.get('decimal', '.')!r}, {fmt.get('encoding')}"
+    extra = fmt.get("missing_values") or []
+    return words + (f", missing also {', '.join(repr(m) for m in extra)}" if extra else "")
 
 
 @dataset.command("list")

@@ -1,0 +1,153 @@
+"""CSV ingest of real-world exports (a hospital data manager's walkthrough): the delimiter
+found from the header, decimal commas, cp1252 files, extra missing-value markers, and errors
+that name the cell that is actually wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.datasets.ingest import CsvError, ingest
+from service.datasets.schemas import CsvFormat, PublicSchema
+
+SCHEMA = PublicSchema.model_validate(
+    {
+        "covariates": [
+            {"name": "age", "lower": 18, "upper": 100},
+            {"name": "bmi", "lower": 12, "upper": 70},
+            {"name": "sex", "type": "categorical", "codes": [0, 1]},
+        ],
+        "treatment": {"name": "treated"},
+        "outcome": {"name": "los", "lower": 0, "upper": 60},
+        "drop_columns": ["name"],
+        "missing": "reject_row",
+    }
+)
+ROWS = [
+    (64, 30.5, 1, 1, 4.25, "Müller"),
+    (71, 22.0, 0, 0, 7.5, "Ørsted"),
+    (55, 27.75, 1, 0, 3.0, "Dupont"),
+    (80, 35.25, 0, 1, 12.0, "García"),
+]
+EXPECTED = np.array([r[:5] for r in ROWS], dtype=np.float64)
+
+
+def write(tmp_path: Path, text: str, encoding: str = "utf-8") -> Path:
+    path = tmp_path / "rows.csv"
+    path.write_bytes(text.encode(encoding))
+    return path
+
+
+def comma_file() -> str:
+    lines = ["age,bmi,sex,treated,los,name"]
+    lines += [",".join(str(v) for v in row) for row in ROWS]
+    return "\n".join(lines) + "\n"
+
+
+def european_file() -> str:
+    """Excel's 'CSV' on a German or French Windows: semicolons, decimal commas, CRLF."""
+    lines = ["age;bmi;sex;treated;los;name"]
+    lines += [";".join(str(v).replace(".", ",") for v in row) for row in ROWS]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def test_the_delimiter_is_found_from_the_header(tmp_path: Path) -> None:
+    for delimiter in (";", "\t", "|"):
+        text = comma_file().replace(",", delimiter)
+        got = ingest(write(tmp_path, text), SCHEMA)
+        np.testing.assert_array_equal(got.matrix, EXPECTED)
+        assert got.report.csv_format is not None
+        assert got.report.csv_format.delimiter == delimiter
+
+
+def test_a_european_excel_export_reads_with_its_decimal_mark_and_encoding(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, european_file(), encoding="cp1252")
+    fmt = CsvFormat(decimal=",", encoding="cp1252")
+    got = ingest(path, SCHEMA, fmt)
+    np.testing.assert_array_equal(got.matrix, EXPECTED)
+    assert got.report.csv_format == CsvFormat(delimiter=";", decimal=",", encoding="cp1252")
+    # without the decimal mark the first decimal comma is named, cell and hint
+    with pytest.raises(CsvError) as refused:
+        ingest(path, SCHEMA, CsvFormat(encoding="cp1252"))
+    assert "not a number (column 'bmi', data row 1)" in str(refused.value)
+    assert refused.value.pointer == "#/rows/1/bmi"
+
+
+def test_a_file_not_in_its_declared_encoding_is_named_as_such(tmp_path: Path) -> None:
+    """The header was read through an 8 KiB text buffer: a Latin-1 byte in row 4 was reported
+    as an unparsable header, while the same byte at row 5000 was accepted."""
+    rows = comma_file().splitlines()
+    header = rows[0].encode()
+    path = tmp_path / "rows.csv"
+    path.write_bytes(header + b"\n" + "\n".join(rows[1:]).encode("latin-1") + b"\n")
+    got = ingest(path, SCHEMA)  # the bad bytes sit in a dropped column only: not read
+    np.testing.assert_array_equal(got.matrix, EXPECTED)
+    path.write_bytes(rows[0].replace("name", "naïve").encode("latin-1") + b"\n")
+    with pytest.raises(CsvError) as refused:
+        ingest(path, SCHEMA)
+    assert "the header line is not utf-8 text" in str(refused.value)
+    assert "cp1252" in str(refused.value)
+
+
+def test_extra_missing_markers_count_as_missing(tmp_path: Path) -> None:
+    text = comma_file().replace("22.0", ".")
+    with pytest.raises(CsvError) as refused:
+        ingest(write(tmp_path, text), SCHEMA)
+    assert "(column 'bmi', data row 2)" in str(refused.value)
+    got = ingest(write(tmp_path, text), SCHEMA, CsvFormat(missing_values=["."]))
+    assert got.report.n == 3
+    assert got.report.rows_rejected_by_column == {"bmi": 1}
+
+
+def test_the_first_bad_cell_is_named_in_file_order(tmp_path: Path) -> None:
+    """arrow names a column and a row of different cells: the walkthrough's 'column bmi, data
+    row 10' pointed at a row whose bad value was in crp. The scan names the first bad cell,
+    row by row and left to right."""
+    rows = comma_file().splitlines()
+    rows[3] = rows[3].replace("27.75", "n.a.")  # data row 3, bmi
+    rows[2] = rows[2].replace(",0,0,", ",F,0,")  # data row 2, sex: the first one
+    with pytest.raises(CsvError) as refused:
+        ingest(write(tmp_path, "\n".join(rows) + "\n"), SCHEMA)
+    assert "(column 'sex', data row 2)" in str(refused.value)
+    assert refused.value.pointer == "#/rows/2/sex"
+
+
+def test_an_infinity_is_a_data_error_not_a_missing_value(tmp_path: Path) -> None:
+    for value in ("inf", "-Infinity", "1e400"):
+        text = comma_file().replace("7.5", value)
+        with pytest.raises(CsvError) as refused:
+            ingest(write(tmp_path, text), SCHEMA)  # reject_row would have dropped the row
+        assert "not a finite number (column 'los', data row 2)" in str(refused.value)
+
+
+def test_header_problems_name_their_place(tmp_path: Path) -> None:
+    trailing = comma_file().replace("\n", ",\n")  # Excel's trailing delimiter
+    with pytest.raises(CsvError) as refused:
+        ingest(write(tmp_path, trailing), SCHEMA)
+    assert "column 7 of 7 has an empty name (a delimiter at the end" in str(refused.value)
+    renamed = comma_file().replace("bmi,", "BMI (kg/m2),", 1)
+    with pytest.raises(CsvError) as refused:
+        ingest(write(tmp_path, renamed), SCHEMA)
+    assert "missing column(s): bmi" in str(refused.value)
+    assert "does not name: 'BMI (kg/m2)'" in str(refused.value)
+    one_column = comma_file().replace(",", ";")
+    with pytest.raises(CsvError) as refused:
+        ingest(write(tmp_path, one_column), SCHEMA, CsvFormat(delimiter=","))
+    assert "give the file's delimiter in csv_format" in str(refused.value)
+
+
+def test_a_constant_covariate_is_named_in_the_owners_report(tmp_path: Path) -> None:
+    text = comma_file()
+    for old in ("30.5", "22.0", "27.75", "35.25"):
+        text = text.replace(old, "25")
+    (warning,) = ingest(write(tmp_path, text), SCHEMA).report.warnings
+    assert warning.startswith("covariate 'bmi' takes one value (25) in every row")
+
+
+def test_a_decimal_comma_needs_another_delimiter() -> None:
+    with pytest.raises(ValueError, match="decimal comma needs another delimiter"):
+        CsvFormat(delimiter=",", decimal=",")
