@@ -608,3 +608,25 @@ def test_a_name_without_a_visible_character_is_refused(
         "/v1/principals", json={"name": name, "role": "analyst"}, headers=Api.auth(ADMIN_KEY)
     )
     assert problem(r, 422, "validation-failed")["errors"][0]["pointer"] == "#/name"
+
+
+def test_an_uplift_floor_above_n_is_refused_before_any_charge(client: TestClient, api: Api) -> None:
+    """min_count 1e300 made the free quote a 500 (an overflow) and the charged release a table
+    of zeros with noise sd 0 (an HTTP consumer's walkthrough); the floor lies in [1, n]."""
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    for floor in (1e300, float(ds["n"]) + 1):
+        params = {"epsilon": 0.2, "bins": [2, 1, 1], "min_count": floor}
+        quote = client.post(
+            f"/v1/datasets/{ds['id']}/quotes",
+            json={"kind": "uplift_table", "params": params},
+            headers=Api.auth(analyst["api_key"]),
+        )
+        assert (
+            "min_count must be a number in [1, n]"
+            in problem(quote, 422, "validation-failed")["detail"]
+        )
+        r = post_release(client, analyst["api_key"], ds["id"], params, kind="uplift_table")
+        problem(r, 422, "validation-failed")
+    assert _spent_and_charges(client, owner, ds) == (0.0, 0.0, [])

@@ -101,6 +101,9 @@ def test_observational_needs_an_adjustment_partition() -> None:
         up.UpliftParams(epsilon=1.0, bins=(0,)),
         up.UpliftParams(epsilon=1.0, bins=(up.MAX_CELLS + 1,)),
         up.UpliftParams(epsilon=1.0, bins=(4,), min_count=0.5),
+        # above the public n no cell can reach it (1e300 overflowed the quote)
+        up.UpliftParams(epsilon=1.0, bins=(4,), min_count=1e300),
+        up.UpliftParams(epsilon=1.0, bins=(4,), adjustment_partition=True, min_count=1e300),
         up.UpliftParams(epsilon=0.0, bins=(4,)),
     ],
 )

@@ -135,8 +135,7 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
             )
     else:
         raise InvalidParameters("partition must be 'grid' or 'kmeans'")
-    if not params.min_count >= 1.0 or not math.isfinite(params.min_count):
-        raise InvalidParameters("min_count must be a finite number >= 1")
+    validate_min_count(params.min_count, domain.n)
     validate_finite_positive(params.low_count_threshold, "low_count_threshold")
     width = domain.outcome_range
     validate_finite_positive(width, "outcome range")
@@ -191,11 +190,18 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
     )
 
 
+def validate_min_count(min_count: float, n: int) -> None:
+    """The floor on noisy counts lies in [1, n] (public n): no cell holds more than n records,
+    so a larger floor only divides every cell's sums by itself (an HTTP walkthrough's 1e300
+    overflowed the quote and released a table of zeros with noise sd 0)."""
+    if not (math.isfinite(min_count) and 1.0 <= min_count <= n):
+        raise InvalidParameters(f"min_count must be a number in [1, n] = [1, {n}]")
+
+
 def _adjusted_plan(domain: PublicDomain, params: UpliftParams, epsilon: float) -> Plan:
     """proof step 6: the record is the strict ATE default's at the request's epsilon (its
     events, folds, composition and delta), under this mechanism's name and version."""
-    if not params.min_count >= 1.0 or not math.isfinite(params.min_count):
-        raise InvalidParameters("min_count must be a finite number >= 1")
+    validate_min_count(params.min_count, domain.n)
     validate_finite_positive(params.low_count_threshold, "low_count_threshold")
     state = ate_strict.make_plan(domain, ate_strict.default_params(domain, epsilon, params.delta))
     inner = state.record
