@@ -51,6 +51,7 @@ import opendp.prelude as dp
 from numpy.typing import NDArray
 
 from service.mechanisms.calibration import analytic_gaussian_multiplier
+from service.mechanisms.errors import InvalidParameters
 
 dp.enable_features("contrib")
 
@@ -295,8 +296,15 @@ def release_laplace(
 
 
 def _check_scale(value: float, name: str) -> None:
+    """Scales come from public parameters (clips, shares, regularization, bandwidths) and the
+    schema: one outside the samplers' range is the request's (422 before any charge; an HTTP
+    walkthrough's pseudo_outcome_clip 1e-300 and regularization 1e300 were 500s)."""
     if not (_MIN_SCALE <= value <= _MAX_SCALE):
-        raise ValueError(f"{name} must be finite and within [2^-900, 2^900]")
+        raise InvalidParameters(
+            f"the parameters imply a {name} outside [2^-900, 2^900], the range the noise "
+            "samplers support: choose values nearer the defaults (a clip, share, bandwidth or "
+            "regularization)"
+        )
 
 
 def _as_finite_vector(values: NDArray[np.float64]) -> NDArray[np.float64]:

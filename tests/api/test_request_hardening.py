@@ -630,3 +630,44 @@ def test_an_uplift_floor_above_n_is_refused_before_any_charge(client: TestClient
         r = post_release(client, analyst["api_key"], ds["id"], params, kind="uplift_table")
         problem(r, 422, "validation-failed")
     assert _spent_and_charges(client, owner, ds) == (0.0, 0.0, [])
+
+
+def test_extreme_numeric_parameters_are_422_never_500(client: TestClient, api: Api) -> None:
+    """Every numeric parameter of every kind at the ends of the float range: a quote answers
+    200 or 422, never 500 (an HTTP consumer's walkthrough found 1e300 and 1e-300 crashing the
+    calibration: noise scales outside the samplers' range, an overflow in uplift_table)."""
+    from service.releases.kinds import ate, cate_function, cate_vector, ebm_cate, uplift_table
+
+    models = {
+        "ate": ate.AteParams,
+        "cate_function": cate_function.CateFunctionParams,
+        "cate_vector": cate_vector.CateVectorRequest,
+        "ebm_cate": ebm_cate.EbmCateRequest,
+        "uplift_table": uplift_table.UpliftTableRequest,
+    }
+    base: dict[str, dict[str, Any]] = {
+        "cate_vector": {"points": [[30.0, 0.5, 1.0]]},
+        "uplift_table": {"bins": [2, 1, 1]},
+    }
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    crashed = []
+    for schema in (SCHEMA, RCT_SCHEMA):
+        ds = api.dataset(owner["api_key"], schema=schema, epsilon_total=None)
+        api.grant(owner["api_key"], ds["id"], analyst["id"])
+        for kind, model in models.items():
+            numeric = [
+                name
+                for name, field in model.model_fields.items()
+                if "float" in str(field.annotation).lower() and "list" not in str(field.annotation)
+            ]
+            for name in numeric:
+                for value in (1e300, 1e-300, 1e15, 1e-15):
+                    params = {"epsilon": 1.0, **base.get(kind, {}), name: value}
+                    r = client.post(
+                        f"/v1/datasets/{ds['id']}/quotes",
+                        json={"kind": kind, "params": params},
+                        headers=Api.auth(analyst["api_key"]),
+                    )
+                    if r.status_code not in (200, 422):
+                        crashed.append((kind, name, value, r.status_code))
+    assert crashed == []

@@ -37,7 +37,9 @@ class CateFunctionParams(KindParams):
     # None: min(1e-5, 1 / (10 * smallest fold size)) (README §1.7).
     delta: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     learner: Literal["r", "dr"] = "r"
-    bandwidth: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # h on the box scaled to [0, 1]^q: below 1e-4 the kernel is 0 between any two distinct
+    # points (1e-300 divided by zero in the kernel and was quoted as if it were a function)
+    bandwidth: StrictFloat | None = Field(default=None, ge=1e-4, le=1e4, allow_inf_nan=False)
     # None: the public rule (mech.DEFAULT_LAMBDA0_GRID): the smallest lambda0 whose pointwise
     # noise sd is at most 0.2 R_Y without shrinkage, 0.5 R_Y / 24 with shrinkage "ate" (the
     # strict default); else the largest. lambda_convention applies to an explicit value only.
