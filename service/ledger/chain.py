@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
+
+from service.ledger.amounts import DELTA_SCALE, EPSILON_SCALE
 
 HASHED_FIELDS = (
     "dataset_id",
@@ -80,3 +84,79 @@ def fill(parts: list[str], locked: dict[str, Any]) -> str:
     """The body ``body_parts`` was cut from, with the locked fields' values put back."""
     values = [canonical_json(locked[k]) for k in LOCKED_FIELDS]
     return parts[0] + "".join(v + p for v, p in zip(values, parts[1:], strict=True))
+
+
+def _units(text: Any, scale: int) -> int | None:
+    """Ledger units of an exact decimal string written by ``amounts.*_str`` (None stays None)."""
+    if text is None:
+        return None
+    return int(Decimal(str(text)) * scale)
+
+
+@dataclass
+class GrantState:
+    """A grantee's grant as the ledger's grant entries set it, and its spend from charges."""
+
+    epsilon_cap: int | None = None
+    delta_cap: int | None = None
+    revoked: bool = False
+    epsilon_spent: int = 0
+    delta_spent: int = 0
+
+
+@dataclass
+class Replay:
+    """The budget's totals and the grants replayed from the entries in order (pure).
+
+    Beyond the hash chain and the running spend (``service.ledger.service.verify``), an entry
+    must carry the totals the last ``budget`` entry set (the budget row is not chained, so a
+    total raised there would otherwise pass: an auditor's insider raised epsilon 1 to 100 and
+    the check said valid), and a charge must come from the dataset's owner (the ``create``
+    entry's principal) or a grantee whose grant was in force, within its caps. ``step`` returns
+    the reason of the first inconsistency, or None.
+    """
+
+    owner_id: str | None = None
+    epsilon_total: int = 0
+    delta_total: int = 0
+    grants: dict[str, GrantState] = field(default_factory=dict)
+
+    def step(self, entry: dict[str, Any]) -> str | None:
+        kind = entry["entry_type"]
+        details = json.loads(entry["details_json"] or "{}")
+        if kind == "create":
+            self.owner_id = entry["principal_id"]
+            self.epsilon_total, self.delta_total = entry["epsilon_total"], entry["delta_total"]
+        elif kind == "budget":
+            declared = (
+                _units(details.get("epsilon_total"), EPSILON_SCALE),
+                _units(details.get("delta_total"), DELTA_SCALE),
+            )
+            if declared != (entry["epsilon_total"], entry["delta_total"]):
+                return "a budget entry's totals differ from the totals it records"
+            self.epsilon_total, self.delta_total = entry["epsilon_total"], entry["delta_total"]
+        elif (entry["epsilon_total"], entry["delta_total"]) != (
+            self.epsilon_total,
+            self.delta_total,
+        ):
+            return "the entry's budget totals were not set by a budget entry"
+        if kind == "grant":
+            grantee = str(details.get("grantee"))
+            state = self.grants.setdefault(grantee, GrantState())
+            if details.get("revoked"):
+                state.revoked = True
+            else:
+                state.revoked = False
+                state.epsilon_cap = _units(details.get("epsilon_cap"), EPSILON_SCALE)
+                state.delta_cap = _units(details.get("delta_cap"), DELTA_SCALE)
+        if kind == "charge" and entry["principal_id"] != self.owner_id:
+            grant = self.grants.get(entry["principal_id"])
+            if grant is None or grant.revoked:
+                return "a charge by a principal without a grant in force"
+            grant.epsilon_spent += entry["epsilon"]
+            grant.delta_spent += entry["delta"]
+            over_epsilon = grant.epsilon_cap is not None and grant.epsilon_spent > grant.epsilon_cap
+            over_delta = grant.delta_cap is not None and grant.delta_spent > grant.delta_cap
+            if over_epsilon or over_delta:
+                return "a charge beyond the grantee's cap"
+        return None

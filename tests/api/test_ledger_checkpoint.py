@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from dpcurator import CuratorClient
-from dpcurator.chain import Checkpoint, new_checkpoint, verify_entries
+from dpcurator.chain import Checkpoint, hashed_fields, new_checkpoint, row_hash, verify_entries
 from dpcurator.cli import cli
 from service.db.engine import get_sessionmaker
 from service.db.models import Budget, LedgerEntry
@@ -126,7 +126,7 @@ def test_the_cli_keeps_a_checkpoint_file(api: Api, client: TestClient, tmp_path:
     assert json.loads(file.read_text())["row_hash"] == curator.verify_ledger(dataset_id).head_hash
     again = run("--checkpoint", str(file))
     assert "entry 5 unchanged" in again.stderr
-    _rewrite_whole_chain(dataset_id, 2, details_json='{"rewritten":true}')
+    _rewrite_whole_chain(dataset_id, 4, details_json='{"rewritten":true}')
     broken = run("--checkpoint", str(file), code=1)
     assert "INVALID at seq 5" in broken.stdout
     assert Checkpoint.load(file) == saved  # a failed check does not move the checkpoint
@@ -137,3 +137,28 @@ def test_the_cli_keeps_a_checkpoint_file(api: Api, client: TestClient, tmp_path:
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"dataset_id": "x" * 32, "seq": 1, "row_hash": "0" * 64}))
     assert "checkpoint, not" in run("--checkpoint", str(other), code=1).stderr
+
+
+def test_a_total_raised_in_the_budget_row_fails_both_checks(api: Api, client: TestClient) -> None:
+    """An auditor's insider raised the budget row's epsilon total (not chained) and charged on:
+    the server's check and the owner's local one both said valid. Both replay the totals from
+    the budget entries now: the row's total, and every entry charged under it."""
+    dataset_id, _, curator = _setup(api, client)
+    with get_sessionmaker()() as s:
+        budget = s.get(Budget, dataset_id)
+        assert budget is not None
+        budget.epsilon_total *= 100
+        s.commit()
+    for check in (curator.verify_ledger, curator.verify_ledger_locally):
+        v = check(dataset_id)
+        assert not v.valid
+        assert "totals" in (v.reason or ""), v
+    # an entry recorded under the raised total (its hash is consistent) is named itself
+    entries = curator.ledger(dataset_id)
+    raised = entries[-1].model_copy(update={"epsilon_total": entries[-1].epsilon_total * 100})
+    fields = hashed_fields(dataset_id, raised)
+    fields["prev_hash"] = entries[-2].row_hash
+    rehashed = raised.model_copy(update={"row_hash": row_hash(entries[-2].row_hash, fields)})
+    v = verify_entries(dataset_id, [*entries[:-1], rehashed])
+    assert (v.valid, v.first_invalid_seq) == (False, 5)
+    assert "not set by a budget entry" in (v.reason or "")

@@ -212,3 +212,97 @@ def test_costs_round_up_and_totals_round_down() -> None:
     for bad in (float("nan"), float("inf"), -0.1, 5e-324):
         with pytest.raises(amounts.InvalidAmount):
             amounts.epsilon_cost_units(bad)
+
+
+@pytest.mark.parametrize(
+    ("sql", "charge_after", "bad_seq", "reason"),
+    [
+        # an insider raises the total in the (unchained) budget row, then charges past it
+        ("UPDATE budget SET epsilon_total = epsilon_total * 100 WHERE {d}", True, 6, "not set by"),
+        ("UPDATE budget SET epsilon_total = epsilon_total * 100 WHERE {d}", False, None, "totals"),
+        # ... or resets an analyst's spend under its cap, or lifts the cap, or drops the grant
+        ("UPDATE dataset_grant SET epsilon_spent = 0 WHERE {d}", False, None, "grant's spend"),
+        ("UPDATE dataset_grant SET epsilon_cap = 10000000000000 WHERE {d}", False, None, "caps"),
+        ("DELETE FROM dataset_grant WHERE {d}", False, None, "grants differ"),
+        # ... or makes a client key an analyst for a charge and back: the grantee that charged
+        # is a client now
+        (
+            "UPDATE principal SET role = 'client' WHERE id IN "
+            "(SELECT principal_id FROM dataset_grant WHERE {d})",
+            False,
+            None,
+            "not an analyst",
+        ),
+    ],
+)
+def test_the_unchained_rows_are_checked_against_the_entries(
+    db_url: str, sql: str, charge_after: bool, bad_seq: int | None, reason: str
+) -> None:
+    """An auditor's insider raised a dataset's epsilon total from 1 to 100 in the budget row
+    and charged six more releases, and made a client key an analyst for one charge: the check
+    said valid both times. The totals, grants and roles are now replayed from the entries."""
+    dataset, _, people = seed_dataset(db_url, epsilon_total=5.0)  # entries 1-3
+    assert try_charge(db_url, dataset, people[0], 0.5)  # 4
+    assert try_charge(db_url, dataset, people[0], 0.5)  # 5
+    assert _spent(db_url, dataset) > 0  # valid before
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text(sql.format(d=f"dataset_id = '{dataset}'")))
+    if charge_after:
+        assert try_charge(db_url, dataset, people[0], 0.5)  # 6
+    with Session(engine) as s:
+        v = ledger.verify(s, dataset_id=dataset)
+    engine.dispose()
+    assert not v.valid
+    assert v.first_invalid_seq == bad_seq
+    assert v.reason is not None
+    assert reason in v.reason
+
+
+def test_an_owners_own_charges_and_regranted_caps_verify(db_url: str) -> None:
+    """The replay accepts what the service does: the owner's charges without a grant, a cap
+    set and changed, a revoked grant given back (its spend stays spent), a new budget."""
+    dataset, owner, people = seed_dataset(db_url, epsilon_total=5.0, analysts=2)
+    engine = make_engine(db_url)
+    assert try_charge(db_url, dataset, people[0], 0.5)
+    with Session(engine) as s:
+        ledger.set_grant(
+            s,
+            dataset_id=dataset,
+            owner_id=owner,
+            principal_id=people[0],
+            epsilon_cap=2.0,
+            delta_cap=None,
+        )
+        ledger.revoke_grant(s, dataset_id=dataset, owner_id=owner, principal_id=people[1])
+        ledger.set_budget(
+            s, dataset_id=dataset, principal_id=owner, epsilon_total=6.0, delta_total=1e-5
+        )
+        s.commit()
+    assert not try_charge(db_url, dataset, people[1], 0.5)
+    with Session(engine) as s:
+        ledger.set_grant(
+            s,
+            dataset_id=dataset,
+            owner_id=owner,
+            principal_id=people[1],
+            epsilon_cap=None,
+            delta_cap=None,
+        )
+        ledger.charge(
+            s,
+            dataset_id=dataset,
+            principal_id=owner,
+            release_id="own",
+            record=record(1.0),
+            request_hash="h",
+            idempotency_key="own-1",
+            via_grant=False,
+        )
+        s.commit()
+    assert try_charge(db_url, dataset, people[1], 0.5)
+    assert try_charge(db_url, dataset, people[0], 1.5)  # exactly at its cap of 2
+    with Session(engine) as s:
+        v = ledger.verify(s, dataset_id=dataset)
+    engine.dispose()
+    assert v.valid, v

@@ -131,11 +131,16 @@ def verify_entries(
     epsilon_spent: float | None = None,
     delta_spent: float | None = None,
     checkpoint: Checkpoint | None = None,
+    epsilon_total: float | None = None,
+    delta_total: float | None = None,
 ) -> Verification:
     """Recompute the chain of ``entries`` (oldest first, all of them); ``epsilon_spent``: the
     budget's spend as the server reports it (a float of the same units), which must be the sum
-    of the charges, and ``delta_spent`` likewise; ``checkpoint``: an entry an earlier check
-    saw, which must still be there with the same hash."""
+    of the charges, and ``delta_spent`` likewise; ``epsilon_total`` / ``delta_total``: the
+    budget's totals as the server reports them, which must be the last budget entry's;
+    ``checkpoint``: an entry an earlier check saw, which must still be there with the same
+    hash. Every entry must carry the totals the last budget entry set, and every charge come
+    from the dataset's owner or a grantee with a grant in force, within its caps."""
 
     def bad(seq: int | None, reason: str) -> Verification:
         head = entries[-1].row_hash if entries else genesis_hash(dataset_id)
@@ -147,6 +152,7 @@ def verify_entries(
         raise ValueError(f"the checkpoint is of dataset {checkpoint.dataset_id}, not {dataset_id}")
     prev = genesis_hash(dataset_id)
     eps = dlt = 0
+    replay = _Replay()
     for expected, entry in enumerate(entries, start=1):
         if entry.seq != expected:
             return bad(expected, "an entry is missing or out of order")
@@ -163,7 +169,14 @@ def verify_entries(
             return bad(expected, "running totals do not match the sum of charges")
         if eps > fields["epsilon_total"] or dlt > fields["delta_total"]:
             return bad(expected, "spent exceeds total")
+        reason = replay.step(fields)
+        if reason is not None:
+            return bad(expected, reason)
         prev = entry.row_hash
+    if (epsilon_total is not None and replay.totals[0] / EPSILON_SCALE != epsilon_total) or (
+        delta_total is not None and replay.totals[1] / DELTA_SCALE != delta_total
+    ):
+        return bad(None, "the budget's totals are not the ones the last budget entry set")
     if (epsilon_spent is not None and eps / EPSILON_SCALE != epsilon_spent) or (
         delta_spent is not None and dlt / DELTA_SCALE != delta_spent
     ):
@@ -183,6 +196,57 @@ def verify_entries(
                 "was rewritten",
             )
     return Verification(valid=True, entries=len(entries), head_hash=prev)
+
+
+class _Replay:
+    """The totals and grants replayed from the entries, as the server's verify replays them
+    (service/ledger/chain.py ``Replay``; this distribution cannot import the server)."""
+
+    def __init__(self) -> None:
+        self.owner: str | None = None
+        self.totals = (0, 0)
+        # grantee -> [epsilon cap, delta cap, revoked, epsilon spent, delta spent]
+        self.grants: dict[str, list[Any]] = {}
+
+    def step(self, fields: dict[str, Any]) -> str | None:
+        kind = fields["entry_type"]
+        details = json.loads(fields["details_json"] or "{}")
+        recorded: tuple[int, int] = (fields["epsilon_total"], fields["delta_total"])
+        if kind == "create":
+            self.owner, self.totals = fields["principal_id"], recorded
+        elif kind == "budget":
+            declared = (
+                _amount(details.get("epsilon_total"), EPSILON_SCALE),
+                _amount(details.get("delta_total"), DELTA_SCALE),
+            )
+            if declared != recorded:
+                return "a budget entry's totals differ from the totals it records"
+            self.totals = recorded
+        elif recorded != self.totals:
+            return "the entry's budget totals were not set by a budget entry"
+        if kind == "grant":
+            state = self.grants.setdefault(str(details.get("grantee")), [None, None, False, 0, 0])
+            if details.get("revoked"):
+                state[2] = True
+            else:
+                state[0] = _amount(details.get("epsilon_cap"), EPSILON_SCALE)
+                state[1] = _amount(details.get("delta_cap"), DELTA_SCALE)
+                state[2] = False
+        if kind == "charge" and fields["principal_id"] != self.owner:
+            grant = self.grants.get(fields["principal_id"])
+            if grant is None or grant[2]:
+                return "a charge by a principal without a grant in force"
+            grant[3] += fields["epsilon"]
+            grant[4] += fields["delta"]
+            if (grant[0] is not None and grant[3] > grant[0]) or (
+                grant[1] is not None and grant[4] > grant[1]
+            ):
+                return "a charge beyond the grantee's cap"
+        return None
+
+
+def _amount(text: Any, scale: int) -> int | None:
+    return None if text is None else _units(Decimal(str(text)), scale)
 
 
 def new_checkpoint(dataset_id: str, verification: Verification) -> Checkpoint:

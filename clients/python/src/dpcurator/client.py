@@ -385,6 +385,8 @@ class CuratorClient:
             epsilon_spent=after.epsilon_spent,
             delta_spent=after.delta_spent,
             checkpoint=checkpoint,
+            epsilon_total=after.epsilon_total,
+            delta_total=after.delta_total,
         )
 
     # ---- quotes and releases (analysts) ----------------------------------------------------------
