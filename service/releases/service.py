@@ -363,7 +363,12 @@ def readable(session: Session, *, caller: Caller, release_id: str) -> Release:
     release = session.get(Release, release_id)
     if release is None:
         raise NotFound("release not found")
-    datasets.readable(session, caller=caller, dataset_id=release.dataset_id)
+    try:
+        datasets.readable(session, caller=caller, dataset_id=release.dataset_id)
+    except NotFound:
+        # the same words as an unknown id: another owner's release was "dataset not found",
+        # which told an auditor it exists
+        raise NotFound("release not found") from None
     if caller.role == Role.CLIENT and shown_status(release) != "done":
         raise NotFound("release not found")
     return release

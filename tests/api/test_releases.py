@@ -246,11 +246,20 @@ def test_clients_cannot_spend_and_see_only_done_releases(
     assert got.status_code == 200
     assert got.json()["result"] is not None
     stranger = api.principal("client")
-    problem(
-        client.get(f"/v1/releases/{rel['id']}", headers=Api.auth(stranger["api_key"])),
+    other_owner = api.principal("owner")
+    unknown = problem(
+        client.get(f"/v1/releases/{'0' * 32}", headers=Api.auth(other_owner["api_key"])),
         404,
         "not-found",
     )
+    for outsider in (stranger, other_owner):
+        # in the words of an unknown id: "dataset not found" told an auditor it exists
+        refused = problem(
+            client.get(f"/v1/releases/{rel['id']}", headers=Api.auth(outsider["api_key"])),
+            404,
+            "not-found",
+        )
+        assert refused["detail"] == unknown["detail"] == "release not found"
 
 
 def test_no_reader_learns_a_finished_jobs_real_duration(
