@@ -41,6 +41,7 @@ def main() -> None:
         log_level=None,  # the levels are log_config's
         log_config=log_config(access=settings.access_log),
         access_log=settings.access_log,
+        server_header=False,  # no "server: uvicorn" (a security review's note)
     )
 
 

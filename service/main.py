@@ -156,6 +156,18 @@ def body_limit(method: str, path: str, max_upload_bytes: int) -> int:
     return min(max_upload_bytes, JSON_BODY_LIMIT)
 
 
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _unauthenticated_body(scope: Scope, headers: Headers) -> bool:
+    """A request to the API (every ``/v1`` route takes a bearer key) that carries a body but no
+    bearer key: refused (401) before its body is read or parsed. A security auditor's six
+    50 MB JSON bodies without a key took 7-20 s each and 500 MB of memory to be told 401."""
+    if scope.get("method") not in BODY_METHODS or not scope["path"].startswith("/v1/"):
+        return False
+    return not headers.get("authorization", "").lower().startswith("bearer ")
+
+
 class LimitsMiddleware:
     """Refuse bodies larger than the limit (413) and mark every response no-store.
 
@@ -179,7 +191,12 @@ class LimitsMiddleware:
             problem = PayloadTooLarge(f"the limit is {limit} bytes")
             await problem_response(problem, scope["path"])(scope, receive, send)
 
-        length = Headers(scope=scope).get("content-length")
+        headers = Headers(scope=scope)
+        if _unauthenticated_body(scope, headers):
+            problem = Unauthenticated("send 'Authorization: Bearer <api key>'")
+            await problem_response(problem, scope["path"])(scope, receive, send)
+            return
+        length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             await refuse()
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -229,12 +230,18 @@ ALL_PROBLEMS: tuple[type[Problem], ...] = (
 DATABASE_RETRY_AFTER_SECONDS = 5
 
 
-def problem_response(problem: Problem, instance: str | None) -> JSONResponse:
+def problem_response(
+    problem: Problem, instance: str | None, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The problem as an ``application/problem+json`` response: no-store, a 401 with its
+    ``WWW-Authenticate: Bearer`` challenge (RFC 9110 §15.5.2), and ``headers`` (e.g. a 405's
+    ``Allow``)."""
+    extra = {"WWW-Authenticate": "Bearer"} if problem.status_code == 401 else {}
     return JSONResponse(
         problem.body(instance),
         status_code=problem.status_code,
         media_type=MEDIA_TYPE,
-        headers={"Cache-Control": "no-store"},
+        headers={"Cache-Control": "no-store", **extra, **(headers or {})},
     )
 
 
@@ -340,8 +347,18 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
             return problem_response(NotFound(), request.url.path)
+        allowed = [v for k, v in (exc.headers or {}).items() if k.lower() == "allow"]
+        allow = {"Allow": allowed[0]} if allowed else None
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # a JSON body the parser gave up on (a 5000-digit integer, nesting past Python's
+            # recursion limit, bytes that are not UTF-8): the 422 docs/problems.md promises
+            failed = ValidationFailed(
+                "the body is not valid JSON: it could not be parsed",
+                errors=[{"pointer": "#", "detail": "the body could not be parsed as JSON"}],
+            )
+            return problem_response(failed, request.url.path)
         return problem_response(
-            HttpError(str(exc.detail), status_code=exc.status_code), request.url.path
+            HttpError(str(exc.detail), status_code=exc.status_code), request.url.path, allow
         )
 
     @app.exception_handler(Exception)
