@@ -163,6 +163,13 @@ class PublicSchema(Strict):
 # square and multiply ranges (sensitivities, R_Y^2, regression designs); with |bound| <= 1e15
 # every range is at most 2e15 and its powers used downstream stay far from float overflow.
 MAX_ABS_BOUND = 1e15
+# A declared range narrower than this share of its magnitude (at least 1) is refused at upload:
+# the noise scales it implies fall outside the samplers' range (a security auditor's outcome
+# bounds [0, 1e-300] made every quote fail); rescaling the column's units fixes it.
+MIN_RELATIVE_RANGE = 1e-12
+# A randomised design's declared probability lies in [this, 1 - this]: inverse-probability
+# weights of 1 / 1e-300 overflowed uplift_table's calibration (a 500).
+MIN_TREATMENT_PROBABILITY = 1e-3
 
 
 class UploadSchema(PublicSchema):
@@ -191,6 +198,22 @@ class UploadSchema(PublicSchema):
                     f"{where}: declared bounds, codes and impute values must lie within "
                     f"[-{MAX_ABS_BOUND:g}, {MAX_ABS_BOUND:g}]"
                 )
+        ranges = [(f"covariates/{i}", c.lower, c.upper) for i, c in enumerate(self.covariates)]
+        ranges.append(("outcome", self.outcome.lower, self.outcome.upper))
+        for where, lower, upper in ranges:
+            if lower is not None and upper is not None:
+                scale = max(1.0, abs(lower), abs(upper))
+                if upper - lower < MIN_RELATIVE_RANGE * scale:
+                    raise ValueError(
+                        f"{where}: the declared range is narrower than {MIN_RELATIVE_RANGE:g} "
+                        "of its magnitude (at least 1); rescale the column (e.g. to other units)"
+                    )
+        p = self.treatment_probability
+        if p is not None and not MIN_TREATMENT_PROBABILITY <= p <= 1 - MIN_TREATMENT_PROBABILITY:
+            raise ValueError(
+                f"treatment_probability must lie in [{MIN_TREATMENT_PROBABILITY:g}, "
+                f"{1 - MIN_TREATMENT_PROBABILITY:g}]"
+            )
         return self
 
 

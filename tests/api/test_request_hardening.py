@@ -199,6 +199,25 @@ def test_schema_bounds_beyond_the_limit_are_422(
     assert "1e+15" in error["detail"]
 
 
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"outcome": {"name": "outcome", "lower": 0.0, "upper": 1e-300}}, "outcome: the declared"),
+        ({"outcome": {"name": "outcome", "lower": 1e6, "upper": 1e6 + 1e-7}}, "narrower than"),
+        ({"treatment_probability": 1e-300}, "treatment_probability must lie in [0.001, 0.999]"),
+    ],
+)
+def test_a_schema_whose_noise_cannot_be_calibrated_is_refused_at_upload(
+    api: Api, change: dict[str, Any], words: str
+) -> None:
+    """A security auditor's outcome bounds [0, 1e-300] or treatment probability 1e-300 were
+    accepted, and then every quote and release on the dataset was a 500."""
+    owner = api.principal("owner")
+    schema = {**copy.deepcopy(RCT_SCHEMA), **change}
+    body = problem(api.upload(owner["api_key"], synthetic_csv(50), schema), 422, "invalid-schema")
+    assert words in body["detail"]
+
+
 def test_schema_bounds_at_the_limit_are_accepted_and_quote(client: TestClient, api: Api) -> None:
     owner = api.principal("owner")
     schema = copy.deepcopy(RCT_SCHEMA)
