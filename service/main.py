@@ -318,6 +318,57 @@ def _validation_errors_are_problems(schema: dict[str, Any]) -> None:
             components.pop(name, None)
 
 
+def _declare_http_conventions(schema: dict[str, Any]) -> None:
+    """What every client generator needs and the routes' signatures do not say (an HTTP-only
+    consumer's walkthrough): bearer authentication as a security scheme (not an optional
+    ``authorization`` header parameter), the required ``Idempotency-Key``, the ``Location`` of a
+    requested release, and the 500 / 503 problems any route may answer."""
+    components = schema.setdefault("components", {})
+    components["securitySchemes"] = {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key: 'Authorization: Bearer <key>' (the admin key, or a "
+            "principal's key from POST /v1/principals).",
+        }
+    }
+    problem = {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            parameters = operation.get("parameters", [])
+            kept = [p for p in parameters if p.get("name") != "authorization"]
+            if len(kept) != len(parameters):
+                operation["security"] = [{"bearer": []}]
+                if kept:
+                    operation["parameters"] = kept
+                else:
+                    operation.pop("parameters")
+            for parameter in kept:
+                if parameter.get("name") == "idempotency-key":
+                    parameter["required"] = True
+            responses = operation.setdefault("responses", {})
+            if path == "/v1/datasets/{dataset_id}/releases" and method == "post":
+                for status in ("200", "202"):
+                    responses[status]["headers"] = {
+                        "Location": {
+                            "description": "The release: /v1/releases/{id}",
+                            "schema": {"type": "string"},
+                        }
+                    }
+            responses.setdefault(
+                "500",
+                {"description": "internal-error: names a request id", "content": problem},
+            )
+            responses.setdefault(
+                "503",
+                {
+                    "description": "database-unavailable: retry after Retry-After seconds",
+                    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+                    "content": problem,
+                },
+            )
+
+
 def _add_problem_schema(app: FastAPI) -> None:
     """Declare the RFC 9457 Problem schema in the OpenAPI document."""
     original = app.openapi
@@ -349,6 +400,7 @@ def _add_problem_schema(app: FastAPI) -> None:
             "required": ["type", "title", "status"],
         }
         _validation_errors_are_problems(schema)
+        _declare_http_conventions(schema)
         app.openapi_schema = schema
         return schema
 

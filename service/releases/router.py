@@ -43,7 +43,11 @@ AUTH = (Unauthenticated, Forbidden, NotFound)
     status_code=202,
     response_model=ReleaseRead,
     responses={
-        200: {"description": "An identical release already exists (replay or cache)"},
+        200: {
+            "description": "An identical release already exists (a replay of this "
+            "Idempotency-Key, or a reuse): that release, charged once; Location names it",
+            "model": ReleaseRead,
+        },
         **responses(
             *AUTH,
             BudgetExhausted,
@@ -66,7 +70,15 @@ def create_release(
     dataset_id: str,
     body: ReleaseCreate,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="Required: any unique string per intended release (a UUID), "
+            "printable ASCII not starting with =, +, - or @; a retry with the same key and "
+            "body returns the same release and never charges twice.",
+        ),
+    ] = None,
 ) -> ReleaseRead:
     if not idempotency_key or not idempotency_key.strip():
         raise IdempotencyKeyMissing("send an Idempotency-Key header (any unique string)")

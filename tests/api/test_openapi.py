@@ -36,3 +36,25 @@ def test_validation_errors_are_documented_as_problems() -> None:
                 continue
             assert set(response["content"]) == {"application/problem+json"}, (method, path)
     assert "HTTPValidationError" not in doc["components"]["schemas"]
+
+
+def test_authentication_and_idempotency_are_declared_for_client_generators() -> None:
+    """An HTTP-only consumer (R, openapi-generator) found bearer auth only in prose and the
+    required Idempotency-Key marked optional; every authenticated operation now names the
+    bearer scheme, and every operation the 500 and 503 problems it may answer."""
+    doc = document()
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            names = [p["name"] for p in op.get("parameters", [])]
+            assert "authorization" not in names, (method, path)
+            if path.startswith("/v1/"):
+                assert op["security"] == [{"bearer": []}], (method, path)
+            assert {"500", "503"} <= set(op["responses"]), (method, path)
+    create = doc["paths"]["/v1/datasets/{dataset_id}/releases"]["post"]
+    (key,) = [p for p in create["parameters"] if p["name"] == "idempotency-key"]
+    assert key["required"] is True
+    replay = create["responses"]["200"]
+    assert replay["content"]["application/json"]["schema"]["$ref"].endswith("/ReleaseRead")
+    assert "Location" in replay["headers"]
+    assert "Retry-After" in create["responses"]["503"]["headers"]
