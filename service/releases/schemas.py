@@ -34,14 +34,15 @@ class QuoteRead(BaseModel):
     epsilon: float = Field(description="The exact epsilon a release would charge")
     delta: float = Field(description="The exact delta a release would charge")
     fits_budget: bool = Field(
-        description="A release would be charged now: the dataset's budget is set, its remainder "
-        "covers (epsilon, delta), and so does the caller's own per-principal cap, if any"
+        description="A release would be charged now: the dataset's rows are there, its budget "
+        "is set, its remainder covers (epsilon, delta), and so does the caller's own "
+        "per-principal cap, if any"
     )
     budget_note: str | None = Field(
         default=None,
-        description="Why a release would not be charged now (fits_budget false): the budget is "
-        "not set, the dataset's remainder or the caller's cap is short (by how much), or the "
-        "caller may not spend; null when it fits",
+        description="Why a release would not be charged now (fits_budget false): the rows were "
+        "deleted, the budget is not set, the dataset's remainder or the caller's cap is short "
+        "(by how much), or the caller may not spend; null when it fits",
     )
     epsilon_remaining: float = Field(description="Epsilon left in the dataset's budget")
     delta_remaining: float = Field(description="Delta left in the dataset's budget")

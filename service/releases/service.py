@@ -343,6 +343,9 @@ def quote(session: Session, *, caller: Caller, dataset_id: str, body: QuoteCreat
         dlt=dlt,
         budget=budget,
     )
+    if dataset.status != "ready":
+        # a release would be refused (409 dataset-unavailable) whatever the budget says
+        short.insert(0, "the dataset's rows were deleted, so no release can run on it")
     return QuoteRead(
         kind=body.kind,
         guarantee=str(record.guarantee),

@@ -328,6 +328,14 @@ def test_delete_rows_keeps_ledger(api: Api, client: TestClient, db_url: str) -> 
     entries = client.get(f"/v1/datasets/{ds['id']}/ledger", headers=h).json()["entries"]
     assert entries[-1]["entry_type"] == "rows_deleted"
     problem(client.delete(f"/v1/datasets/{ds['id']}/rows", headers=h), 409, "dataset-unavailable")
+    # a quote no longer says a release would be charged (it said fits_budget true)
+    quote = client.post(
+        f"/v1/datasets/{ds['id']}/quotes",
+        json={"kind": "ate", "params": {"epsilon": 0.5}},
+        headers=h,
+    ).json()
+    assert quote["fits_budget"] is False
+    assert quote["budget_note"].startswith("Not charged now: the dataset's rows were deleted")
 
 
 def test_every_response_is_no_store(api: Api, client: TestClient) -> None:
