@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
@@ -31,13 +31,21 @@ class PrincipalCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$")
-    role: Role
+    # the admin is configured (CURATOR_ADMIN_KEY), never created: not offered
+    role: Literal[Role.OWNER, Role.ANALYST, Role.CLIENT]
 
     @field_validator("name")
     @classmethod
     def _visible(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("the name must show at least one character")
+        return value
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _not_admin(cls, value: object) -> object:
+        if value == Role.ADMIN:
+            raise ValueError("the admin is configured by CURATOR_ADMIN_KEY, not created")
         return value
 
 
@@ -83,10 +91,6 @@ def _read(p: Principal) -> PrincipalRead:
 )
 def create(session: SessionDep, caller: CurrentCaller, body: PrincipalCreate) -> PrincipalCreated:
     require(caller, Role.ADMIN)
-    if body.role == Role.ADMIN:
-        raise ValidationFailed(
-            "the admin is configured by CURATOR_ADMIN_KEY, not created", pointer="#/role"
-        )
     principal, key = create_principal(session, name=body.name, role=body.role, created_by=caller.id)
     session.commit()
     return PrincipalCreated(**_read(principal).model_dump(), api_key=key)

@@ -30,7 +30,7 @@ from service.datasets.schemas import (
     UploadSchema,
     VerificationRead,
 )
-from service.db.engine import SessionDep
+from service.db.engine import MAX_OFFSET, SessionDep
 from service.db.models import Grant, Principal
 from service.ledger import service as ledger
 from service.problems import (
@@ -285,7 +285,9 @@ def get_ledger(
         int | None,
         Query(ge=1, le=1000, description="Page size (JSON only); without it, every entry"),
     ] = None,
-    offset: Annotated[int, Query(ge=0, description="Entries to skip (JSON only)")] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=MAX_OFFSET, description="Entries to skip (JSON only)")
+    ] = 0,
 ) -> object:
     service.owned(session, caller=caller, dataset_id=dataset_id)
     where = audit.LedgerFilter(

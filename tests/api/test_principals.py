@@ -140,3 +140,19 @@ def test_an_owner_lists_analysts_clients_and_itself_only(client: TestClient, api
     every = client.get("/v1/principals", headers=Api.auth(ADMIN_KEY)).json()
     assert other["id"] in {p["id"] for p in every}
     problem(client.get("/v1/principals", headers=Api.auth(analyst["api_key"])), 403, "forbidden")
+
+
+def test_the_admin_role_is_not_offered_and_cannot_be_created(client: TestClient) -> None:
+    """PrincipalCreate.role listed 'admin' in the OpenAPI, and a request for it was refused
+    (an HTTP consumer's walkthrough): the schema offers the three creatable roles only, and
+    the refusal still says why."""
+    from service.openapi import document
+
+    created = document()["components"]["schemas"]["PrincipalCreate"]["properties"]["role"]
+    assert set(created["enum"]) == {"owner", "analyst", "client"}
+    r = client.post(
+        "/v1/principals", json={"name": "root", "role": "admin"}, headers=Api.auth(ADMIN_KEY)
+    )
+    body = problem(r, 422, "validation-failed")
+    assert body["errors"][0]["pointer"] == "#/role"
+    assert "configured by CURATOR_ADMIN_KEY" in body["detail"]
