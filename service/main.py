@@ -148,10 +148,13 @@ class _BodyTooLarge(Exception):
 JSON_BODY_LIMIT = 64 * 1024 * 1024
 
 
+UPLOAD_PATHS = frozenset({"/v1/datasets", "/v1/datasets/check"})
+
+
 def body_limit(method: str, path: str, max_upload_bytes: int) -> int:
     """The byte limit of a request's body: the upload limit for a dataset upload, else the
     smaller of it and ``JSON_BODY_LIMIT``."""
-    if method == "POST" and path.rstrip("/") == "/v1/datasets":
+    if method == "POST" and path.rstrip("/") in UPLOAD_PATHS:
         return max_upload_bytes
     return min(max_upload_bytes, JSON_BODY_LIMIT)
 

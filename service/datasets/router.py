@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -27,6 +29,7 @@ from service.datasets.schemas import (
     GrantUpdate,
     LedgerEntryRead,
     LedgerPage,
+    UploadCheck,
     UploadSchema,
     VerificationRead,
 )
@@ -53,6 +56,44 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 AUTH = (Unauthenticated, Forbidden, NotFound)
 
 
+CSV_FORMAT_FORM = Form(
+    alias="csv_format",
+    description="How the file is written, as JSON (the CsvFormat schema): delimiter (omitted: "
+    "found from the header), decimal mark, encoding, extra missing-value markers. Omitted: "
+    "UTF-8, the delimiter found from the header, '.' decimals.",
+)
+
+
+def _upload_inputs(schema_text: str, csv_format_text: str | None) -> tuple[UploadSchema, CsvFormat]:
+    try:
+        public = UploadSchema.model_validate_json(schema_text)
+    except ValidationError as exc:
+        errors = [validation_error(e, field="schema") for e in exc.errors()]
+        raise InvalidSchema(validation_summary(errors), errors=errors) from None
+    except json.JSONDecodeError:
+        raise InvalidSchema("the schema is not valid JSON") from None
+    try:
+        fmt = CsvFormat.model_validate_json(csv_format_text or "{}")
+    except ValidationError as exc:
+        errors = [validation_error(e, field="csv_format") for e in exc.errors()]
+        raise ValidationFailed(validation_summary(errors), errors=errors) from None
+    return public, fmt
+
+
+@contextmanager
+def _saved_file(file: UploadFile) -> Iterator[Path]:
+    """The uploaded rows in a private temporary file; a CsvError reading them is a 422."""
+    with tempfile.TemporaryDirectory(prefix="curator-upload-") as tmp:
+        path = Path(tmp) / "rows.csv"
+        with path.open("wb") as out:
+            shutil.copyfileobj(file.file, out, length=1 << 20)
+        try:
+            yield path
+        except CsvError as exc:
+            errors = [{"pointer": exc.pointer, "detail": str(exc)}] if exc.pointer else []
+            raise InvalidCsv(str(exc), errors=errors) if errors else InvalidCsv(str(exc)) from None
+
+
 @router.post(
     "",
     status_code=201,
@@ -68,15 +109,7 @@ def create_dataset(
     file: Annotated[UploadFile, File(description="The rows, as CSV with a header line")],
     description: Annotated[str, Form(max_length=10_000)] = "",
     allow_paper_mode: Annotated[bool, Form()] = False,
-    csv_format_text: Annotated[
-        str | None,
-        Form(
-            alias="csv_format",
-            description="How the file is written, as JSON (the CsvFormat schema): delimiter "
-            "(omitted: found from the header), decimal mark, encoding, extra missing-value "
-            "markers. Omitted: UTF-8, the delimiter found from the header, '.' decimals.",
-        ),
-    ] = None,
+    csv_format_text: Annotated[str | None, CSV_FORMAT_FORM] = None,
 ) -> DatasetCreated:
     require(caller, Role.OWNER)
     if not name.strip() or any(ord(c) < 0x20 for c in name):
@@ -84,38 +117,41 @@ def create_dataset(
             "the name must show at least one character and no control characters",
             pointer="#/name",
         )
-    try:
-        public = UploadSchema.model_validate_json(schema_text)
-    except ValidationError as exc:
-        errors = [validation_error(e, field="schema") for e in exc.errors()]
-        raise InvalidSchema(validation_summary(errors), errors=errors) from None
-    except json.JSONDecodeError:
-        raise InvalidSchema("the schema is not valid JSON") from None
-    try:
-        fmt = CsvFormat.model_validate_json(csv_format_text or "{}")
-    except ValidationError as exc:
-        errors = [validation_error(e, field="csv_format") for e in exc.errors()]
-        raise ValidationFailed(validation_summary(errors), errors=errors) from None
-    with tempfile.TemporaryDirectory(prefix="curator-upload-") as tmp:
-        path = Path(tmp) / "rows.csv"
-        with path.open("wb") as out:
-            shutil.copyfileobj(file.file, out, length=1 << 20)
-        try:
-            created = service.create(
-                session,
-                owner=caller,
-                name=name,
-                description=description,
-                schema=public,
-                csv_path=path,
-                allow_paper_mode=allow_paper_mode,
-                csv_format=fmt,
-            )
-        except CsvError as exc:
-            errors = [{"pointer": exc.pointer, "detail": str(exc)}] if exc.pointer else []
-            raise InvalidCsv(str(exc), errors=errors) if errors else InvalidCsv(str(exc)) from None
+    public, fmt = _upload_inputs(schema_text, csv_format_text)
+    with _saved_file(file) as path:
+        created = service.create(
+            session,
+            owner=caller,
+            name=name,
+            description=description,
+            schema=public,
+            csv_path=path,
+            allow_paper_mode=allow_paper_mode,
+            csv_format=fmt,
+        )
     session.commit()
     return created
+
+
+@router.post(
+    "/check",
+    response_model=UploadCheck,
+    responses=responses(Unauthenticated, Forbidden, InvalidCsv, InvalidSchema, PayloadTooLarge),
+    summary="Check a CSV against its schema as an upload would, storing nothing",
+)
+def check_upload(
+    caller: CurrentCaller,
+    schema_text: Annotated[str, Form(alias="schema", description="The public schema, as JSON")],
+    file: Annotated[UploadFile, File(description="The rows, as CSV with a header line")],
+    csv_format_text: Annotated[str | None, CSV_FORMAT_FORM] = None,
+) -> UploadCheck:
+    """The upload's checks and its owner-only ingest report, without a dataset, rows or ledger:
+    a data manager's trial and error left a dozen permanent datasets (a dataset cannot be
+    deleted once uploaded; only its rows can)."""
+    require(caller, Role.OWNER)
+    public, fmt = _upload_inputs(schema_text, csv_format_text)
+    with _saved_file(file) as path:
+        return service.check(schema=public, csv_path=path, csv_format=fmt)
 
 
 @router.get("", response_model=list[DatasetRead], responses=responses(Unauthenticated))

@@ -275,6 +275,14 @@ class IngestReport(BaseModel):
     )
 
 
+class UploadCheck(BaseModel):
+    """``POST /v1/datasets/check``: what an upload of the file would store and report; nothing
+    is stored. The report is the uploading owner's, as at an upload."""
+
+    n: int = Field(description="The rows an upload would keep")
+    ingest_report: IngestReport
+
+
 class BudgetRead(BaseModel):
     is_set: bool
     epsilon_total: float

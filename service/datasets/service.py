@@ -20,6 +20,7 @@ from service.datasets.schemas import (
     DatasetRead,
     GrantRead,
     PublicSchema,
+    UploadCheck,
 )
 from service.db.models import Budget, Dataset, Grant, LedgerEntry
 from service.ledger import amounts
@@ -66,6 +67,12 @@ def create(
     ledger.open_ledger(session, dataset_id=dataset.id, principal_id=owner.id)
     read = describe(session, dataset)
     return DatasetCreated(**read.model_dump(by_alias=True), ingest_report=ingested.report)
+
+
+def check(*, schema: PublicSchema, csv_path: Path, csv_format: CsvFormat) -> UploadCheck:
+    """An upload's ingest and report, nothing stored (``POST /v1/datasets/check``)."""
+    ingested = ingest(csv_path, schema, csv_format)
+    return UploadCheck(n=int(ingested.matrix.shape[0]), ingest_report=ingested.report)
 
 
 def _grant(session: Session, dataset_id: str, principal_id: str) -> Grant | None:

@@ -249,6 +249,8 @@ def test_a_european_excel_export_uploads_with_its_format(
     refused = run(owner, *args, "--name", "EU", code=1)
     assert "not a number" in refused.stderr
     assert "csv_format" in refused.stderr
+    checked = run(owner, "dataset", "check", *args[2:], "--decimal-comma", "--encoding", "cp1252")
+    assert "an upload would keep 4000 rows (nothing was stored)" in checked.stdout
     options = ["--name", "EU", "--decimal-comma", "--encoding", "cp1252"]
     read = run.json(owner, *args, *options)
     assert read["n"] == 4000

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import io
+import json
 from typing import Any
 
 import pytest
@@ -365,3 +367,35 @@ def test_a_malformed_row_is_named(api: Api, bad_row: str, expected: str) -> None
     body = problem(r, 422, "invalid-csv")
     assert expected in body["detail"], body["detail"]
     assert "abc" not in body["detail"]
+
+
+def test_an_upload_can_be_checked_without_storing_anything(
+    api: Api, client: TestClient, db_url: str
+) -> None:
+    """A data manager's trial and error left a dozen permanent datasets: POST /v1/datasets/check
+    runs the upload's checks and report and stores nothing; only an owner may call it."""
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    rows = synthetic_csv(300)
+
+    def check(key: str, text: str, **form: Any) -> Any:
+        return client.post(
+            "/v1/datasets/check",
+            data={"schema": json.dumps(SCHEMA), **form},
+            files={"file": ("rows.csv", io.BytesIO(text.encode()), "text/csv")},
+            headers=api.auth(key),
+        )
+
+    before = _count(db_url, Dataset)
+    ok = check(owner["api_key"], rows)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["n"] == 300
+    assert ok.json()["ingest_report"]["rows_received"] == 300
+    semicolons = check(owner["api_key"], rows.replace(",", ";"))
+    assert semicolons.json()["ingest_report"]["csv_format"]["delimiter"] == ";"
+    lines = rows.splitlines()
+    lines[5] = lines[5].replace(",", ",x", 1)  # data row 5's age is not a number
+    bad = check(owner["api_key"], "\n".join(lines) + "\n")
+    assert problem(bad, 422, "invalid-csv")["errors"][0]["pointer"] == "#/rows/5/age"
+    problem(check(analyst["api_key"], rows), 403, "forbidden")
+    assert _count(db_url, Dataset) == before
+    assert client.get("/v1/datasets", headers=api.auth(owner["api_key"])).json() == []

@@ -64,6 +64,7 @@ from dpcurator.models import (
     PrincipalEvent,
     Quote,
     Release,
+    UploadCheck,
     Verification,
 )
 from dpcurator.results import (
@@ -97,6 +98,7 @@ __all__ = [
     "CuratorError",
     "Dataset",
     "DatasetCreated",
+    "UploadCheck",
     "DatabaseUnavailable",
     "DatasetUnavailable",
     "EbmShapeResult",

@@ -43,6 +43,7 @@ from dpcurator.models import (
     PrincipalEvent,
     Quote,
     Release,
+    UploadCheck,
     Verification,
 )
 from dpcurator.results import (
@@ -71,6 +72,13 @@ class Retry(Enum):
     ALWAYS = "always"  # idempotent: transport errors and 502/503/504
     CONNECT = "connect"  # not idempotent: only if the connection was never made
     RELEASE = "release"  # idempotent by its key: as ALWAYS, plus 409 idempotency-key-in-flight
+
+
+def _schema_text(schema: Mapping[str, Any] | str | Path) -> str:
+    """A schema given as a dict, or as the path of a JSON file, as the form field's text."""
+    if isinstance(schema, Mapping):
+        return json.dumps(schema)
+    return Path(schema).read_text(encoding="utf-8")
 
 
 class CuratorClient:
@@ -254,13 +262,9 @@ class CuratorClient:
         once, to you only; it is not public.
         """
         csv_path = Path(csv)
-        if isinstance(schema, Mapping):
-            schema_text = json.dumps(schema)
-        else:
-            schema_text = Path(schema).read_text(encoding="utf-8")
         form = {
             "name": name,
-            "schema": schema_text,
+            "schema": _schema_text(schema),
             "description": description,
             "allow_paper_mode": "true" if allow_paper_mode else "false",
         }
@@ -272,6 +276,28 @@ class CuratorClient:
 
         r = self.request("POST", "/v1/datasets", data=form, files=files, retry=Retry.CONNECT)
         return DatasetCreated.model_validate(r.json())
+
+    def check_upload(
+        self,
+        csv: str | Path,
+        schema: Mapping[str, Any] | str | Path,
+        *,
+        csv_format: Mapping[str, Any] | None = None,
+    ) -> UploadCheck:
+        """Check a CSV file against its schema as ``upload_dataset`` would, storing nothing:
+        the rows an upload would keep and the ingest report (yours only), or the same
+        ``invalid-csv`` / ``invalid-schema`` errors. A dataset cannot be deleted once
+        uploaded (only its rows can), so check a new export first."""
+        csv_path = Path(csv)
+        form = {"schema": _schema_text(schema)}
+        if csv_format is not None:
+            form["csv_format"] = json.dumps(dict(csv_format))
+
+        def files() -> Mapping[str, tuple[str, IO[bytes], str]]:
+            return {"file": (csv_path.name, csv_path.open("rb"), "text/csv")}
+
+        r = self.request("POST", "/v1/datasets/check", data=form, files=files, retry=Retry.CONNECT)
+        return UploadCheck.model_validate(r.json())
 
     def list_datasets(self) -> list[Dataset]:
         """The datasets you own or are granted."""

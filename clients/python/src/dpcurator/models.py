@@ -68,6 +68,13 @@ class IngestReport(Model):
     csv_format: dict[str, Any] | None = None
 
 
+class UploadCheck(Model):
+    """``check_upload``: the rows an upload would keep and its report; nothing is stored."""
+
+    n: int
+    ingest_report: IngestReport
+
+
 class Dataset(Model):
     id: str
     name: str

@@ -13,7 +13,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -284,6 +284,106 @@ def dataset() -> None:
     """Datasets: upload with a public schema, list, show, delete rows."""
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def csv_format_options(command: F) -> F:
+    """The file-format options of ``dataset upload`` and ``dataset check``."""
+    options = [
+        click.option(
+            "--delimiter",
+            type=click.Choice([",", ";", "tab", "|"]),
+            help="The file's field separator (default: found from the header line).",
+        ),
+        click.option(
+            "--decimal-comma",
+            is_flag=True,
+            help="Numbers are written with a decimal comma (30,5).",
+        ),
+        click.option(
+            "--encoding",
+            type=click.Choice(["utf-8", "cp1252", "latin-1"]),
+            default="utf-8",
+            show_default=True,
+            help="The file's text encoding (cp1252: Excel's plain 'CSV' on a "
+            "Western-European Windows).",
+        ),
+        click.option(
+            "--missing-value",
+            "missing_values",
+            multiple=True,
+            help="A missing-value marker besides the built-in ones (empty, NA, NULL, NaN, "
+            "...), e.g. '.'; repeat for more.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _csv_format(
+    delimiter: str | None, decimal_comma: bool, encoding: str, missing_values: tuple[str, ...]
+) -> dict[str, Any]:
+    csv_format: dict[str, Any] = {"encoding": encoding, "missing_values": list(missing_values)}
+    if delimiter is not None:
+        csv_format["delimiter"] = "\t" if delimiter == "tab" else delimiter
+    if decimal_comma:
+        csv_format["decimal"] = ","
+    return csv_format
+
+
+def _report_pairs(report: Any) -> list[tuple[str, Any]]:
+    by_column = report.rows_rejected_by_column
+    return [
+        ("rows received", report.rows_received),
+        ("rows rejected", report.rows_rejected),
+        *([("rejected by column", by_column)] if by_column else []),
+        ("cells clipped", report.cells_clipped or "none"),
+        ("cells imputed", report.cells_imputed or "none"),
+        *([("read as", _format_words(report.csv_format))] if report.csv_format else []),
+    ]
+
+
+@dataset.command("check")
+@click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--schema",
+    "schema_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The public schema (JSON).",
+)
+@csv_format_options
+@pass_state
+def dataset_check(
+    state: State,
+    csv: Path,
+    schema_path: Path,
+    delimiter: str | None,
+    decimal_comma: bool,
+    encoding: str,
+    missing_values: tuple[str, ...],
+) -> None:
+    """Check CSV against its schema as an upload would; nothing is stored (a dataset cannot be
+    deleted once uploaded, only its rows)."""
+    csv_format = _csv_format(delimiter, decimal_comma, encoding, missing_values)
+    checked = state.client.check_upload(csv, schema_path, csv_format=csv_format)
+    report = checked.ingest_report
+
+    def text() -> str:
+        return "\n".join(
+            [
+                f"an upload would keep {checked.n} rows (nothing was stored)",
+                "",
+                "ingest report (to you only; not public):",
+                render.pairs(_report_pairs(report)),
+                *(f"warning: {w}" for w in report.warnings),
+            ]
+        )
+
+    emit(state, text, lambda: dump(checked))
+
+
 @dataset.command("upload")
 @click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
@@ -296,28 +396,7 @@ def dataset() -> None:
 @click.option("--name", required=True)
 @click.option("--description", default="")
 @click.option("--allow-paper-mode", is_flag=True, help="Allow paper-mode (heuristic) kinds.")
-@click.option(
-    "--delimiter",
-    type=click.Choice([",", ";", "tab", "|"]),
-    help="The file's field separator (default: found from the header line).",
-)
-@click.option(
-    "--decimal-comma", is_flag=True, help="Numbers are written with a decimal comma (30,5)."
-)
-@click.option(
-    "--encoding",
-    type=click.Choice(["utf-8", "cp1252", "latin-1"]),
-    default="utf-8",
-    show_default=True,
-    help="The file's text encoding (cp1252: Excel's plain 'CSV' on a Western-European Windows).",
-)
-@click.option(
-    "--missing-value",
-    "missing_values",
-    multiple=True,
-    help="A missing-value marker besides the built-in ones (empty, NA, NULL, NaN, ...), "
-    "e.g. '.'; repeat for more.",
-)
+@csv_format_options
 @click.option("--epsilon", "epsilon_total", type=float, help="Also set the ε budget.")
 @click.option(
     "--delta",
@@ -344,11 +423,7 @@ def dataset_upload(
     delta_total: float,
 ) -> None:
     """Upload CSV with its public schema. The ingest report is shown to you once."""
-    csv_format: dict[str, Any] = {"encoding": encoding, "missing_values": list(missing_values)}
-    if delimiter is not None:
-        csv_format["delimiter"] = "\t" if delimiter == "tab" else delimiter
-    if decimal_comma:
-        csv_format["decimal"] = ","
+    csv_format = _csv_format(delimiter, decimal_comma, encoding, missing_values)
     created = state.client.upload_dataset(
         name,
         csv,
@@ -371,20 +446,7 @@ def dataset_upload(
             render.pairs([("id", created.id), ("name", created.name), ("n", created.n)]),
             "",
             "ingest report (shown once, to you only; not public):",
-            render.pairs(
-                [
-                    ("rows received", report.rows_received),
-                    ("rows rejected", report.rows_rejected),
-                    *(
-                        [("rejected by column", report.rows_rejected_by_column)]
-                        if report.rows_rejected_by_column
-                        else []
-                    ),
-                    ("cells clipped", report.cells_clipped or "none"),
-                    ("cells imputed", report.cells_imputed or "none"),
-                    *([("read as", _format_words(report.csv_format))] if report.csv_format else []),
-                ]
-            ),
+            render.pairs(_report_pairs(report)),
             *(f"warning: {w}" for w in report.warnings),
         ]
         if epsilon_total is not None:
