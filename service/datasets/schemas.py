@@ -294,6 +294,11 @@ class BudgetRead(BaseModel):
     epsilon_spent_paper: float = Field(
         description="Part of epsilon_spent charged by paper-mode (heuristic) releases."
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="A total that gives little protection: delta_total not below 1/n (a "
+        "release may then reveal a record outright with probability about delta).",
+    )
 
 
 class DatasetRead(BaseModel):

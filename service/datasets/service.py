@@ -130,9 +130,22 @@ def visible(session: Session, *, caller: Caller) -> list[Dataset]:
     return list(session.execute(query).scalars())
 
 
+def budget_warnings(delta_total: float, n: int) -> list[str]:
+    """What an owner should hear about a total (the console warned, the API and CLI accepted
+    delta_total 0.5 on n = 8000 silently): delta not below 1/n. Public n and the total only."""
+    if n > 0 and delta_total >= 1.0 / n:
+        return [
+            f"delta_total {delta_total:g} is not below 1/n = {1.0 / n:.3g}: a release may then "
+            "reveal a record outright with probability about delta; keep it well below 1/n "
+            f"(e.g. {0.1 / n:.1g} or less)"
+        ]
+    return []
+
+
 def budget_view(session: Session, dataset_id: str) -> BudgetRead:
     budget = session.get(Budget, dataset_id)
     assert budget is not None
+    dataset = session.get(Dataset, dataset_id)
     paper = session.execute(
         select(func.coalesce(func.sum(LedgerEntry.epsilon), 0)).where(
             LedgerEntry.dataset_id == dataset_id,
@@ -149,6 +162,11 @@ def budget_view(session: Session, dataset_id: str) -> BudgetRead:
         epsilon_remaining=amounts.epsilon_value(budget.epsilon_total - budget.epsilon_spent),
         delta_remaining=amounts.delta_value(budget.delta_total - budget.delta_spent),
         epsilon_spent_paper=amounts.epsilon_value(int(paper)),
+        warnings=(
+            budget_warnings(amounts.delta_value(budget.delta_total), dataset.n)
+            if budget.is_set and dataset is not None
+            else []
+        ),
     )
 
 

@@ -399,3 +399,29 @@ def test_an_upload_can_be_checked_without_storing_anything(
     problem(check(analyst["api_key"], rows), 403, "forbidden")
     assert _count(db_url, Dataset) == before
     assert client.get("/v1/datasets", headers=api.auth(owner["api_key"])).json() == []
+
+
+def test_a_delta_total_not_below_one_over_n_is_accepted_with_a_warning(
+    api: Api, client: TestClient
+) -> None:
+    """A data manager set delta_total 0.5 on n = 8000 through the API and the CLI, silently
+    (only the console warned); the budget now says so wherever it is shown."""
+    owner = api.principal("owner")
+    ds = api.dataset(owner["api_key"], n=400, epsilon_total=None)
+    h = api.auth(owner["api_key"])
+    fine = client.put(
+        f"/v1/datasets/{ds['id']}/budget",
+        json={"epsilon_total": 1.0, "delta_total": 1e-6},
+        headers=h,
+    )
+    assert fine.json()["warnings"] == []
+    loose = client.put(
+        f"/v1/datasets/{ds['id']}/budget",
+        json={"epsilon_total": 1.0, "delta_total": 0.5},
+        headers=h,
+    )
+    assert loose.status_code == 200
+    (warning,) = loose.json()["warnings"]
+    assert warning.startswith("delta_total 0.5 is not below 1/n = 0.0025")
+    shown = client.get(f"/v1/datasets/{ds['id']}", headers=h).json()["budget"]
+    assert shown["warnings"] == [warning]

@@ -47,6 +47,8 @@ class Budget(Model):
     epsilon_remaining: float
     delta_remaining: float
     epsilon_spent_paper: float = 0.0
+    # A total that gives little protection (delta_total not below 1/n); empty: an older server.
+    warnings: list[str] = []
 
 
 class IngestReport(Model):

@@ -433,12 +433,13 @@ def dataset_upload(
         csv_format=csv_format,
     )
     out: dict[str, Any] = dump(created)
+    budget_warnings: list[str] = []
     if epsilon_total is not None:
-        out["budget"] = dump(
-            state.client.set_budget(
-                created.id, epsilon_total=epsilon_total, delta_total=delta_total
-            )
+        budget = state.client.set_budget(
+            created.id, epsilon_total=epsilon_total, delta_total=delta_total
         )
+        out["budget"] = dump(budget)
+        budget_warnings = budget.warnings
     report = created.ingest_report
 
     def text() -> str:
@@ -451,6 +452,7 @@ def dataset_upload(
         ]
         if epsilon_total is not None:
             lines += ["", f"budget set: epsilon {epsilon_total:g}, delta {delta_total:g}"]
+            lines += [f"warning: {w}" for w in budget_warnings]
         return "\n".join(lines)
 
     emit(state, text, lambda: out)

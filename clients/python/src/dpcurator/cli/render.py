@@ -69,13 +69,14 @@ def pairs(items: Sequence[tuple[str, Any]]) -> str:
 def budget(b: Budget) -> str:
     if not b.is_set:
         return "budget: not set"
-    return table(
+    shown = table(
         ["", "total", "spent", "remaining"],
         [
             ["epsilon", b.epsilon_total, b.epsilon_spent, b.epsilon_remaining],
             ["delta", b.delta_total, b.delta_spent, b.delta_remaining],
         ],
     )
+    return "\n".join([shown, *(f"warning: {w}" for w in b.warnings)])
 
 
 def dataset(d: Dataset) -> str:
