@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from numpy.typing import NDArray
 
@@ -71,19 +72,35 @@ def _first_bad_cell(
     """The 1-based data row and the column of the first value (in file order: row by row, left
     to right) in a ``wanted`` column that is neither a number nor missing; None if none is
     found. Error path only; names a place, never a value."""
-    columns = [(header.index(c), c) for c in wanted]
+    columns = [(header.index(c), c, fmt.labels.get(c)) for c in wanted]
     delimiter = fmt.delimiter or ","
     with path.open(newline="", encoding=_python_encoding(fmt), errors="replace") as handle:
         reader = csv.reader(handle, delimiter=delimiter)
         next(reader, None)
         for i, fields in enumerate(reader, start=1):
-            for j, name in columns:
+            for j, name, labels in columns:
                 value = fields[j].strip() if j < len(fields) else ""
                 if value in nulls:
                     continue
-                if not _is_number(value, fmt.decimal):
+                if labels is not None:
+                    if value not in labels:
+                        return i, name
+                elif not _is_number(value, fmt.decimal):
                     return i, name
     return None
+
+
+def _labelled(column: pa.ChunkedArray, labels: dict[str, float]) -> NDArray[np.float64]:
+    """A labelled column's text as its declared numbers (NaN where missing); -inf marks a value
+    that is not one of the labels (the caller names the first such cell)."""
+    keys = list(labels)
+    trimmed = pc.utf8_trim_whitespace(column)
+    index = pc.index_in(trimmed, value_set=pa.array(keys, type=pa.string()))
+    codes = np.append(np.asarray([labels[k] for k in keys], dtype=np.float64), -np.inf)
+    positions = index.fill_null(len(keys)).to_numpy(zero_copy_only=False)
+    out = codes[positions]
+    out[pc.is_null(column).to_numpy(zero_copy_only=False)] = np.nan
+    return np.asarray(out, dtype=np.float64)
 
 
 def _first_ragged_row(path: Path, header: list[str], fmt: CsvFormat) -> int | None:
@@ -270,6 +287,13 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
         raise CsvError("the last line has the wrong number of fields: the file looks truncated")
 
     nulls = _ARROW_NULLS | frozenset(fmt.missing_values)
+    unknown = [c for c in fmt.labels if c not in wanted]
+    if unknown:
+        raise CsvError(
+            f"csv_format labels name column(s) the schema does not use: {', '.join(unknown)}",
+            "#/csv_format/labels",
+        )
+    types = {c: pa.string() if c in fmt.labels else pa.float64() for c in wanted}
     try:
         table = pacsv.read_csv(
             path,
@@ -283,7 +307,7 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
                 delimiter=fmt.delimiter or ",", newlines_in_values=False
             ),
             convert_options=pacsv.ConvertOptions(
-                column_types={c: pa.float64() for c in wanted},
+                column_types=types,
                 include_columns=wanted,
                 strings_can_be_null=True,
                 null_values=sorted(nulls),
@@ -320,7 +344,19 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
         raise CsvError("the file has no data rows")
     matrix = np.empty((rows_received, len(wanted)), dtype=np.float64)
     for j, name in enumerate(wanted):
-        matrix[:, j] = table.column(name).to_numpy(zero_copy_only=False)
+        labels = fmt.labels.get(name)
+        if labels is None:
+            matrix[:, j] = table.column(name).to_numpy(zero_copy_only=False)
+            continue
+        matrix[:, j] = _labelled(table.column(name), labels)
+        unlabelled = np.isneginf(matrix[:, j])
+        if unlabelled.any():
+            row = int(np.argmax(unlabelled)) + 1
+            raise CsvError(
+                f"a value of labelled column '{name}' that is not one of its labels (data row "
+                f"{row}); add it to csv_format's labels, or mark it missing",
+                f"#/rows/{row}/{name}",
+            )
     del table
     infinite = np.isinf(matrix)
     if infinite.any():

@@ -244,10 +244,26 @@ class CsvFormat(Strict):
         "N/A, NULL, null, NaN, nan, #N/A and their variants), e.g. '.' (SAS, Stata) or '-99'.",
     )
 
+    labels: dict[
+        Annotated[str, Field(max_length=200)],
+        Annotated[dict[Annotated[str, Field(max_length=100)], StrictFloat], Field(max_length=1000)],
+    ] = Field(
+        default_factory=dict,
+        max_length=500,
+        description='Text values to read as numbers, by column: e.g. {"arm": {"treated": 1, '
+        '"control": 0}, "sex": {"F": 0, "M": 1}}. A labelled column holds its labels '
+        "(surrounding spaces ignored) and missing-value markers only; the numbers are then "
+        "checked like any others (the treatment 0 or 1, a categorical covariate's codes).",
+    )
+
     @model_validator(mode="after")
     def _distinct(self) -> Self:
         if self.decimal == "," and self.delimiter == ",":
             raise ValueError("a decimal comma needs another delimiter (e.g. ';')")
+        for column, mapping in self.labels.items():
+            for label, code in mapping.items():
+                if not math.isfinite(code):
+                    raise ValueError(f"labels/{column}/{label}: the code must be finite")
         return self
 
 

@@ -258,6 +258,23 @@ def test_a_european_excel_export_uploads_with_its_format(
     shown = run(owner, *args, *options).stdout
     assert "read as" in shown
     assert "delimiter ';', decimal ',', cp1252" in shown
+    # the arm as text, read through declared labels
+    worded = tmp_path / "trial-words.csv"
+    lines = text.splitlines()
+    head = lines[0].split(",")
+    arm = head.index("treated")
+    rows = [line.split(",") for line in lines[1:]]
+    for row in rows:
+        row[arm] = {"0": "control", "1": "treated"}[row[arm]]
+    worded.write_text("\n".join([lines[0], *(",".join(r) for r in rows)]) + "\n")
+    labels = tmp_path / "labels.json"
+    labels.write_text(json.dumps({"treated": {"control": 0, "treated": 1}}))
+    schema = str(DATA / "schema.json")
+    checked = run(
+        owner, "dataset", "check", str(worded), "--schema", schema, "--labels", str(labels)
+    )
+    assert "an upload would keep 4000 rows" in checked.stdout
+    assert "labels for treated" in checked.stdout
 
 
 def test_function_show_and_evaluate(run: Dpcurator, study: dict[str, str], tmp_path: Path) -> None:

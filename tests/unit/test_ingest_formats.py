@@ -151,3 +151,33 @@ def test_a_constant_covariate_is_named_in_the_owners_report(tmp_path: Path) -> N
 def test_a_decimal_comma_needs_another_delimiter() -> None:
     with pytest.raises(ValueError, match="decimal comma needs another delimiter"):
         CsvFormat(delimiter=",", decimal=",")
+
+
+def test_text_categories_and_arms_read_through_declared_labels(tmp_path: Path) -> None:
+    """A hospital export codes the arm 'treated' / 'control' and sex 'F' / 'M': the owner
+    declares the labels instead of recoding the file."""
+    lines = ["age,bmi,sex,treated,los,name"]
+    for row in ROWS:
+        sex = {0: " F", 1: "M "}[row[2]]
+        arm = {0: "control", 1: "treated"}[row[3]]
+        lines.append(f"{row[0]},{row[1]},{sex},{arm},{row[4]},{row[5]}")
+    text = "\n".join(lines) + "\n"
+    labels = {"sex": {"F": 0, "M": 1}, "treated": {"control": 0, "treated": 1}}
+    got = ingest(write(tmp_path, text), SCHEMA, CsvFormat(labels=labels))
+    np.testing.assert_array_equal(got.matrix, EXPECTED)
+    # without labels the first text cell is named; with one label missing, its cell is
+    with pytest.raises(CsvError) as refused:
+        ingest(write(tmp_path, text), SCHEMA)
+    assert "(column 'sex', data row 1)" in str(refused.value)
+    partial = {"sex": {"F": 0}, "treated": {"control": 0, "treated": 1}}
+    with pytest.raises(CsvError) as refused:
+        ingest(write(tmp_path, text), SCHEMA, CsvFormat(labels=partial))
+    assert "labelled column 'sex' that is not one of its labels (data row 1)" in str(refused.value)
+    assert refused.value.pointer == "#/rows/1/sex"
+    # a missing marker in a labelled column is missing (reject_row drops the row)
+    holed = text.replace("M ,", "NA,", 1)
+    got = ingest(write(tmp_path, holed), SCHEMA, CsvFormat(labels=labels))
+    assert got.report.n == 3
+    assert got.report.rows_rejected_by_column == {"sex": 1}
+    with pytest.raises(CsvError, match="labels name column"):
+        ingest(write(tmp_path, text), SCHEMA, CsvFormat(labels={"nope": {"a": 1}}))

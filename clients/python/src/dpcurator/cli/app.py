@@ -315,6 +315,13 @@ def csv_format_options(command: F) -> F:
             help="A missing-value marker besides the built-in ones (empty, NA, NULL, NaN, "
             "...), e.g. '.'; repeat for more.",
         ),
+        click.option(
+            "--labels",
+            "labels_path",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help='Text values to read as numbers, by column (JSON), e.g. {"arm": {"treated": '
+            '1, "control": 0}, "sex": {"F": 0, "M": 1}}.',
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -322,9 +329,18 @@ def csv_format_options(command: F) -> F:
 
 
 def _csv_format(
-    delimiter: str | None, decimal_comma: bool, encoding: str, missing_values: tuple[str, ...]
+    delimiter: str | None,
+    decimal_comma: bool,
+    encoding: str,
+    missing_values: tuple[str, ...],
+    labels_path: Path | None,
 ) -> dict[str, Any]:
     csv_format: dict[str, Any] = {"encoding": encoding, "missing_values": list(missing_values)}
+    if labels_path is not None:
+        try:
+            csv_format["labels"] = json.loads(labels_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CliError(f"--labels: not a JSON file of labels ({exc})") from None
     if delimiter is not None:
         csv_format["delimiter"] = "\t" if delimiter == "tab" else delimiter
     if decimal_comma:
@@ -363,10 +379,11 @@ def dataset_check(
     decimal_comma: bool,
     encoding: str,
     missing_values: tuple[str, ...],
+    labels_path: Path | None,
 ) -> None:
     """Check CSV against its schema as an upload would; nothing is stored (a dataset cannot be
     deleted once uploaded, only its rows)."""
-    csv_format = _csv_format(delimiter, decimal_comma, encoding, missing_values)
+    csv_format = _csv_format(delimiter, decimal_comma, encoding, missing_values, labels_path)
     checked = state.client.check_upload(csv, schema_path, csv_format=csv_format)
     report = checked.ingest_report
 
@@ -419,11 +436,12 @@ def dataset_upload(
     decimal_comma: bool,
     encoding: str,
     missing_values: tuple[str, ...],
+    labels_path: Path | None,
     epsilon_total: float | None,
     delta_total: float,
 ) -> None:
     """Upload CSV with its public schema. The ingest report is shown to you once."""
-    csv_format = _csv_format(delimiter, decimal_comma, encoding, missing_values)
+    csv_format = _csv_format(delimiter, decimal_comma, encoding, missing_values, labels_path)
     created = state.client.upload_dataset(
         name,
         csv,
@@ -462,7 +480,9 @@ def _format_words(fmt: dict[str, Any]) -> str:
     delimiter = {"\t": "tab"}.get(str(fmt.get("delimiter")), repr(fmt.get("delimiter")))
     words = f"delimiter {delimiter}, decimal {fmt.get('decimal', '.')!r}, {fmt.get('encoding')}"
     extra = fmt.get("missing_values") or []
-    return words + (f", missing also {', '.join(repr(m) for m in extra)}" if extra else "")
+    words += f", missing also {', '.join(repr(m) for m in extra)}" if extra else ""
+    labelled = fmt.get("labels") or {}
+    return words + (f", labels for {', '.join(labelled)}" if labelled else "")
 
 
 @dataset.command("list")
