@@ -140,6 +140,9 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
     ledger = run(owner, "ledger", "show", ds).stdout
     assert "charge" in ledger
     assert "create" in ledger
+    # whom, not only an id: the analyst's charges and grant carry its name
+    assert f"grant {study['analyst_name']} (" in ledger
+    assert study["analyst_name"] in ledger.split("charge")[1]
     exported = tmp_path / "ledger.csv"
     run(owner, "ledger", "export", ds, "-o", str(exported))
     assert exported.read_text().startswith("seq,entry_type")

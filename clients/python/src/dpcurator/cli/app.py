@@ -660,7 +660,11 @@ def ledger() -> None:
 def ledger_show(state: State, dataset_id: str) -> None:
     """Every budget event: creation, budget and grant changes, charges."""
     entries = state.client.ledger(dataset_id)
-    emit(state, lambda: render.ledger(entries), lambda: dump(entries))
+    try:  # names beside the ids (an owner may list principals); ids alone otherwise
+        names = {p.id: p.name for p in state.client.list_principals()}
+    except CuratorError:
+        names = {}
+    emit(state, lambda: render.ledger(entries, names), lambda: dump(entries))
 
 
 @ledger.command("export")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -146,7 +146,7 @@ def datasets(items: Sequence[Dataset]) -> str:
     )
 
 
-def entry_note(e: LedgerEntry) -> str:
+def entry_note(e: LedgerEntry, names: Mapping[str, str] | None = None) -> str:
     """What a budget or grant entry set, from its details (a charge's are its mechanism)."""
     try:
         details = json.loads(e.details_json or "{}")
@@ -155,7 +155,7 @@ def entry_note(e: LedgerEntry) -> str:
     if not isinstance(details, dict):
         return ""
     if e.entry_type == "grant" and "grantee" in details:
-        who = str(details["grantee"])[:12]
+        who = _who(str(details["grantee"]), names)
         if details.get("revoked"):
             return f"revoke {who}"
         caps = [
@@ -169,7 +169,14 @@ def entry_note(e: LedgerEntry) -> str:
     return ""
 
 
-def ledger(entries: Sequence[LedgerEntry]) -> str:
+def _who(principal_id: str, names: Mapping[str, str] | None) -> str:
+    """A principal as the owner knows it: its name (and id prefix) where known, else the id."""
+    name = (names or {}).get(principal_id)
+    return f"{name} ({principal_id[:8]})" if name else principal_id[:12]
+
+
+def ledger(entries: Sequence[LedgerEntry], names: Mapping[str, str] | None = None) -> str:
+    """``names``: principal ids to names (an owner's principal listing), shown beside the ids."""
     return table(
         [
             "seq",
@@ -190,7 +197,7 @@ def ledger(entries: Sequence[LedgerEntry]) -> str:
                 e.seq,
                 e.created_at[:19].replace("T", " "),
                 e.entry_type,
-                e.principal_id[:12],
+                _who(e.principal_id, names),
                 e.guarantee,
                 e.epsilon,
                 e.delta,
@@ -198,7 +205,7 @@ def ledger(entries: Sequence[LedgerEntry]) -> str:
                 e.epsilon_total,
                 e.delta_spent,
                 e.delta_total,
-                entry_note(e),
+                entry_note(e, names),
             ]
             for e in entries
         ],
