@@ -7,6 +7,7 @@ column and the row (the owner holds the file) but never quote a value.
 from __future__ import annotations
 
 import csv
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,19 @@ WARN_SHARE = 0.01
 _ARROW_NULLS = frozenset(pacsv.ConvertOptions().null_values)
 
 
+def _word(delimiter: str | None) -> str:
+    return "tab" if delimiter == "\t" else f"'{delimiter}'"
+
+
 def _python_encoding(fmt: CsvFormat) -> str:
     return "utf-8-sig" if fmt.encoding == "utf-8" else fmt.encoding
+
+
+# What arrow reads as a number: ASCII digits with an optional sign, decimal mark and exponent,
+# or an infinity (Python's float() also takes '1_000' and other scripts' digits; arrow does not).
+_NUMBER = re.compile(
+    r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?(?:inf|infinity)", re.I | re.A
+)
 
 
 def _is_number(value: str, decimal: str) -> bool:
@@ -59,19 +71,16 @@ def _is_number(value: str, decimal: str) -> bool:
         if "." in value:
             return False
         value = value.replace(",", ".")
-    try:
-        float(value)
-    except ValueError:
-        return False
-    return True
+    return _NUMBER.fullmatch(value) is not None
 
 
 def _first_bad_cell(
     path: Path, header: list[str], wanted: list[str], fmt: CsvFormat, nulls: frozenset[str]
-) -> tuple[int, str] | None:
+) -> tuple[int, str, bool] | None:
     """The 1-based data row and the column of the first value (in file order: row by row, left
-    to right) in a ``wanted`` column that is neither a number nor missing; None if none is
-    found. Error path only; names a place, never a value."""
+    to right) in a ``wanted`` column that is neither a number (nor, in a labelled column, a
+    label) nor missing, and whether that value holds text outside ASCII (a hint at the file's
+    encoding); None if none is found. Error path only; names a place, never a value."""
     columns = [(header.index(c), c, fmt.labels.get(c)) for c in wanted]
     delimiter = fmt.delimiter or ","
     with path.open(newline="", encoding=_python_encoding(fmt), errors="replace") as handle:
@@ -82,25 +91,37 @@ def _first_bad_cell(
                 value = fields[j].strip() if j < len(fields) else ""
                 if value in nulls:
                     continue
-                if labels is not None:
-                    if value not in labels:
-                        return i, name
-                elif not _is_number(value, fmt.decimal):
-                    return i, name
+                if labels is not None and value in labels:
+                    continue
+                if not _is_number(value, fmt.decimal):
+                    return i, name, not value.isascii()
     return None
 
 
-def _labelled(column: pa.ChunkedArray, labels: dict[str, float]) -> NDArray[np.float64]:
-    """A labelled column's text as its declared numbers (NaN where missing); -inf marks a value
-    that is not one of the labels (the caller names the first such cell)."""
-    keys = list(labels)
+def _labelled(
+    column: pa.ChunkedArray, labels: dict[str, float], nulls: frozenset[str], decimal: str
+) -> NDArray[np.float64]:
+    """A labelled column's text as numbers: a label as its declared number (labels win over
+    missing-value markers: the owner declared them for this column), else a missing-value
+    marker as NaN, else the value as a number (a top-coded age's '90+' labelled, the other ages
+    as written); -inf marks a value that is none of these (the caller names its cell)."""
     trimmed = pc.utf8_trim_whitespace(column)
+    keys = list(labels)
     index = pc.index_in(trimmed, value_set=pa.array(keys, type=pa.string()))
-    codes = np.append(np.asarray([labels[k] for k in keys], dtype=np.float64), -np.inf)
-    positions = index.fill_null(len(keys)).to_numpy(zero_copy_only=False)
-    out = codes[positions]
-    out[pc.is_null(column).to_numpy(zero_copy_only=False)] = np.nan
-    return np.asarray(out, dtype=np.float64)
+    positions = index.fill_null(-1).to_numpy(zero_copy_only=False)
+    out = np.full(len(positions), np.nan)
+    matched = positions >= 0
+    codes = np.asarray([labels[k] for k in keys], dtype=np.float64)
+    out[matched] = codes[positions[matched]]
+    rest = np.flatnonzero(~matched)
+    if rest.size:
+        texts = trimmed.take(pa.array(rest)).to_pylist()
+        for k, text in zip(rest, texts, strict=True):
+            if text is None or text in nulls:
+                continue
+            number = text.replace(",", ".") if decimal == "," and "." not in text else text
+            out[k] = float(number) if _is_number(text, decimal) else -np.inf
+    return out
 
 
 def _first_ragged_row(path: Path, header: list[str], fmt: CsvFormat) -> int | None:
@@ -193,6 +214,18 @@ def constant_warnings(covariates: NDArray[np.float64], names: list[str]) -> list
 def _header_line(path: Path, fmt: CsvFormat) -> str:
     with path.open("rb") as f:
         raw = f.readline(MAX_HEADER_BYTES)
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise CsvError(
+            "the file is UTF-16 text (it starts with a UTF-16 byte-order mark): save it as UTF-8 "
+            "(Excel: 'CSV UTF-8')",
+            "#/header",
+        )
+    if raw.startswith(b"\xef\xbb\xbf") and fmt.encoding != "utf-8":
+        raise CsvError(
+            f"the file starts with a UTF-8 byte-order mark, so it is UTF-8, not {fmt.encoding}: "
+            "upload it without an encoding (CLI: without --encoding)",
+            "#/header",
+        )
     if not raw.strip():
         raise CsvError("the file is empty" if not raw else "the header line is empty", "#/header")
     try:
@@ -233,6 +266,8 @@ def _last_line_complete(path: Path, width: int, fmt: CsvFormat) -> bool:
         f.seek(max(0, size - 65536))
         tail = f.read().rstrip(b"\r\n")
     last = tail.rsplit(b"\n", 1)[-1].decode(_python_encoding(fmt), errors="replace")
+    if '"' in last:
+        return True  # a quoted field may span lines: the parser decides
     try:
         fields = next(csv.reader([last], delimiter=fmt.delimiter or ","))
     except (StopIteration, csv.Error):
@@ -244,16 +279,21 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
     fmt = fmt or CsvFormat()
     wanted = [c.name for c in schema.covariates] + [schema.treatment.name, schema.outcome.name]
     header, fmt = _header(path, fmt, wanted + list(schema.drop_columns))
+    # Unnamed columns at the end of the header (Excel's delimiter at the end of every line) are
+    # ignored, never read: they get names no schema can hold (control characters).
+    trailing = 0
+    while trailing < len(header) and header[len(header) - 1 - trailing] == "":
+        trailing += 1
+    if 0 < trailing < len(header):
+        header = header[: len(header) - trailing] + [f"\x00unnamed{k}" for k in range(trailing)]
     dupes = sorted(name for name, k in Counter(header).items() if k > 1)
     if dupes:
         raise CsvError(f"duplicated column(s): {', '.join(repr(d) for d in dupes)}", "#/header")
     empty = [i + 1 for i, c in enumerate(header) if c == ""]
     if empty:
-        trailing = empty[-1] == len(header)
         raise CsvError(
-            f"column {empty[0]} of {len(header)} has an empty name"
-            + (" (a delimiter at the end of the header line?)" if trailing else "")
-            + ": name it and declare it in drop_columns, or remove it",
+            f"column {empty[0]} of {len(header)} has an empty name: name it and declare it in "
+            "drop_columns, or remove it",
             "#/header",
         )
     missing = [c for c in wanted if c not in header]
@@ -264,20 +304,28 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
             for m in missing
             if m.strip().casefold() in near
         ]
-        unnamed = [c for c in header if c not in wanted and c not in schema.drop_columns]
+        unnamed = [
+            c
+            for c in header
+            if c not in wanted and c not in schema.drop_columns and not c.startswith("\x00")
+        ]
         if unnamed and not hints:
             shown = ", ".join(repr(c) for c in unnamed[:10]) + (" ..." if len(unnamed) > 10 else "")
             hints.append(f"the CSV's columns the schema does not name: {shown}")
         if len(header) == 1:
             hints.append(
-                f"the header line is one column with the delimiter '{fmt.delimiter}': give the "
-                "file's delimiter in csv_format"
+                f"the header line is one column with the delimiter {_word(fmt.delimiter)}: give "
+                "the file's delimiter (csv_format delimiter, CLI --delimiter)"
             )
         raise CsvError(
             f"missing column(s): {', '.join(missing)}" + (f"; {'; '.join(hints)}" if hints else ""),
             "#/header",
         )
-    extra = [c for c in header if c not in wanted and c not in schema.drop_columns]
+    extra = [
+        c
+        for c in header
+        if c not in wanted and c not in schema.drop_columns and not c.startswith("\x00")
+    ]
     if extra:
         raise CsvError(
             f"column(s) not in the schema: {', '.join(extra)} (declare them in drop_columns)",
@@ -304,12 +352,14 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
                 encoding="utf8" if fmt.encoding == "utf-8" else fmt.encoding,
             ),
             parse_options=pacsv.ParseOptions(
-                delimiter=fmt.delimiter or ",", newlines_in_values=False
+                delimiter=fmt.delimiter or ",", newlines_in_values=True
             ),
             convert_options=pacsv.ConvertOptions(
                 column_types=types,
                 include_columns=wanted,
-                strings_can_be_null=True,
+                # only labelled columns are read as text: they resolve missing markers
+                # themselves, after their labels (``_labelled``)
+                strings_can_be_null=False,
                 null_values=sorted(nulls),
                 decimal_point=fmt.decimal,
             ),
@@ -322,12 +372,18 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
             found = _first_bad_cell(path, header, wanted, fmt, nulls)
             if found is None:
                 raise CsvError("a value that is not a number") from None
-            row, column = found
+            row, column, beyond_ascii = found
             hint = " (the decimal mark is ',' here)" if fmt.decimal == "," else ""
+            if beyond_ascii:
+                hint += (
+                    f"; it holds text outside ASCII: if the file is not {fmt.encoding}, give its "
+                    "encoding (csv_format encoding, CLI --encoding)"
+                )
             raise CsvError(
                 f"a value that is not a number (column '{column}', data row {row}){hint}; a "
-                "numeric column holds numbers and missing-value markers only (code categories "
-                "as integers; see csv_format for decimal commas and other markers)",
+                "numeric column holds plain numbers and missing-value markers only: declare "
+                "text values as labels (csv_format labels, CLI --labels), other missing markers "
+                "(missing_values, --missing-value), a decimal comma (decimal, --decimal-comma)",
                 f"#/rows/{row}/{column}",
             ) from None
         if "expected" in text and "columns" in text:
@@ -348,13 +404,14 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
         if labels is None:
             matrix[:, j] = table.column(name).to_numpy(zero_copy_only=False)
             continue
-        matrix[:, j] = _labelled(table.column(name), labels)
+        matrix[:, j] = _labelled(table.column(name), labels, nulls, fmt.decimal)
         unlabelled = np.isneginf(matrix[:, j])
         if unlabelled.any():
             row = int(np.argmax(unlabelled)) + 1
             raise CsvError(
-                f"a value of labelled column '{name}' that is not one of its labels (data row "
-                f"{row}); add it to csv_format's labels, or mark it missing",
+                f"a value of labelled column '{name}' that is neither one of its labels nor a "
+                f"number nor missing (data row {row}); add it to the labels (csv_format labels, "
+                "CLI --labels), or check the file's encoding if the labels have accents",
                 f"#/rows/{row}/{name}",
             )
     del table
@@ -367,7 +424,13 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
             "infinities and numbers beyond the float range are data errors, not missing values",
             f"#/rows/{row}/{column}",
         )
-    return _apply_policies(matrix, schema, wanted, rows_received, fmt)
+    ingested = _apply_policies(matrix, schema, wanted, rows_received, fmt)
+    if 0 < trailing < len(header):
+        ingested.report.warnings.append(
+            f"the header ends with {trailing} unnamed column(s) (a delimiter at the end of each "
+            "line, as Excel writes it): ignored"
+        )
+    return ingested
 
 
 def _apply_policies(

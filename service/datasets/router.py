@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import PlainTextResponse
@@ -64,6 +64,23 @@ CSV_FORMAT_FORM = Form(
 )
 
 
+def _keys_named_twice(text: str) -> list[str]:
+    """Keys an object of the JSON ``text`` names twice (a labels map with the key 'treated'
+    twice made both arms 1, silently); [] also for text that is not JSON (validated later)."""
+    twice: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        twice.extend(sorted({k for k in keys if keys.count(k) > 1}))
+        return dict(items)
+
+    try:
+        json.loads(text, object_pairs_hook=pairs)
+    except ValueError:
+        return []
+    return twice
+
+
 def _upload_inputs(schema_text: str, csv_format_text: str | None) -> tuple[UploadSchema, CsvFormat]:
     try:
         public = UploadSchema.model_validate_json(schema_text)
@@ -72,6 +89,12 @@ def _upload_inputs(schema_text: str, csv_format_text: str | None) -> tuple[Uploa
         raise InvalidSchema(validation_summary(errors), errors=errors) from None
     except json.JSONDecodeError:
         raise InvalidSchema("the schema is not valid JSON") from None
+    twice = _keys_named_twice(csv_format_text or "{}")
+    if twice:
+        raise ValidationFailed(
+            f"csv_format names a key twice: {', '.join(twice)} (JSON keeps only the last one)",
+            pointer="#/csv_format",
+        )
     try:
         fmt = CsvFormat.model_validate_json(csv_format_text or "{}")
     except ValidationError as exc:

@@ -187,6 +187,7 @@ def test_policies_clip_reject_and_impute(api: Api) -> None:
         "decimal": ".",
         "encoding": "utf-8",
         "missing_values": [],
+        "labels": {},
     }
     reject = api.upload(
         owner["api_key"], rows, _schema(missing="reject_row", out_of_bounds="reject_row")
@@ -397,6 +398,10 @@ def test_an_upload_can_be_checked_without_storing_anything(
     bad = check(owner["api_key"], "\n".join(lines) + "\n")
     assert problem(bad, 422, "invalid-csv")["errors"][0]["pointer"] == "#/rows/5/age"
     problem(check(analyst["api_key"], rows), 403, "forbidden")
+    # a labels map naming a key twice (JSON keeps the last): refused, not silently merged
+    twice = '{"labels": {"treated": {"yes": 1, "yes": 0}}}'
+    refused = problem(check(owner["api_key"], rows, csv_format=twice), 422, "validation-failed")
+    assert "names a key twice: yes" in refused["detail"]
     assert _count(db_url, Dataset) == before
     assert client.get("/v1/datasets", headers=api.auth(owner["api_key"])).json() == []
 

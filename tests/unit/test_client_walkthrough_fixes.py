@@ -131,7 +131,7 @@ def test_a_refused_parameter_is_one_line_without_repeating_itself() -> None:
     )
     line = error.one_line()
     assert line.count("Input should be greater than 0") == 1
-    assert line.endswith("[params/alpha: Input should be a finite number]")
+    assert line.endswith("[#/params/alpha: Input should be a finite number]")
     # a mechanism's refusal: its detail is its one error's, at #/params (an analyst saw it twice)
     refusal = "uplift_table is causal only for an RCT design"
     mechanism = ProblemError(
@@ -142,6 +142,17 @@ def test_a_refused_parameter_is_one_line_without_repeating_itself() -> None:
         errors=[{"pointer": "#/params", "detail": refusal}],
     )
     assert mechanism.one_line().count(refusal) == 1
+    # an upload's refusal names its cell once, as a pointer (a data manager saw the detail twice)
+    csv_detail = "a value that is not a number (column 'sex', data row 1)"
+    upload = ProblemError(
+        type="https://dp-curator.dev/problems/invalid-csv",
+        title="The CSV does not match the schema",
+        status=422,
+        detail=csv_detail,
+        errors=[{"pointer": "#/rows/1/sex", "detail": csv_detail}],
+    )
+    assert upload.one_line().count(csv_detail) == 1
+    assert upload.one_line().endswith("[at #/rows/1/sex]")
 
 
 def test_an_uplift_grid_names_each_cells_ranges() -> None:

@@ -78,7 +78,7 @@ def _schema_text(schema: Mapping[str, Any] | str | Path) -> str:
     """A schema given as a dict, or as the path of a JSON file, as the form field's text."""
     if isinstance(schema, Mapping):
         return json.dumps(schema)
-    return Path(schema).read_text(encoding="utf-8")
+    return Path(schema).read_text(encoding="utf-8-sig")  # Windows editors write a BOM
 
 
 class CuratorClient:

@@ -78,20 +78,19 @@ class ProblemError(CuratorError):
         text = f"{self.problem_slug} ({self.status}): {self.title}"
         if self.detail and self.detail != self.title:
             text += f": {self.detail}"
-        # the server's detail names the first error ("#/params/epsilon: ..."): list the rest
+        # the server's detail names the first error ("#/params/epsilon: ..."): list the rest,
+        # and for an error whose words the detail already has, only where it is
         said = self.detail or ""
-        rest = [
-            _error_text(e)
-            for e in self.errors
-            if _error_text(e) not in said
-            and f"#/{_error_text(e)}" not in said
-            # the detail said it already, and the pointer names no field of its own
-            and not (
-                e.get("detail")
-                and str(e["detail"]) in said
-                and str(e.get("pointer", "")) in ("", "#", "#/params")
-            )
-        ]
+        rest = []
+        for error in self.errors:
+            pointer = str(error.get("pointer", ""))
+            detail = str(error.get("detail", ""))
+            if detail and detail in said:
+                if pointer not in ("", "#", "#/params") and pointer not in said:
+                    rest.append(f"at {pointer}")
+                continue
+            if _error_text(error) not in said:
+                rest.append(_error_text(error))
         if rest:
             text += " [" + "; ".join(rest) + "]"
         if "request_id" in self.extensions:
@@ -100,9 +99,9 @@ class ProblemError(CuratorError):
 
 
 def _error_text(error: dict[str, Any]) -> str:
-    pointer = str(error.get("pointer", "")).removeprefix("#/")
+    pointer = str(error.get("pointer", ""))
     detail = str(error.get("detail", ""))
-    return f"{pointer}: {detail}" if pointer else detail
+    return f"{pointer}: {detail}" if pointer not in ("", "#") else detail
 
 
 class Unauthenticated(ProblemError):

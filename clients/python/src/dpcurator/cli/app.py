@@ -338,7 +338,8 @@ def _csv_format(
     csv_format: dict[str, Any] = {"encoding": encoding, "missing_values": list(missing_values)}
     if labels_path is not None:
         try:
-            csv_format["labels"] = json.loads(labels_path.read_text(encoding="utf-8"))
+            # a BOM (Windows editors) is fine; keys named twice are refused by the server
+            csv_format["labels"] = json.loads(labels_path.read_text(encoding="utf-8-sig"))
         except (OSError, ValueError) as exc:
             raise CliError(f"--labels: not a JSON file of labels ({exc})") from None
     if delimiter is not None:
