@@ -11,12 +11,12 @@ from enum import StrEnum
 from typing import Annotated
 
 from fastapi import Depends, Header
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from service.auth import events
 from service.config import get_settings
-from service.db.engine import SessionDep
+from service.db.engine import SessionDep, read
 from service.db.models import Principal
 from service.ledger.service import now_iso
 from service.problems import Forbidden, Unauthenticated
@@ -90,6 +90,20 @@ def bearer_key(authorization: str | None) -> str:
 
 def is_admin_key(key: str) -> bool:
     return hmac.compare_digest(key.encode(), get_settings().admin_key.encode())
+
+
+def key_is_valid(key: str) -> bool:
+    """Whether ``key`` is the admin's or an enabled principal's: one indexed read on the read
+    pool, no session (the body middleware asks it before a body is read)."""
+    if is_admin_key(key):
+        return True
+    digest = hash_key(key)
+
+    def known(conn: Connection) -> bool:
+        row = conn.execute(select(Principal.disabled).where(Principal.key_hash == digest)).first()
+        return row is not None and not row.disabled
+
+    return read(known)
 
 
 def authenticate(

@@ -365,14 +365,15 @@ def test_json_bodies_are_capped_below_the_upload_limit_before_any_key_is_read(
         raise AssertionError("the body was read")
         yield b""  # pragma: no cover
 
-    # with a bearer key (the key is checked later); without one it is a 401, also unread
+    # with a valid key; without one it is a 401, also unread
+    reader = Api(client).principal("client")
     r = client.post(
         "/v1/functions/f/evaluate",
         content=never_read(),
         headers={
             "content-type": "application/json",
             "content-length": str(65 * 1024 * 1024),
-            "authorization": "Bearer not-checked-yet",
+            **Api.auth(reader["api_key"]),
         },
     )
     assert problem(r, 413, "payload-too-large")["detail"] == f"the limit is {JSON_BODY_LIMIT} bytes"
@@ -382,9 +383,10 @@ def test_an_evaluation_of_more_points_than_any_batch_allows_is_422(client: TestC
     from service.mechanisms.cate_function import MAX_BATCH
 
     body = {"points": [[0.0]] * (MAX_BATCH + 1)}
-    # without a bearer key: 401 first; with one, the body is refused before the key is looked up
+    # without a valid key: 401 first, unread; with one, the body is refused
     assert client.post("/v1/functions/f/evaluate", json=body).status_code == 401
-    r = client.post("/v1/functions/f/evaluate", json=body, headers={"authorization": "Bearer x"})
+    reader = Api(client).principal("client")
+    r = client.post("/v1/functions/f/evaluate", json=body, headers=Api.auth(reader["api_key"]))
     assert r.status_code == 422, r.text
 
 
@@ -701,10 +703,20 @@ def test_a_body_without_a_bearer_key_is_refused_before_it_is_read(client: TestCl
     """A security auditor's 50 MB JSON bodies without a key were parsed before the 401 (7-20 s
     and 500 MB each); a /v1 request with a body and no bearer key is refused unread, with the
     401's WWW-Authenticate challenge, even past the body limit."""
-    for headers in ({}, {"authorization": "Basic abc"}):
+    for headers in (
+        {},
+        {"authorization": "Basic abc"},
+        {"authorization": "Bearer junk"},  # a made-up key: checked before the body is read
+        {"authorization": "Bearer "},
+    ):
+
+        def never_read() -> Iterator[bytes]:
+            raise AssertionError("the body was read")
+            yield b""  # pragma: no cover
+
         r = client.post(
             "/v1/datasets/x/quotes",
-            content=b"[" * 100_000,
+            content=never_read(),
             headers={**headers, "content-type": "application/json"},
         )
         assert problem(r, 401, "unauthenticated")
