@@ -16,7 +16,7 @@ from dpcurator import CuratorClient
 from dpcurator.chain import Checkpoint, hashed_fields, new_checkpoint, row_hash, verify_entries
 from dpcurator.cli import cli
 from service.db.engine import get_sessionmaker
-from service.db.models import Budget, LedgerEntry
+from service.db.models import Budget, Grant, LedgerEntry, Principal
 from service.ledger import chain
 from tests.api.test_releases import post_release, wait
 from tests.conftest import Api
@@ -162,3 +162,70 @@ def test_a_total_raised_in_the_budget_row_fails_both_checks(api: Api, client: Te
     v = verify_entries(dataset_id, [*entries[:-1], rehashed])
     assert (v.valid, v.first_invalid_seq) == (False, 5)
     assert "not set by a budget entry" in (v.reason or "")
+
+
+def test_the_local_check_sees_grants_roles_and_the_servers_verdict(
+    api: Api, client: TestClient
+) -> None:
+    """A follow-up audit: the owner's --checkpoint check said valid (and moved the checkpoint)
+    after a client key was made an analyst for a charge and back, or a grant row was deleted,
+    where the server's check refused. The local check now compares the grant list and the
+    roles with the replay, and asks the server's check too."""
+    dataset_id, _, curator = _setup(api, client)
+    assert curator.verify_ledger_locally(dataset_id).valid
+    with get_sessionmaker()() as s:
+        (grant,) = s.execute(select(Grant).where(Grant.dataset_id == dataset_id)).scalars()
+        analyst = s.get(Principal, grant.principal_id)
+        assert analyst is not None
+        analyst.role = "client"  # the grantee that charged is a client now
+        s.commit()
+    v = curator.verify_ledger_locally(dataset_id)
+    assert not v.valid
+    assert "not an analyst" in (v.reason or "")
+    entries = curator.ledger(dataset_id)
+    grants = curator.list_grants(dataset_id)
+    here = verify_entries(dataset_id, entries, grants=grants[:0])  # a grant row deleted
+    assert "grants differ" in (here.reason or "")
+    with get_sessionmaker()() as s:
+        analyst = s.get(Principal, grant.principal_id)
+        assert analyst is not None
+        analyst.role = "analyst"
+        s.commit()
+    assert curator.verify_ledger_locally(dataset_id).valid
+    # among charges arriving during the check: the sum lies between the spends read around it
+    total = sum(float(e.epsilon) for e in entries)
+    ok = verify_entries(dataset_id, entries, spent_before=(0.0, 0.0), epsilon_spent=total + 1)
+    assert ok.valid
+    low = verify_entries(dataset_id, entries, spent_before=(0.0, 0.0), epsilon_spent=total / 2)
+    assert "spend" in (low.reason or "")
+
+
+def test_the_checkpoint_check_lists_limit_changes_since_the_checkpoint(
+    api: Api, client: TestClient, tmp_path: Path
+) -> None:
+    """An entry appended after the checkpoint with its chain recomputed passes every check (a
+    documented limit): the CLI lists the budget and grant entries since the checkpoint, so that
+    the owner can confirm them."""
+    dataset_id, key, curator = _setup(api, client)
+    file = tmp_path / "checkpoint.json"
+    curator.verify_ledger_locally(dataset_id, file)
+    curator.set_budget(dataset_id, epsilon_total=7.5, delta_total=1e-4)
+    runner = CliRunner()
+    import dpcurator.cli.app as app
+
+    original = app.CuratorClient
+    app.CuratorClient = lambda *a, **k: CuratorClient(  # type: ignore[misc, assignment]
+        *a, **{**k, "transport": client._transport}
+    )
+    try:
+        result = runner.invoke(
+            cli,
+            ["ledger", "verify", dataset_id, "--checkpoint", str(file)],
+            env={"CURATOR_URL": "http://testserver", "CURATOR_KEY": key},
+            catch_exceptions=False,
+        )
+    finally:
+        app.CuratorClient = original  # type: ignore[misc]
+    assert result.exit_code == 0, result.output
+    assert "since the checkpoint: entry 6" in result.stderr
+    assert "set eps 7.5" in result.stderr

@@ -746,3 +746,22 @@ def test_http_answers_carry_their_rfc_9110_headers(client: TestClient, api: Api)
             headers={**Api.auth(owner["api_key"]), "content-type": "application/json"},
         )
         assert problem(r, 422, "validation-failed")["errors"], body[:20]
+
+
+def test_an_alpha_the_interval_cannot_use_is_refused_before_any_charge(
+    client: TestClient, api: Api
+) -> None:
+    """alpha 1e-16 quoted 200, was charged, and the job failed (1 - alpha / 2 is 1.0 in
+    floating point): a follow-up audit lost epsilon 0.5 a time. It is a 422 now."""
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    for name in ("alpha", "alpha_v"):
+        params = {"epsilon": 0.5, "nuisance": "none", name: 1e-16}
+        problem(
+            post_release(client, analyst["api_key"], ds["id"], params), 422, "validation-failed"
+        )
+    assert _spent_and_charges(client, owner, ds) == (0.0, 0.0, [])
+    fine = post_release(client, analyst["api_key"], ds["id"], {"epsilon": 0.5, "alpha": 1e-12})
+    assert fine.status_code == 202, fine.text
+    assert wait(client, analyst["api_key"], fine.json()["id"])["status"] == "done"

@@ -81,6 +81,9 @@ _NUISANCES: dict[str, tuple[str, ...]] = {
 }
 
 
+MIN_ALPHA = 1e-12
+
+
 class AteParams(KindParams):
     """Request parameters of an ``ate`` release (validated again by the mechanism)."""
 
@@ -89,7 +92,9 @@ class AteParams(KindParams):
     epsilon: StrictFloat = Field(gt=0, allow_inf_nan=False)
     # None: README §1.7 default, min(1e-5, 1 / (10 * smallest fold size)); rct_difference: 0.
     delta: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
-    alpha: StrictFloat = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
+    # At least MIN_ALPHA: 1 - alpha / 2 must differ from 1 in floating point, or the interval's
+    # quantile is infinite and the charged release fails (a follow-up audit's alpha 1e-16).
+    alpha: StrictFloat = Field(default=0.05, ge=MIN_ALPHA, lt=1, allow_inf_nan=False)
     propensity_clip: StrictFloat = Field(default=0.1, gt=0, le=0.5, allow_inf_nan=False)
     pseudo_outcome_clip: StrictFloat | None = Field(default=None, gt=0, allow_inf_nan=False)
     # None: the design's default ((0.25, 0.25, 0.5) observational, (0.1, 0.4, 0.5) with DP-EBM
@@ -99,7 +104,7 @@ class AteParams(KindParams):
     # None: the mechanism's public default (strict: 0.8, 0.9 with cross_fit; ipw: 0.8).
     mean_share: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     variance_inflation: StrictBool = False
-    alpha_v: StrictFloat = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
+    alpha_v: StrictFloat = Field(default=0.05, ge=MIN_ALPHA, lt=1, allow_inf_nan=False)
     # None: strict, the public rule ate_strict.default_nuisance ("dp_linear" on RCT designs and
     # on observational ones below n epsilon = 2 * 10^4,
     # "dp_ebm" otherwise); paper, "kernel".

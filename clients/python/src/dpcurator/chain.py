@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from dpcurator.models import LedgerEntry, Verification
+from dpcurator.models import Grant, LedgerEntry, Verification
 
 EPSILON_SCALE = 10**12
 DELTA_SCALE = 10**18
@@ -133,6 +134,9 @@ def verify_entries(
     checkpoint: Checkpoint | None = None,
     epsilon_total: float | None = None,
     delta_total: float | None = None,
+    spent_before: tuple[float, float] | None = None,
+    grants: Sequence[Grant] | None = None,
+    roles: Mapping[str, str] | None = None,
 ) -> Verification:
     """Recompute the chain of ``entries`` (oldest first, all of them); ``epsilon_spent``: the
     budget's spend as the server reports it (a float of the same units), which must be the sum
@@ -140,7 +144,12 @@ def verify_entries(
     budget's totals as the server reports them, which must be the last budget entry's;
     ``checkpoint``: an entry an earlier check saw, which must still be there with the same
     hash. Every entry must carry the totals the last budget entry set, and every charge come
-    from the dataset's owner or a grantee with a grant in force, within its caps."""
+    from the dataset's owner or a grantee with a grant in force, within its caps.
+    ``spent_before``: the budget's (epsilon, delta) spend read before the entries (with
+    ``epsilon_spent`` / ``delta_spent`` read after them, the charges' sum must lie between:
+    a check among many charges a second cannot read both at one instant). ``grants``: the
+    dataset's grants as the server lists them (their caps and revocation must be the grant
+    entries'); ``roles``: principal ids to roles (a grantee that charged must be an analyst)."""
 
     def bad(seq: int | None, reason: str) -> Verification:
         head = entries[-1].row_hash if entries else genesis_hash(dataset_id)
@@ -177,14 +186,19 @@ def verify_entries(
         delta_total is not None and replay.totals[1] / DELTA_SCALE != delta_total
     ):
         return bad(None, "the budget's totals are not the ones the last budget entry set")
-    if (epsilon_spent is not None and eps / EPSILON_SCALE != epsilon_spent) or (
-        delta_spent is not None and dlt / DELTA_SCALE != delta_spent
-    ):
-        return bad(
-            None,
-            "the budget's spend is not the sum of the ledger's charges (if charges kept "
-            "arriving during the check, run it again)",
-        )
+    low = spent_before if spent_before is not None else (epsilon_spent, delta_spent)
+    summed = (eps / EPSILON_SCALE, dlt / DELTA_SCALE)
+    for lower, total, upper in zip(low, summed, (epsilon_spent, delta_spent), strict=True):
+        # spend only grows: read before the entries it is at most their sum, after at least
+        if (lower is not None and lower > total) or (upper is not None and upper < total):
+            return bad(
+                None,
+                "the budget's spend is not the sum of the ledger's charges (if charges kept "
+                "arriving during the check, run it again)",
+            )
+    problem = replay.rows_problem(grants, roles)
+    if problem is not None:
+        return bad(None, problem)
     if checkpoint is not None:
         saved = f"the checkpoint saved {checkpoint.saved_at or 'earlier'}"
         if checkpoint.seq > len(entries):
@@ -242,6 +256,29 @@ class _Replay:
                 grant[1] is not None and grant[4] > grant[1]
             ):
                 return "a charge beyond the grantee's cap"
+        return None
+
+    def rows_problem(
+        self, grants: Sequence[Grant] | None, roles: Mapping[str, str] | None
+    ) -> str | None:
+        """How the server's grant list and principal roles disagree with the replay, or None."""
+        if grants is not None:
+            listed = {g.principal_id: g for g in grants}
+            if set(listed) != set(self.grants):
+                return "the grants differ from the ledger's grant entries"
+            for grantee, state in self.grants.items():
+                row = listed[grantee]
+                caps = (
+                    None if state[0] is None else state[0] / EPSILON_SCALE,
+                    None if state[1] is None else state[1] / DELTA_SCALE,
+                )
+                if (row.epsilon_cap, row.delta_cap, row.revoked) != (*caps, state[2]):
+                    return "a grant's caps or revocation differ from the ledger's grant entries"
+        if roles is not None:
+            for grantee, state in self.grants.items():
+                charged = state[3] or state[4]
+                if charged and roles.get(grantee, "analyst") != "analyst":
+                    return "a grantee that charged is not an analyst"
         return None
 
 

@@ -401,11 +401,16 @@ class CuratorClient:
         for _ in range(5):
             before = self.get_budget(dataset_id)
             entries = self.ledger(dataset_id)
+            grants = self.list_grants(dataset_id)
             after = self.get_budget(dataset_id)
             spent = (after.epsilon_spent, after.delta_spent)
             if (before.epsilon_spent, before.delta_spent) == spent:
                 break  # no charge between the reads
-        return verify_entries(
+        try:
+            roles: dict[str, str] | None = {p.id: p.role for p in self.list_principals()}
+        except ProblemError:
+            roles = None  # who may list principals may differ by deployment
+        verification = verify_entries(
             dataset_id,
             entries,
             epsilon_spent=after.epsilon_spent,
@@ -413,7 +418,19 @@ class CuratorClient:
             checkpoint=checkpoint,
             epsilon_total=after.epsilon_total,
             delta_total=after.delta_total,
+            spent_before=(before.epsilon_spent, before.delta_spent),
+            grants=grants,
+            roles=roles,
         )
+        if not verification.valid:
+            return verification
+        # the server's own check sees what an export cannot (e.g. its rows' state): both must
+        # pass, so that the checkpoint never moves past what either would refuse
+        server = self.verify_ledger(dataset_id)
+        if not server.valid:
+            reason = f"the server's check: {server.reason}"
+            return server.model_copy(update={"reason": reason})
+        return verification
 
     # ---- quotes and releases (analysts) ----------------------------------------------------------
 

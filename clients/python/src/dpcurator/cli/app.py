@@ -723,6 +723,19 @@ def ledger_verify(state: State, dataset_id: str, local: bool, checkpoint: Path |
     if checkpoint is not None and v.valid and v.entries:
         if saved is not None:
             click.echo(f"checkpoint: entry {saved.seq} unchanged since {saved.saved_at}", err=True)
+            # what changed the limits since: the owner confirms these were theirs (an entry
+            # appended after the checkpoint with its chain recomputed passes every check)
+            changes = [
+                e
+                for e in state.client.ledger(dataset_id)[saved.seq :]
+                if e.entry_type in ("budget", "grant")
+            ]
+            for e in changes:
+                click.echo(
+                    f"since the checkpoint: entry {e.seq} ({e.created_at[:19]}): "
+                    f"{render.entry_note(e) or e.entry_type}: confirm it was yours",
+                    err=True,
+                )
         if saved is None or saved.seq != v.entries:
             new_checkpoint(dataset_id, v).save(checkpoint)
             click.echo(f"checkpoint: entry {v.entries} saved to {checkpoint}", err=True)
