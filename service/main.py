@@ -410,6 +410,20 @@ def _add_problem_schema(app: FastAPI) -> None:
                         },
                     },
                 },
+                "request_id": {
+                    "type": "string",
+                    "description": "internal-error and database-unavailable: the id the "
+                    "operator's log names",
+                },
+                "epsilon_requested": {
+                    "type": "number",
+                    "description": "budget-exhausted and principal-cap-exceeded: the refused "
+                    "release's epsilon",
+                },
+                "delta_requested": {
+                    "type": "number",
+                    "description": "budget-exhausted and principal-cap-exceeded: its delta",
+                },
             },
             "required": ["type", "title", "status"],
         }

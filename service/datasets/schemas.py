@@ -324,7 +324,9 @@ class DatasetRead(BaseModel):
     owner_id: str
     version: int
     n: int
-    status: str
+    status: Literal["ready", "deleted"] = Field(
+        description="ready; deleted: the rows were deleted (no release can run; the ledger stays)"
+    )
     allow_paper_mode: bool
     created_at: str
     schema_: PublicSchema = Field(alias="schema", serialization_alias="schema")
