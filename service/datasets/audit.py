@@ -20,7 +20,7 @@ from service.db.models import LedgerEntry, Release
 from service.ledger import service as ledger
 from service.releases.service import shown_status
 
-EntryType = Literal["create", "budget", "grant", "charge", "rows_deleted"]
+EntryType = Literal["create", "budget", "grant", "charge", "rows_deleted", "settings"]
 ReleaseStatus = Literal["queued", "running", "done", "failed"]
 
 CSV_COLUMNS = (*ledger.CSV_COLUMNS, "release_kind", "release_status")

@@ -196,8 +196,11 @@ def update_dataset(
     dataset = service.owned(session, caller=caller, dataset_id=dataset_id)
     if body.description is not None:
         dataset.description = body.description
-    if body.allow_paper_mode is not None:
+    if body.allow_paper_mode is not None and body.allow_paper_mode != dataset.allow_paper_mode:
         dataset.allow_paper_mode = body.allow_paper_mode
+        ledger.set_paper_mode(
+            session, dataset_id=dataset.id, principal_id=caller.id, allowed=body.allow_paper_mode
+        )
     session.commit()
     return service.describe(session, dataset)
 

@@ -64,7 +64,9 @@ def create(
     session.add(dataset)
     session.flush()
     storage.save_matrix(session, dataset_id=dataset.id, matrix=ingested.matrix)
-    ledger.open_ledger(session, dataset_id=dataset.id, principal_id=owner.id)
+    ledger.open_ledger(
+        session, dataset_id=dataset.id, principal_id=owner.id, allow_paper_mode=allow_paper_mode
+    )
     read = describe(session, dataset)
     return DatasetCreated(**read.model_dump(by_alias=True), ingest_report=ingested.report)
 

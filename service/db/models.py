@@ -194,7 +194,7 @@ class LedgerEntry(Base):
     __table_args__ = (
         UniqueConstraint("dataset_id", "seq", name="uq_ledger_entry_dataset_seq"),
         CheckConstraint(
-            "entry_type IN ('create', 'budget', 'grant', 'charge', 'rows_deleted')",
+            "entry_type IN ('create', 'budget', 'grant', 'charge', 'rows_deleted', 'settings')",
             name="entry_type_valid",
         ),
     )

@@ -120,6 +120,9 @@ class Replay:
     epsilon_total: int = 0
     delta_total: int = 0
     grants: dict[str, GrantState] = field(default_factory=dict)
+    # whether paper mode is allowed, from the create entry and settings entries; None: a ledger
+    # opened before the create entry recorded it (not checked)
+    paper_mode: bool | None = None
 
     def step(self, entry: dict[str, Any]) -> str | None:
         kind = entry["entry_type"]
@@ -127,6 +130,8 @@ class Replay:
         if kind == "create":
             self.owner_id = entry["principal_id"]
             self.epsilon_total, self.delta_total = entry["epsilon_total"], entry["delta_total"]
+            if "allow_paper_mode" in details:
+                self.paper_mode = bool(details["allow_paper_mode"])
         elif kind == "budget":
             declared = (
                 _units(details.get("epsilon_total"), EPSILON_SCALE),
@@ -149,6 +154,10 @@ class Replay:
                 state.revoked = False
                 state.epsilon_cap = _units(details.get("epsilon_cap"), EPSILON_SCALE)
                 state.delta_cap = _units(details.get("delta_cap"), DELTA_SCALE)
+        if kind == "settings" and "allow_paper_mode" in details:
+            self.paper_mode = bool(details["allow_paper_mode"])
+        if kind == "charge" and entry["guarantee"] == "paper" and self.paper_mode is False:
+            return "a paper-mode charge while the ledger has paper mode off"
         if kind == "charge" and entry["principal_id"] != self.owner_id:
             grant = self.grants.get(entry["principal_id"])
             if grant is None or grant.revoked:

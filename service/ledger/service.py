@@ -29,7 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from service.db.engine import snapshot
-from service.db.models import Budget, Grant, LedgerEntry, Principal, Release
+from service.db.models import Budget, Dataset, Grant, LedgerEntry, Principal, Release
 from service.jobs import queue
 from service.ledger import amounts
 from service.ledger.chain import HASHED_FIELDS, Replay, body_parts, genesis_hash, row_hash
@@ -130,11 +130,37 @@ def _append(
     return entry
 
 
-def open_ledger(session: Session, *, dataset_id: str, principal_id: str) -> None:
-    """Create the dataset's budget row (no budget yet) and the genesis entry."""
+def open_ledger(
+    session: Session, *, dataset_id: str, principal_id: str, allow_paper_mode: bool = False
+) -> None:
+    """Create the dataset's budget row (no budget yet) and the genesis entry, which records
+    whether paper mode is allowed (a paper-mode charge must find it on: ``Replay``)."""
     session.add(Budget(dataset_id=dataset_id, last_hash=genesis_hash(dataset_id)))
     session.flush()
-    _append(session, dataset_id=dataset_id, entry_type="create", principal_id=principal_id)
+    _append(
+        session,
+        dataset_id=dataset_id,
+        entry_type="create",
+        principal_id=principal_id,
+        details={"allow_paper_mode": allow_paper_mode},
+    )
+
+
+def set_paper_mode(session: Session, *, dataset_id: str, principal_id: str, allowed: bool) -> None:
+    """Record the owner's change of the dataset's paper-mode setting (the caller changes the
+    dataset row in the same transaction): a ``settings`` entry, so that the setting a
+    paper-mode charge relied on is in the chain (a security audit turned it on in the database
+    for one paper release and off again, and no check saw it)."""
+    session.execute(
+        update(Budget).where(Budget.dataset_id == dataset_id).values(entries=Budget.entries)
+    )
+    _append(
+        session,
+        dataset_id=dataset_id,
+        entry_type="settings",
+        principal_id=principal_id,
+        details={"allow_paper_mode": allowed},
+    )
 
 
 def set_budget(
@@ -648,6 +674,10 @@ def _state_problem(
         return "budget does not match the sum of charges"
     if (budget.epsilon_total, budget.delta_total) != (replay.epsilon_total, replay.delta_total):
         return "the budget's totals differ from the last budget entry's"
+    if replay.paper_mode is not None:
+        dataset = session.get(Dataset, dataset_id)
+        if dataset is not None and bool(dataset.allow_paper_mode) != replay.paper_mode:
+            return "the dataset's paper-mode setting differs from the ledger's"
     rows = session.execute(select(Grant).where(Grant.dataset_id == dataset_id)).scalars()
     stored = {row.principal_id: row for row in rows}
     if set(stored) != set(replay.grants):

@@ -105,3 +105,56 @@ def test_grantees_read_only_their_own_grant(
     # Revoked: the grant (and the dataset) disappear for the former grantee.
     client.delete(f"{path}/{audited['a2']['id']}", headers=Api.auth(audited["owner"]["api_key"]))
     problem(client.get(path, headers=Api.auth(audited["a2"]["api_key"])), 404, "not-found")
+
+
+def test_paper_mode_changes_are_ledgered_and_a_paper_charge_needs_them(
+    client: TestClient, api: Api
+) -> None:
+    """A security audit turned paper mode on in the database for one paper release and off
+    again: no check saw it (the setting was not in the ledger). Its changes are settings
+    entries now, and a paper-mode charge must find it on in the replay."""
+    from sqlalchemy import update
+
+    from service.db.engine import get_sessionmaker
+    from service.db.models import Dataset
+
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], n=600, epsilon_total=5.0)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    oh = Api.auth(owner["api_key"])
+    paper = {"epsilon": 0.5, "mode": "paper", "nuisance": "linear"}
+
+    def set_paper(on: bool) -> None:
+        r = client.patch(f"/v1/datasets/{ds['id']}", json={"allow_paper_mode": on}, headers=oh)
+        assert r.status_code == 200, r.text
+
+    def verify() -> Any:
+        return client.get(f"/v1/datasets/{ds['id']}/ledger/verify", headers=oh).json()
+
+    set_paper(True)
+    r = post_release(client, analyst["api_key"], ds["id"], paper)
+    assert r.status_code == 202, r.text
+    wait(client, analyst["api_key"], r.json()["id"])
+    set_paper(False)
+    set_paper(False)  # no change, no entry
+    entries = _ledger(client, owner["api_key"], ds["id"], entry_type="settings").json()
+    assert [e["details_json"] for e in entries["entries"]] == [
+        '{"allow_paper_mode":true}',
+        '{"allow_paper_mode":false}',
+    ]
+    assert verify()["valid"] is True
+
+    def flip(on: bool) -> None:
+        with get_sessionmaker()() as s:
+            s.execute(update(Dataset).where(Dataset.id == ds["id"]).values(allow_paper_mode=on))
+            s.commit()
+
+    flip(True)  # the insider's switch, not ledgered
+    assert "paper-mode setting differs" in verify()["reason"]
+    r = post_release(client, analyst["api_key"], ds["id"], {**paper, "epsilon": 0.6})
+    assert r.status_code == 202, r.text
+    wait(client, analyst["api_key"], r.json()["id"])
+    flip(False)
+    checked = verify()
+    assert checked["valid"] is False
+    assert "a paper-mode charge while the ledger has paper mode off" in checked["reason"]

@@ -33,7 +33,13 @@ def record(epsilon: float, delta: float = 0.0) -> MechanismRecord:
 
 
 def add_people_and_dataset(
-    s: Session, *, dataset: str, owner: str, analysts: list[str], name: str | None = None
+    s: Session,
+    *,
+    dataset: str,
+    owner: str,
+    analysts: list[str],
+    name: str | None = None,
+    allow_paper_mode: bool = False,
 ) -> None:
     """Add an owner, analysts and a ready dataset row (flushed, not committed); ``name``
     names every principal (default: its id)."""
@@ -61,7 +67,7 @@ def add_people_and_dataset(
             n=100,
             q=1,
             status="ready",
-            allow_paper_mode=False,
+            allow_paper_mode=allow_paper_mode,
             created_at="t",
         )
     )

@@ -113,10 +113,18 @@ def _scenario(url: str, ids: dict[str, str]) -> tuple[list[LedgerEntry], list[Re
     """Seed a dataset and charge it, all in one transaction that is rolled back."""
     engine = make_engine(url)
     with Session(engine) as s:
+        # paper mode on: the odd record below is a paper-mode charge
         add_people_and_dataset(
-            s, dataset=ids["dataset"], owner=ids["owner"], analysts=[ids["analyst"]], name=ODD
+            s,
+            dataset=ids["dataset"],
+            owner=ids["owner"],
+            analysts=[ids["analyst"]],
+            name=ODD,
+            allow_paper_mode=True,
         )
-        ledger.open_ledger(s, dataset_id=ids["dataset"], principal_id=ids["owner"])
+        ledger.open_ledger(
+            s, dataset_id=ids["dataset"], principal_id=ids["owner"], allow_paper_mode=True
+        )
         ledger.set_budget(
             s,
             dataset_id=ids["dataset"],

@@ -769,6 +769,9 @@
     if (e.entry_type === "charge" && e.release_id) return "release " + String(e.release_id).slice(0, 8);
     if (e.entry_type === "create") return "dataset uploaded";
     if (e.entry_type === "rows_deleted") return "the rows were deleted";
+    if (e.entry_type === "settings" && details.allow_paper_mode !== undefined) {
+      return "paper mode " + (details.allow_paper_mode ? "allowed" : "not allowed");
+    }
     return "—";
   }
 

@@ -219,6 +219,7 @@ class _Replay:
     def __init__(self) -> None:
         self.owner: str | None = None
         self.totals = (0, 0)
+        self.paper_mode: bool | None = None  # None: a ledger from before it was recorded
         # grantee -> [epsilon cap, delta cap, revoked, epsilon spent, delta spent]
         self.grants: dict[str, list[Any]] = {}
 
@@ -228,6 +229,8 @@ class _Replay:
         recorded: tuple[int, int] = (fields["epsilon_total"], fields["delta_total"])
         if kind == "create":
             self.owner, self.totals = fields["principal_id"], recorded
+            if "allow_paper_mode" in details:
+                self.paper_mode = bool(details["allow_paper_mode"])
         elif kind == "budget":
             declared = (
                 _amount(details.get("epsilon_total"), EPSILON_SCALE),
@@ -246,6 +249,10 @@ class _Replay:
                 state[0] = _amount(details.get("epsilon_cap"), EPSILON_SCALE)
                 state[1] = _amount(details.get("delta_cap"), DELTA_SCALE)
                 state[2] = False
+        if kind == "settings" and "allow_paper_mode" in details:
+            self.paper_mode = bool(details["allow_paper_mode"])
+        if kind == "charge" and fields["guarantee"] == "paper" and self.paper_mode is False:
+            return "a paper-mode charge while the ledger has paper mode off"
         if kind == "charge" and fields["principal_id"] != self.owner:
             grant = self.grants.get(fields["principal_id"])
             if grant is None or grant[2]:

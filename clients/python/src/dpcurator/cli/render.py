@@ -166,6 +166,8 @@ def entry_note(e: LedgerEntry, names: Mapping[str, str] | None = None) -> str:
         return f"grant {who}" + (f" ({', '.join(caps)})" if caps else "")
     if e.entry_type == "budget" and "epsilon_total" in details:
         return f"set eps {details['epsilon_total']}, delta {details.get('delta_total')}"
+    if e.entry_type == "settings" and "allow_paper_mode" in details:
+        return "paper mode " + ("allowed" if details["allow_paper_mode"] else "not allowed")
     return ""
 
 
