@@ -144,11 +144,11 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
 
     # The ledger: filter, page, export.
     view(page, "Ledger")
-    # Four more entries: the client's grant, the new cap, the revocation, the raised budget
-    # (the refused budget wrote none; paper mode is a setting of the dataset, not a charge).
-    expect(chain).to_contain_text("11 entries intact")
+    # Five more entries: the client's grant, the new cap, the revocation, the raised budget and
+    # the paper-mode setting (the refused budget wrote none).
+    expect(chain).to_contain_text("12 entries intact")
     rows = page.locator("#ledger-table tbody tr")
-    expect(page.locator("#page-info")).to_have_text("Entries 1–11 of 11")
+    expect(page.locator("#page-info")).to_have_text("Entries 1–12 of 12")
     page.get_by_label("Entry").select_option("charge")
     page.get_by_role("button", name="Apply filters").click()
     expect(rows).to_have_count(3)
@@ -184,6 +184,10 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     page.get_by_label("Entry").select_option("budget")
     page.get_by_role("button", name="Apply filters").click()
     expect(rows.first).to_contain_text("set ε total 8, δ total 1e-4")
+    page.get_by_label("Entry").select_option("settings")
+    page.get_by_role("button", name="Apply filters").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("paper mode allowed")
     # Pages of 5, newest first.
     page.get_by_label("Principal").select_option("")
     page.get_by_label("Entry").select_option("")
@@ -191,16 +195,16 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     page.get_by_label("Per page").select_option("5")
     page.get_by_role("button", name="Apply filters").click()
     expect(rows).to_have_count(5)
-    expect(rows.first.locator("td").first).to_have_text("11")
+    expect(rows.first.locator("td").first).to_have_text("12")
     expect(page.get_by_role("button", name="Previous page")).to_be_disabled()
     page.get_by_role("button", name="Next page").click()
-    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 11")
-    expect(rows.first.locator("td").first).to_have_text("6")
+    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 12")
+    expect(rows.first.locator("td").first).to_have_text("7")
     page.get_by_role("button", name="Next page").click()
-    expect(page.locator("#page-info")).to_have_text("Entries 11–11 of 11")
+    expect(page.locator("#page-info")).to_have_text("Entries 11–12 of 12")
     expect(page.get_by_role("button", name="Next page")).to_be_disabled()
     page.get_by_role("button", name="Previous page").click()
-    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 11")
+    expect(page.locator("#page-info")).to_have_text("Entries 6–10 of 12")
     page.get_by_label("Per page").select_option("25")
     page.get_by_role("button", name="Apply filters").click()
     page.screenshot(path=shots / "ledger.png", full_page=True)
