@@ -175,8 +175,8 @@ def test_policies_clip_reject_and_impute(api: Api) -> None:
     assert rep["cells_clipped"] == {"age": 1, "outcome": 1}
     # 1 of 13 (8 %) is above the 1 % that suggests dishonest bounds: each column is named
     assert [w.split(" (")[0] for w in rep["warnings"]] == [
-        "1 of 13 values of 'age'",
-        "1 of 13 values of 'outcome'",
+        "1 of 11 values of 'age'",  # of the 11 rows kept, as clipping applies to those
+        "1 of 11 values of 'outcome'",
         "2 of 13 rows",
     ]
     assert "were outside its declared bounds" in rep["warnings"][0]
