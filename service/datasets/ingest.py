@@ -83,19 +83,15 @@ def _first_bad_cell(
     label) nor missing, and whether that value holds text outside ASCII (a hint at the file's
     encoding); None if none is found. Error path only; names a place, never a value."""
     columns = [(header.index(c), c, fmt.labels.get(c)) for c in wanted]
-    delimiter = fmt.delimiter or ","
-    with path.open(newline="", encoding=_python_encoding(fmt), errors="replace") as handle:
-        reader = csv.reader(handle, delimiter=delimiter)
-        next(reader, None)
-        for i, fields in enumerate(reader, start=1):
-            for j, name, labels in columns:
-                value = fields[j].strip() if j < len(fields) else ""
-                if value in nulls:
-                    continue
-                if labels is not None and value in labels:
-                    continue
-                if not _is_number(value, fmt.decimal):
-                    return i, name, not value.isascii()
+    for i, fields in _data_rows(path, fmt):
+        for j, name, labels in columns:
+            value = fields[j].strip() if j < len(fields) else ""
+            if value in nulls:
+                continue
+            if labels is not None and value in labels:
+                continue
+            if not _is_number(value, fmt.decimal):
+                return i, name, not value.isascii()
     return None
 
 
@@ -135,14 +131,19 @@ def _labelled(
 
 def _first_ragged_row(path: Path, header: list[str], fmt: CsvFormat) -> int | None:
     """The 1-based data row of the first field count other than the header's; None if none."""
-    delimiter = fmt.delimiter or ","
-    with path.open(newline="", encoding=_python_encoding(fmt), errors="replace") as handle:
-        reader = csv.reader(handle, delimiter=delimiter)
-        next(reader, None)
-        for i, fields in enumerate(reader, start=1):
-            if len(fields) != len(header):
-                return i
+    for i, fields in _data_rows(path, fmt):
+        if len(fields) != len(header):
+            return i
     return None
+
+
+def _data_rows(path: Path, fmt: CsvFormat) -> Iterator[tuple[int, list[str]]]:
+    """The file's data rows with their 1-based numbers, read as the format says (error paths
+    only: undecodable bytes are replaced, so a row is always named)."""
+    with path.open(newline="", encoding=_python_encoding(fmt), errors="replace") as handle:
+        reader = csv.reader(handle, delimiter=fmt.delimiter or ",")
+        next(reader, None)
+        yield from enumerate(reader, start=1)
 
 
 def bound_warnings(

@@ -58,6 +58,25 @@ def _rewrite_whole_chain(dataset_id: str, seq: int, **change: Any) -> None:
         s.commit()
 
 
+def _verify_with_cli(client: TestClient, key: str, dataset_id: str, *args: str) -> Any:
+    """``dpcurator ledger verify DATASET_ID *args`` against the test app."""
+    import dpcurator.cli.app as app
+
+    original = app.CuratorClient
+    app.CuratorClient = lambda *a, **k: CuratorClient(  # type: ignore[misc, assignment]
+        *a, **{**k, "transport": client._transport}
+    )
+    try:
+        return CliRunner().invoke(
+            cli,
+            ["ledger", "verify", dataset_id, *args],
+            env={"CURATOR_URL": "http://testserver", "CURATOR_KEY": key},
+            catch_exceptions=False,
+        )
+    finally:
+        app.CuratorClient = original  # type: ignore[misc]
+
+
 def test_local_verification_matches_the_server_and_a_checkpoint_catches_a_rewrite(
     api: Api, client: TestClient
 ) -> None:
@@ -98,22 +117,7 @@ def test_the_cli_keeps_a_checkpoint_file(api: Api, client: TestClient, tmp_path:
     file = tmp_path / "ledger-checkpoint.json"
 
     def run(*args: str, code: int = 0) -> Any:
-        runner = CliRunner()
-        import dpcurator.cli.app as app
-
-        original = app.CuratorClient
-        app.CuratorClient = lambda *a, **k: CuratorClient(  # type: ignore[misc, assignment]
-            *a, **{**k, "transport": client._transport}
-        )
-        try:
-            result = runner.invoke(
-                cli,
-                ["ledger", "verify", dataset_id, *args],
-                env={"CURATOR_URL": "http://testserver", "CURATOR_KEY": key},
-                catch_exceptions=False,
-            )
-        finally:
-            app.CuratorClient = original  # type: ignore[misc]
+        result = _verify_with_cli(client, key, dataset_id, *args)
         assert result.exit_code == code, (result.stdout, result.stderr)
         return result
 
@@ -210,22 +214,7 @@ def test_the_checkpoint_check_lists_limit_changes_since_the_checkpoint(
     file = tmp_path / "checkpoint.json"
     curator.verify_ledger_locally(dataset_id, file)
     curator.set_budget(dataset_id, epsilon_total=7.5, delta_total=1e-4)
-    runner = CliRunner()
-    import dpcurator.cli.app as app
-
-    original = app.CuratorClient
-    app.CuratorClient = lambda *a, **k: CuratorClient(  # type: ignore[misc, assignment]
-        *a, **{**k, "transport": client._transport}
-    )
-    try:
-        result = runner.invoke(
-            cli,
-            ["ledger", "verify", dataset_id, "--checkpoint", str(file)],
-            env={"CURATOR_URL": "http://testserver", "CURATOR_KEY": key},
-            catch_exceptions=False,
-        )
-    finally:
-        app.CuratorClient = original  # type: ignore[misc]
+    result = _verify_with_cli(client, key, dataset_id, "--checkpoint", str(file))
     assert result.exit_code == 0, result.output
     assert "since the checkpoint: entry 6" in result.stderr
     assert "set eps 7.5" in result.stderr

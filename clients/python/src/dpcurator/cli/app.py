@@ -287,6 +287,15 @@ def dataset() -> None:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+schema_option = click.option(
+    "--schema",
+    "schema_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The public schema (JSON): bounds, treatment, outcome, design, policies.",
+)
+
+
 def csv_format_options(command: F) -> F:
     """The file-format options of ``dataset upload`` and ``dataset check``."""
     options = [
@@ -363,13 +372,7 @@ def _report_pairs(report: Any) -> list[tuple[str, Any]]:
 
 @dataset.command("check")
 @click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--schema",
-    "schema_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="The public schema (JSON).",
-)
+@schema_option
 @csv_format_options
 @pass_state
 def dataset_check(
@@ -404,13 +407,7 @@ def dataset_check(
 
 @dataset.command("upload")
 @click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--schema",
-    "schema_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="The public schema (JSON): bounds, treatment, outcome, design, policies.",
-)
+@schema_option
 @click.option("--name", required=True)
 @click.option("--description", default="")
 @click.option("--allow-paper-mode", is_flag=True, help="Allow paper-mode (heuristic) kinds.")
