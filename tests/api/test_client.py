@@ -359,7 +359,7 @@ def test_predict_is_free_and_deterministic(
         assert set(first.predictions) <= {row["uplift"] for row in parsed.rows}
     else:
         assert isinstance(parsed, EbmShapeResult)
-        assert [f.feature for f in parsed.shape_functions] == ["x0", "x1", "x2"]
+        assert [f.feature for f in parsed.shape_functions] == ["age", "severity", "sex"]
         assert parsed.ate == pytest.approx(parsed.intercept)
     with pytest.raises(ValidationFailed) as outside:
         s.analyst.predict(release.id, [[50.0, 1.5, 0.0]])

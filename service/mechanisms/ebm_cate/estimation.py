@@ -91,7 +91,7 @@ def run_plan(
     lower = np.asarray(domain.x_lower, dtype=np.float64)
     upper = np.asarray(domain.x_upper, dtype=np.float64)
     q = domain.q
-    feature_names = list(names) if names is not None else [f"x{j}" for j in range(q)]
+    feature_names = list(names) if names is not None else list(domain.names)
     x, a, y = prepare_arrays(arrays, domain)
     low, high = domain.y_lower, domain.y_upper
 
