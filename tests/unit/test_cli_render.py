@@ -174,9 +174,13 @@ def test_an_anchored_cate_at_factor_zero_says_every_estimate_is_the_anchor() -> 
 
 
 def test_ebm_features_are_labelled_with_their_column_names() -> None:
-    """The server names covariate j ``xj`` for every learner; the S-learner's treatment term is
-    ``treatment`` (service/mechanisms/dp_ebm.py)."""
+    """The server names each covariate by its schema column (the S-learner's treatment term
+    ``treatment``); releases stored before that say ``xj`` for covariate j, which the client
+    labels with the column's name. A column literally named ``x1`` is shown as it is."""
     names = ["age", "bmi", "sex"]
+    assert render.feature_label("bmi", names) == "bmi"
+    assert render.feature_label("x1", ["x0", "x1"]) == "x1"
+    assert render.feature_label("x1", ["x1", "x0"]) == "x1"
     assert render.feature_label("x0", names) == "x0 (age)"
     assert render.feature_label("x1", names) == "x1 (bmi)"
     assert render.feature_label("treatment", names) == "treatment"

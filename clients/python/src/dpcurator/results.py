@@ -443,9 +443,10 @@ UPLIFT_COLUMNS = (
 
 
 def feature_label(feature: str, names: Sequence[str] | None) -> str:
-    """An EBM feature as the server names it (``x3``: covariate 3 in schema order; the
-    S-learner's ``treatment`` as it is) with its schema column's name when known: ``x3 (bmi)``."""
-    if not names or not feature.startswith("x") or not feature[1:].isdigit():
+    """An EBM feature as the server names it: the schema column's name (the S-learner's
+    ``treatment`` as it is); a release stored before the server named covariates says ``x3``
+    for covariate 3 in schema order, shown with its column's name when known: ``x3 (bmi)``."""
+    if not names or feature in names or not feature.startswith("x") or not feature[1:].isdigit():
         return feature
     j = int(feature[1:])
     return f"{feature} ({names[j]})" if j < len(names) else feature
