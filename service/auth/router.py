@@ -62,8 +62,11 @@ class PrincipalRead(BaseModel):
     id: str
     name: str
     role: str
-    key_prefix: str = Field(description="The key's first characters, to tell keys apart.")
-    created_at: str
+    key_prefix: str | None = Field(
+        description="The key's first characters, to tell keys apart; null for the configured "
+        "admin, whose key is set by the deployment, not stored."
+    )
+    created_at: str | None = Field(description="null for the configured admin.")
     disabled: bool = False
 
 
@@ -133,7 +136,9 @@ def list_principals(
 @router.get("/me", response_model=PrincipalRead, responses=responses(Unauthenticated))
 def me(session: SessionDep, caller: CurrentCaller) -> PrincipalRead:
     if caller.role == Role.ADMIN:
-        return PrincipalRead(id="admin", name="admin", role="admin", key_prefix="", created_at="")
+        return PrincipalRead(
+            id="admin", name="admin", role="admin", key_prefix=None, created_at=None
+        )
     principal = session.get(Principal, caller.id)
     assert principal is not None
     return _read(principal)

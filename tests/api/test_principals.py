@@ -17,6 +17,20 @@ def _me(client: TestClient, key: str) -> Any:
     return client.get("/v1/principals/me", headers=Api.auth(key))
 
 
+def test_the_configured_admin_reads_itself_with_null_key_fields(client: TestClient) -> None:
+    """The admin's key comes from the deployment and is not stored: no prefix, no creation
+    time (null, not an empty string a client would show or parse as a time)."""
+    body = _me(client, ADMIN_KEY).json()
+    assert body == {
+        "id": "admin",
+        "name": "admin",
+        "role": "admin",
+        "key_prefix": None,
+        "created_at": None,
+        "disabled": False,
+    }
+
+
 def test_admin_disables_and_enables_a_principal(client: TestClient, api: Api) -> None:
     owner, analyst = api.principal("owner"), api.principal("analyst")
     ds = api.dataset(owner["api_key"])

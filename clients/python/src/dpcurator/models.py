@@ -16,8 +16,8 @@ class Principal(Model):
     id: str
     name: str
     role: str
-    key_prefix: str = ""
-    created_at: str = ""
+    key_prefix: str | None = None  # None for the configured admin (its key is not stored)
+    created_at: str | None = None  # None for the configured admin
     disabled: bool = False
 
 
