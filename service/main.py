@@ -363,11 +363,9 @@ def _declare_http_conventions(schema: dict[str, Any]) -> None:
             responses = operation.setdefault("responses", {})
             if path == "/v1/datasets/{dataset_id}/releases" and method == "post":
                 for status in ("200", "202"):
-                    responses[status]["headers"] = {
-                        "Location": {
-                            "description": "The release: /v1/releases/{id}",
-                            "schema": {"type": "string"},
-                        }
+                    responses[status].setdefault("headers", {})["Location"] = {
+                        "description": "The release: /v1/releases/{id}",
+                        "schema": {"type": "string"},
                     }
             responses.setdefault(
                 "500",

@@ -37,6 +37,23 @@ IDEMPOTENCY_KEY = re.compile(r"[!-*,.-<>?A-~][ -~]*")  # first: printable but no
 
 AUTH = (Unauthenticated, Forbidden, NotFound)
 
+# A queued or running release's answer carries ``Retry-After`` (seconds): when a client that
+# polls GET /v1/releases/{id} should ask again. Constant, so it says nothing about the job.
+POLL_AFTER_SECONDS = 1
+_UNFINISHED = frozenset({"queued", "running"})
+_POLL_HEADER = {
+    "Retry-After": {
+        "description": "On a queued or running release: seconds to wait before polling again",
+        "schema": {"type": "integer"},
+    }
+}
+
+
+def _poll_hint(view: ReleaseRead, response: Response) -> ReleaseRead:
+    if view.status in _UNFINISHED:
+        response.headers["Retry-After"] = str(POLL_AFTER_SECONDS)
+    return view
+
 
 @router.post(
     "/v1/datasets/{dataset_id}/releases",
@@ -47,7 +64,9 @@ AUTH = (Unauthenticated, Forbidden, NotFound)
             "description": "An identical release already exists (a replay of this "
             "Idempotency-Key, or a reuse): that release, charged once; Location names it",
             "model": ReleaseRead,
+            "headers": _POLL_HEADER,
         },
+        202: {"description": "Charged and queued; Location names it", "headers": _POLL_HEADER},
         **responses(
             *AUTH,
             BudgetExhausted,
@@ -97,7 +116,7 @@ def create_release(
     response.headers["Location"] = f"/v1/releases/{release.id}"
     if not created:
         response.status_code = 200
-    return service.view(release, cached=not created)
+    return _poll_hint(service.view(release, cached=not created), response)
 
 
 @router.get(
@@ -131,9 +150,16 @@ def list_releases(
     return [service.view(r) for r in rows]
 
 
-@router.get("/v1/releases/{release_id}", response_model=ReleaseRead, responses=responses(*AUTH))
-def get_release(session: SessionDep, caller: CurrentCaller, release_id: str) -> ReleaseRead:
-    return service.view(service.readable(session, caller=caller, release_id=release_id))
+@router.get(
+    "/v1/releases/{release_id}",
+    response_model=ReleaseRead,
+    responses={200: {"description": "The release", "headers": _POLL_HEADER}, **responses(*AUTH)},
+)
+def get_release(
+    session: SessionDep, caller: CurrentCaller, release_id: str, response: Response
+) -> ReleaseRead:
+    view = service.view(service.readable(session, caller=caller, release_id=release_id))
+    return _poll_hint(view, response)
 
 
 @router.post(

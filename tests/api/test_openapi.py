@@ -57,4 +57,7 @@ def test_authentication_and_idempotency_are_declared_for_client_generators() -> 
     replay = create["responses"]["200"]
     assert replay["content"]["application/json"]["schema"]["$ref"].endswith("/ReleaseRead")
     assert "Location" in replay["headers"]
+    assert {"Location", "Retry-After"} <= set(create["responses"]["202"]["headers"])
+    read = doc["paths"]["/v1/releases/{release_id}"]["get"]["responses"]["200"]
+    assert "Retry-After" in read["headers"]
     assert "Retry-After" in create["responses"]["503"]["headers"]

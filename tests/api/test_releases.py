@@ -62,8 +62,11 @@ def test_strict_ate_end_to_end(client: TestClient, rct: Any) -> None:
     assert r.headers["location"] == f"/v1/releases/{r.json()['id']}"
     assert r.json()["status"] in ("queued", "running")
     assert r.json()["result"] is None
+    assert r.headers["retry-after"] == "1"  # when to poll again, while it is unfinished
     done = wait(client, analyst["api_key"], r.json()["id"])
     assert done["status"] == "done", done
+    finished = client.get(r.headers["location"], headers=Api.auth(analyst["api_key"]))
+    assert "retry-after" not in finished.headers
     assert done["guarantee"] == "strict"
     assert done["epsilon"] == pytest.approx(1.0)
     res = done["result"]
