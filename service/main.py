@@ -83,6 +83,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # CDN: blank offline); ReDoc, CDN-only too, is not served.
         docs_url=None,
         redoc_url=None,
+        # "/v1/datasets/" is a 404 naming the path without the slash, not a 307: a redirect
+        # built behind a TLS proxy names http://, where a client following it resends its key
+        redirect_slashes=False,
     )
     install_handlers(app)
 

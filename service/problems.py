@@ -346,7 +346,13 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            return problem_response(NotFound(), request.url.path)
+            path = request.url.path
+            if len(path) > 1 and path.endswith("/"):
+                # no redirect (create_app: redirect_slashes=False): behind a TLS proxy it would
+                # name an http:// URL, and a client following it could resend its key in clear
+                hint = f"no such path: the API's paths have no trailing slash ({path.rstrip('/')})"
+                return problem_response(NotFound(hint), path)
+            return problem_response(NotFound(), path)
         allowed = [v for k, v in (exc.headers or {}).items() if k.lower() == "allow"]
         allow = {"Allow": allowed[0]} if allowed else None
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":

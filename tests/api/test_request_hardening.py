@@ -748,6 +748,29 @@ def test_http_answers_carry_their_rfc_9110_headers(client: TestClient, api: Api)
         assert problem(r, 422, "validation-failed")["errors"], body[:20]
 
 
+def test_a_trailing_slash_is_a_404_naming_the_path_not_a_redirect(
+    client: TestClient, api: Api
+) -> None:
+    """An HTTP consumer's walkthrough: "/v1/datasets/" answered 307 to a URL built from the
+    request's scheme, which behind a TLS proxy is http://, where a client following it would
+    resend its key in clear. It is a 404 problem naming the path without the slash."""
+    owner = api.principal("owner")
+    for method in ("GET", "POST"):
+        r = client.request(
+            method, "/v1/datasets/", headers=Api.auth(owner["api_key"]), follow_redirects=False
+        )
+        body = problem(r, 404, "not-found")
+        assert "location" not in r.headers
+        assert "(/v1/datasets)" in body["detail"]
+    assert client.get("/v1/datasets", headers=Api.auth(owner["api_key"])).status_code == 200
+    unknown = problem(
+        client.get("/v1/nothing", headers=Api.auth(owner["api_key"])), 404, "not-found"
+    )
+    assert "slash" not in unknown.get("detail", "")
+    # the console keeps its own explicit redirect (a browser page, no key in a header)
+    assert client.get("/console/", follow_redirects=False).headers["location"] == "/console"
+
+
 def test_an_alpha_the_interval_cannot_use_is_refused_before_any_charge(
     client: TestClient, api: Api
 ) -> None:
