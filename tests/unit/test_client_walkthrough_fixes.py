@@ -230,15 +230,20 @@ def test_function_bands_carry_the_shrinkage_factor() -> None:
 
 def test_long_point_lists_are_sent_as_consecutive_batches() -> None:
     """More points than one evaluate request takes go as consecutive batches of the function's
-    batch_max (at most the API's 1000), in order; the values come back in order."""
+    batch_max (at most the API's 1000), in order; the values come back in order. A CDS
+    walkthrough's 60 points to a function of batch_max 25 had gone as one request (a 422): the
+    client split only lists over 1000. batch_max is read once per function; one point needs
+    no read."""
     import httpx2 as httpx
 
     from dpcurator.client import EVALUATE_BATCH_LIMIT, CuratorClient
 
     sizes: list[int] = []
+    reads: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
+            reads.append(request.url.path)
             info = {"id": "f", "dataset_id": "d", "status": "open", "basis": "exact", "q": 1}
             return httpx.Response(200, json={**info, "t_max": 10_000, "batch_max": 300})
         points = json.loads(request.content)["points"]
@@ -253,4 +258,61 @@ def test_long_point_lists_are_sent_as_consecutive_batches() -> None:
     assert sizes == [300, 300, 300, 300]
     sizes.clear()
     client.evaluate_function("f", points[:EVALUATE_BATCH_LIMIT])
-    assert sizes == [EVALUATE_BATCH_LIMIT]  # one request: no metadata read
+    assert sizes == [300, 300, 300, 100]
+    sizes.clear()
+    client.evaluate_function("f", points[:60])
+    assert sizes == [60]
+    assert reads == ["/v1/functions/f"]  # read once
+    fresh = CuratorClient("http://curator.test", "k", transport=httpx.MockTransport(handler))
+    sizes.clear()
+    fresh.evaluate_function("f", points[:1])
+    assert sizes == [1]
+    assert reads == ["/v1/functions/f"]
+
+
+def test_long_predict_lists_are_sent_in_batches() -> None:
+    """predict takes at most 10000 points a request; the client sends more in order."""
+    import httpx2 as httpx
+
+    from dpcurator.client import PREDICT_BATCH_LIMIT, CuratorClient
+
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        points = json.loads(request.content)["points"]
+        sizes.append(len(points))
+        body = {"release_id": "r", "kind": "ebm_cate", "guarantee": "strict"}
+        return httpx.Response(200, json={**body, "predictions": [p[0] for p in points]})
+
+    client = CuratorClient("http://curator.test", "k", transport=httpx.MockTransport(handler))
+    points = [[float(i)] for i in range(PREDICT_BATCH_LIMIT + 2500)]
+    out = client.predict("r", points)
+    assert sizes == [PREDICT_BATCH_LIMIT, 2500]
+    assert out.predictions == [float(i) for i in range(PREDICT_BATCH_LIMIT + 2500)]
+    assert out.release_id == "r"
+
+
+def test_a_retry_waits_as_long_as_the_servers_retry_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 503 with Retry-After 5 is retried after 5 s, not after the 0.25 s backoff (which had
+    given up after 1.75 s in all); a larger value is capped; a missing one leaves the backoff."""
+    import httpx2 as httpx
+
+    from dpcurator import client as module
+
+    slept: list[float] = []
+    monkeypatch.setattr(module.time, "sleep", slept.append)
+    answers = iter(
+        [
+            httpx.Response(503, headers={"Retry-After": "5"}, json={"status": 503}),
+            httpx.Response(503, headers={"Retry-After": "3600"}, json={"status": 503}),
+            httpx.Response(503, json={"status": 503}),
+            httpx.Response(200, json={"status": "ok"}),
+        ]
+    )
+    c = module.CuratorClient(
+        "http://curator.test", "k", transport=httpx.MockTransport(lambda r: next(answers))
+    )
+    assert c.health()
+    assert slept == [5.0, module.MAX_RETRY_AFTER, 1.0]

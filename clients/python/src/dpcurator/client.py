@@ -64,6 +64,10 @@ ProgressCallback = Callable[[Release], None]
 # The most points one evaluate request takes (the API's limit; a function's batch_max may be
 # smaller). The client sends a longer list as consecutive batches.
 EVALUATE_BATCH_LIMIT = 1000
+# The most points one predict request takes (the API's limit); longer lists go in batches.
+PREDICT_BATCH_LIMIT = 10_000
+# The longest wait a server's Retry-After may ask of one retry (seconds).
+MAX_RETRY_AFTER = 30.0
 
 
 class Retry(Enum):
@@ -112,6 +116,8 @@ class CuratorClient:
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
+        # a function's batch_max, read once (it is fixed at its release)
+        self._batch_max: dict[str, int] = {}
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> CuratorClient:
@@ -131,8 +137,14 @@ class CuratorClient:
 
     # ---- transport ---------------------------------------------------------------------------
 
-    def _pause(self, attempt: int) -> None:
-        time.sleep(min(8.0, self.backoff * (2**attempt)))
+    def _pause(self, attempt: int, response: httpx.Response | None = None) -> None:
+        """Wait before retry ``attempt``: exponential backoff, or the server's ``Retry-After``
+        (seconds, at most ``MAX_RETRY_AFTER``) where it asks for longer."""
+        wait = min(8.0, self.backoff * (2**attempt))
+        asked = _retry_after(response)
+        if asked is not None:
+            wait = max(wait, min(asked, MAX_RETRY_AFTER))
+        time.sleep(wait)
 
     def request(
         self,
@@ -175,7 +187,7 @@ class CuratorClient:
             retryable = retry != Retry.CONNECT and response.status_code in RETRY_STATUSES
             in_flight = retry == Retry.RELEASE and isinstance(problem, IdempotencyKeyInFlight)
             if attempt < self.retries and (retryable or in_flight):
-                self._pause(attempt)
+                self._pause(attempt, response)
                 attempt += 1
                 continue
             raise problem
@@ -583,9 +595,11 @@ class CuratorClient:
         stay answered.
         """
         pts = _as_points(points)
-        if len(pts) <= EVALUATE_BATCH_LIMIT:
+        if len(pts) <= 1:
             return self._evaluate_batch(function_id, pts)
-        size = min(EVALUATE_BATCH_LIMIT, self.function_info(function_id).batch_max)
+        size = min(EVALUATE_BATCH_LIMIT, self._function_batch_max(function_id))
+        if len(pts) <= size:
+            return self._evaluate_batch(function_id, pts)
         parts = [
             self._evaluate_batch(function_id, pts[i : i + size]) for i in range(0, len(pts), size)
         ]
@@ -594,16 +608,42 @@ class CuratorClient:
         raw = {**first.raw, "values": values}
         return FunctionEvaluation.from_response(raw, pts)
 
+    def _function_batch_max(self, function_id: str) -> int:
+        if function_id not in self._batch_max:
+            self._batch_max[function_id] = self.function_info(function_id).batch_max
+        return self._batch_max[function_id]
+
     def _evaluate_batch(self, function_id: str, pts: list[list[float]]) -> FunctionEvaluation:
         r = self.request("POST", f"/v1/functions/{function_id}/evaluate", json_body={"points": pts})
         return FunctionEvaluation.from_response(r.json(), pts)
 
     def predict(self, release_id: str, points: Sequence[Sequence[float]]) -> Prediction:
         """POST /v1/releases/{id}/predict: a finished ``ebm_cate`` or ``uplift_table`` release's
-        CATE at public points. Free (post-processing of the stored DP model), deterministic."""
+        CATE at public points. Free (post-processing of the stored DP model), deterministic.
+        More points than one request takes (``PREDICT_BATCH_LIMIT``) are sent in batches."""
         pts = _as_points(points)
-        r = self.request("POST", f"/v1/releases/{release_id}/predict", json_body={"points": pts})
-        return Prediction.from_response(r.json(), pts)
+        parts = [
+            self.request(
+                "POST",
+                f"/v1/releases/{release_id}/predict",
+                json_body={"points": pts[i : i + PREDICT_BATCH_LIMIT]},
+            ).json()
+            for i in range(0, max(len(pts), 1), PREDICT_BATCH_LIMIT)
+        ]
+        raw = {**parts[0], "predictions": [v for part in parts for v in part["predictions"]]}
+        return Prediction.from_response(raw, pts)
+
+
+def _retry_after(response: httpx.Response | None) -> float | None:
+    """A response's ``Retry-After`` in seconds (the delay form; an HTTP date is not used)."""
+    if response is None:
+        return None
+    value = response.headers.get("retry-after", "").strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0.0 else None
 
 
 def _page(limit: int | None, offset: int, order: str | None = None) -> str:
