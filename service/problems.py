@@ -98,7 +98,7 @@ class InvalidSchema(Problem):
 
 
 class PayloadTooLarge(Problem):
-    slug, title, status = "payload-too-large", "The upload exceeds the configured size", 413
+    slug, title, status = "payload-too-large", "The request body exceeds its size limit", 413
 
 
 class BudgetExhausted(Problem):

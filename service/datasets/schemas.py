@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from service.ledger import amounts
+from service.points import MAX_COVARIATES
 
 NAME_PATTERN = r"^[^\x00-\x1f]{1,200}$"
 
@@ -124,7 +125,7 @@ class Outcome(Strict):
 class PublicSchema(Strict):
     """Declared by the owner; public; never derived from the data."""
 
-    covariates: list[Covariate] = Field(min_length=1, max_length=500)
+    covariates: list[Covariate] = Field(min_length=1, max_length=MAX_COVARIATES)
     treatment: Treatment
     outcome: Outcome
     drop_columns: list[str] = Field(default_factory=list, max_length=1000)

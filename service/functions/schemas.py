@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.mechanisms.cate_function import MAX_BATCH
+from service.points import Point, at_most
 
 
 class EvaluateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    points: list[list[StrictFloat]] = Field(
+    points: Annotated[list[Point], at_most(MAX_BATCH)] = Field(
         description="Points in the dataset's covariate units, each inside the public box, a "
         "categorical covariate at one of its codes (the function's public x_codes); at most the "
         "function's batch_max (itself at most 1000).",

@@ -8,17 +8,18 @@ validated against the dataset's public box (422 with a JSON pointer per bad coor
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth.service import CurrentCaller
 from service.datasets import service as datasets
 from service.db.engine import SessionDep
 from service.db.models import Dataset
 from service.mechanisms import ebm_cate, uplift
+from service.points import Point, at_most
 from service.problems import Forbidden, NotFound, Unauthenticated, ValidationFailed, responses
 from service.releases import service
 from service.releases.kinds.cate_vector import check_points
@@ -32,7 +33,7 @@ PREDICTORS = {"ebm_cate": ebm_cate.predict, "uplift_table": uplift.predict}
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    points: list[list[StrictFloat]] = Field(min_length=1, max_length=MAX_POINTS)
+    points: Annotated[list[Point], at_most(MAX_POINTS)] = Field(min_length=1, max_length=MAX_POINTS)
 
 
 class PredictRead(BaseModel):

@@ -58,6 +58,14 @@ def test_authentication_and_idempotency_are_declared_for_client_generators() -> 
     assert replay["content"]["application/json"]["schema"]["$ref"].endswith("/ReleaseRead")
     assert "Location" in replay["headers"]
     assert {"Location", "Retry-After"} <= set(create["responses"]["202"]["headers"])
+    # every operation with a body declares the 413 its size limit answers
+    for path, method in (
+        ("/v1/functions/{function_id}/evaluate", "post"),
+        ("/v1/releases/{release_id}/predict", "post"),
+        ("/v1/datasets/{dataset_id}/releases", "post"),
+    ):
+        assert "413" in doc["paths"][path][method]["responses"], path
+    assert "413" not in doc["paths"]["/v1/releases/{release_id}"]["get"]["responses"]
     read = doc["paths"]["/v1/releases/{release_id}"]["get"]["responses"]["200"]
     assert "Retry-After" in read["headers"]
     assert "Retry-After" in create["responses"]["503"]["headers"]

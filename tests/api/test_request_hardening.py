@@ -348,18 +348,16 @@ def test_json_bodies_are_capped_below_the_upload_limit_before_any_key_is_read(
     dataset upload is capped at JSON_BODY_LIMIT: an anonymous 65 MiB evaluation is refused
     from its Content-Length, before a byte is read; an upload keeps the larger limit."""
     from service.config import get_settings
-    from service.main import JSON_BODY_LIMIT, body_limit
+    from service.main import JSON_BODY_LIMIT, POINTS_BODY_LIMIT, body_limit
 
     upload_limit = get_settings().max_upload_bytes
-    assert JSON_BODY_LIMIT < upload_limit
+    assert POINTS_BODY_LIMIT < JSON_BODY_LIMIT < upload_limit
     assert body_limit("POST", "/v1/datasets", upload_limit) == upload_limit
     assert body_limit("POST", "/v1/datasets/", upload_limit) == upload_limit
-    for method, path in (
-        ("POST", "/v1/functions/f/evaluate"),
-        ("POST", "/v1/datasets/d/releases"),
-        ("PUT", "/v1/datasets/d/budget"),
-    ):
+    for method, path in (("POST", "/v1/datasets/d/releases"), ("PUT", "/v1/datasets/d/budget")):
         assert body_limit(method, path, upload_limit) == JSON_BODY_LIMIT
+    for path in ("/v1/functions/f/evaluate", "/v1/releases/r/predict"):
+        assert body_limit("POST", path, upload_limit) == POINTS_BODY_LIMIT
 
     def never_read() -> Iterator[bytes]:
         raise AssertionError("the body was read")
@@ -376,18 +374,42 @@ def test_json_bodies_are_capped_below_the_upload_limit_before_any_key_is_read(
             **Api.auth(reader["api_key"]),
         },
     )
-    assert problem(r, 413, "payload-too-large")["detail"] == f"the limit is {JSON_BODY_LIMIT} bytes"
+    body = problem(r, 413, "payload-too-large")
+    assert body["detail"] == f"the limit is {POINTS_BODY_LIMIT} bytes"
+    assert body["title"] == "The request body exceeds its size limit"
 
 
 def test_an_evaluation_of_more_points_than_any_batch_allows_is_422(client: TestClient) -> None:
+    """A batch too long is refused by its length before any point is validated: a CDS
+    walkthrough's million points held the event loop for 5 s while pydantic validated every
+    coordinate only to count them. A batch of invalid points too many says only that; a point
+    of more coordinates than any schema has is refused by its length too."""
     from service.mechanisms.cate_function import MAX_BATCH
+    from service.points import MAX_COVARIATES
+    from service.releases.predict import MAX_POINTS
 
     body = {"points": [[0.0]] * (MAX_BATCH + 1)}
     # without a valid key: 401 first, unread; with one, the body is refused
     assert client.post("/v1/functions/f/evaluate", json=body).status_code == 401
     reader = Api(client).principal("client")
-    r = client.post("/v1/functions/f/evaluate", json=body, headers=Api.auth(reader["api_key"]))
+    auth = Api.auth(reader["api_key"])
+    r = client.post("/v1/functions/f/evaluate", json=body, headers=auth)
     assert r.status_code == 422, r.text
+    for path, limit in (
+        ("/v1/functions/f/evaluate", MAX_BATCH),
+        ("/v1/releases/r/predict", MAX_POINTS),
+    ):
+        junk = {"points": [["x", None]] * (limit + 1)}
+        errors = problem(client.post(path, json=junk, headers=auth), 422, "validation-failed")[
+            "errors"
+        ]
+        assert [e["pointer"] for e in errors] == ["#/points"]
+        assert f"at most {limit} items, not {limit + 1}" in errors[0]["detail"]
+        wide = {"points": [[0.0] * (MAX_COVARIATES + 1)]}
+        errors = problem(client.post(path, json=wide, headers=auth), 422, "validation-failed")[
+            "errors"
+        ]
+        assert [e["pointer"] for e in errors] == ["#/points/0"]
 
 
 @pytest.mark.parametrize("bad", ["=1+2", "+SUM(A1)", "-2", "@cmd", "\t=cmd"])

@@ -290,6 +290,10 @@ def test_long_predict_lists_are_sent_in_batches() -> None:
     assert sizes == [PREDICT_BATCH_LIMIT, 2500]
     assert out.predictions == [float(i) for i in range(PREDICT_BATCH_LIMIT + 2500)]
     assert out.release_id == "r"
+    sizes.clear()
+    wide = [[0.0] * 200 for _ in range(5000)]  # 500,000 coordinates a request at most
+    assert len(client.predict("r", wide).predictions) == 5000
+    assert sizes == [2500, 2500]
 
 
 def test_a_retry_waits_as_long_as_the_servers_retry_after(

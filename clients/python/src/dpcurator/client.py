@@ -66,6 +66,9 @@ ProgressCallback = Callable[[Release], None]
 EVALUATE_BATCH_LIMIT = 1000
 # The most points one predict request takes (the API's limit); longer lists go in batches.
 PREDICT_BATCH_LIMIT = 10_000
+# The most coordinates (points x covariates) the client puts in one request: the server caps a
+# batch's body at 16 MiB, which this keeps well inside.
+MAX_COORDINATES_PER_REQUEST = 500_000
 # The longest wait a server's Retry-After may ask of one retry (seconds).
 MAX_RETRY_AFTER = 30.0
 
@@ -620,15 +623,18 @@ class CuratorClient:
     def predict(self, release_id: str, points: Sequence[Sequence[float]]) -> Prediction:
         """POST /v1/releases/{id}/predict: a finished ``ebm_cate`` or ``uplift_table`` release's
         CATE at public points. Free (post-processing of the stored DP model), deterministic.
-        More points than one request takes (``PREDICT_BATCH_LIMIT``) are sent in batches."""
+        More points than one request takes (``PREDICT_BATCH_LIMIT``, fewer where the points have
+        many covariates: ``MAX_COORDINATES_PER_REQUEST``) are sent in batches."""
         pts = _as_points(points)
+        width = max(len(pts[0]), 1) if pts else 1
+        size = max(1, min(PREDICT_BATCH_LIMIT, MAX_COORDINATES_PER_REQUEST // width))
         parts = [
             self.request(
                 "POST",
                 f"/v1/releases/{release_id}/predict",
-                json_body={"points": pts[i : i + PREDICT_BATCH_LIMIT]},
+                json_body={"points": pts[i : i + size]},
             ).json()
-            for i in range(0, max(len(pts), 1), PREDICT_BATCH_LIMIT)
+            for i in range(0, max(len(pts), 1), size)
         ]
         raw = {**parts[0], "predictions": [v for part in parts for v in part["predictions"]]}
         return Prediction.from_response(raw, pts)
