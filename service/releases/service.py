@@ -302,9 +302,16 @@ def _shortfall(
                 f"{budget.epsilon_remaining:g} left"
             )
         if dlt > amounts.delta_total_units(budget.delta_remaining) + 1:
+            hint = (
+                f" (name a smaller delta in the request's params, at most "
+                f"{budget.delta_remaining:g}: the privacy noise grows only with the square root "
+                "of log(1/delta))"
+                if budget.delta_remaining > 0
+                else ""
+            )
             short.append(
                 f"it needs delta {amounts.delta_value(dlt):g}; the dataset has "
-                f"{budget.delta_remaining:g} left"
+                f"{budget.delta_remaining:g} left{hint}"
             )
     cap_eps = cap_dlt = None
     if via_grant:

@@ -308,6 +308,25 @@ def test_quote_answers_for_the_callers_cap(client: TestClient, api: Api) -> None
     )
 
 
+def test_a_delta_total_below_the_default_names_the_delta_that_fits(
+    api: Api, client: TestClient
+) -> None:
+    """An owner who keeps the delta total well below 1/n, as the guide says, leaves no room for
+    the default per-release delta (1e-5): the quote says what delta would fit, and a release
+    naming it is charged."""
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA, epsilon_total=3.0, delta_total=1e-6)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    short = _quote(client, analyst["api_key"], ds["id"], epsilon=0.5)
+    assert short["fits_budget"] is False
+    assert (
+        "the dataset has 1e-06 left (name a smaller delta in the request's params, at most 1e-06"
+        in short["budget_note"]
+    )
+    named = _quote(client, analyst["api_key"], ds["id"], epsilon=0.5, delta=1e-7)
+    assert named["fits_budget"] is True
+
+
 def test_quote_without_a_budget_says_the_owner_sets_it(api: Api, client: TestClient) -> None:
     owner, analyst = api.principal("owner"), api.principal("analyst")
     ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA, epsilon_total=None)

@@ -299,6 +299,17 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
         assert block["measured"] is None
         assert "36 covariates" not in block["message"]
         assert "Declaring the confounders" not in block["message"]
+    # A smaller delta than the default only adds noise: the band still applies (a statistician
+    # whose owner followed the guide's small delta total lost it by naming delta 1e-7); a
+    # larger one was not measured.
+    default_delta = kind.quote(AteParams(epsilon=1.0), OBSERVATIONAL)["delta"]
+    for params in (
+        AteParams(epsilon=1.0, delta=1e-7),
+        AteParams(epsilon=1.0, estimator="ipw", delta=1e-9),
+    ):
+        assert kind.quote(params, OBSERVATIONAL)["coverage"]["measured"] is not None
+    larger = AteParams(epsilon=1.0, delta=default_delta * 2)
+    assert kind.quote(larger, OBSERVATIONAL)["coverage"]["measured"] is None
     # a narrower clip on observational data says what an early benchmark saw of it (an
     # analyst's adaptive interval at n 20 000 missed with nothing on record); not on trials
     for params in (

@@ -391,6 +391,15 @@ def _preset_defaults(
         default = AteParams(
             epsilon=checked.epsilon, nuisance=mechanism.nuisance, adjustment_columns=listed
         )
+    if checked.delta is not None:
+        # a smaller delta than the default (an owner's small delta total asks for one) only adds
+        # privacy noise, so the coverage measured at the default holds for it, conservatively
+        resolved = to_mechanism_params(default, domain)
+        if not isinstance(resolved, ate_strict.AteStrictParams | ate_ipw.AteIpwParams):
+            return False
+        if checked.delta > resolved.delta:
+            return False
+        default = default.model_copy(update={"delta": checked.delta})
     return to_mechanism_params(default, domain) == mechanism
 
 
