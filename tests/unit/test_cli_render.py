@@ -173,6 +173,45 @@ def test_an_anchored_cate_at_factor_zero_says_every_estimate_is_the_anchor() -> 
     assert "ate anchor 95% CI  [0.21, 0.45]" in " ".join(text.split(" ")).replace("   ", "  ")
 
 
+def test_an_anchor_without_an_interval_says_so_and_a_one_cell_table_shows_its_ate_ci() -> None:
+    """A statistician read 'ate +0.684' from an observational ebm release (its anchor is the
+    effect fold's DP ATE, which carries no interval) with nothing saying how uncertain it
+    was, and the one-cell uplift table's interval only in --json."""
+    from dpcurator.results import EbmShapeResult, UpliftTable
+
+    ebm = {
+        "ate": 0.684,
+        "ate_anchor": 0.684,
+        "shrinkage_factor": 0.0,
+        "anchor_source": "effect_fold",
+        "learner": "dr",
+        "guarantee": "strict",
+        "epsilon": 0.5,
+        "delta": 1e-7,
+        "intercept": 0.684,
+        "shape_functions": [],
+    }
+    text = render.result(EbmShapeResult.from_result(ebm))
+    assert "ate anchor CI" in text
+    assert "none given" in text
+    assert "an `ate` release gives the ATE with its interval" in text
+    table = {
+        "cells": 1,
+        "partition": {"type": "grid", "bins": [1], "lower": [0.0], "upper": [1.0]},
+        "uplift": [-9.19],
+        "uplift_noise_sd": [5.0],
+        "low_count": [False],
+        "ate_anchor": -9.19,
+        "shrinkage_factor": 0.0,
+        "guarantee": "strict",
+        "epsilon": 0.25,
+        "adjusted_ate": {"estimate": -9.19, "ci_lower": -32.2, "ci_upper": 13.8, "ci_level": 0.95},
+    }
+    text = render.result(UpliftTable.from_result(table))
+    assert "ate anchor 95% CI" in text
+    assert "[-32.2, 13.8]" in text
+
+
 def test_ebm_features_are_labelled_with_their_column_names() -> None:
     """The server names each covariate by its schema column (the S-learner's treatment term
     ``treatment``); releases stored before that say ``xj`` for covariate j, which the client

@@ -196,7 +196,7 @@ def test_a_quote_labels_its_clip_and_noise_figures() -> None:
     text = render.quote(quote)
     assert "pseudo-outcome bound (the declared clip" in text
     assert "1200" in text
-    assert "clip (requested)" not in text  # a null request field is not shown as "-"
+    assert "pseudo-outcome clip  " not in text  # a null request field is not shown as "-"
 
 
 def test_function_bands_carry_the_shrinkage_factor() -> None:

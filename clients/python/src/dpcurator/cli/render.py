@@ -285,7 +285,7 @@ _QUOTE_ACCURACY_KEYS = (
 _QUOTE_LABELS = {
     "min_half_width": "min half width (privacy noise alone, at the smallest clip it can draw)",
     "max_noise_half_width": "noise half width at the declared bound (the worst case)",
-    "pseudo_outcome_clip": "pseudo-outcome clip (requested)",
+    "pseudo_outcome_clip": "pseudo-outcome clip",
     "bound": "pseudo-outcome bound (the declared clip; the outer guard of an adaptive one)",
     "expected_clip": "expected adaptive clip (at the assumed scale)",
     "approx_shape_noise_sd": "shape noise sd (one bin of one shape function, approx.)",
@@ -457,16 +457,37 @@ def result(
     return pairs([(k, v) for k, v in raw.items() if not isinstance(v, dict | list)])
 
 
+NO_ANCHOR_INTERVAL = (
+    "none given (this anchor is the release's own DP ATE of one fold, without an interval); "
+    "an `ate` release gives the ATE with its interval"
+)
+
+
+def anchor_interval(raw: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(level, lower, upper) of an anchored CATE's anchor, where the result gives one: an
+    anchor release's ``ate_anchor_interval``, or a one-cell uplift table's ``adjusted_ate``."""
+    interval = raw.get("ate_anchor_interval")
+    if isinstance(interval, dict) and "lower" in interval and "upper" in interval:
+        level = float(interval.get("level", 0.95))
+        return level, float(interval["lower"]), float(interval["upper"])
+    adjusted = raw.get("adjusted_ate")
+    if isinstance(adjusted, dict) and "ci_lower" in adjusted and "ci_upper" in adjusted:
+        level = float(adjusted.get("ci_level", 0.95))
+        return level, float(adjusted["ci_lower"]), float(adjusted["ci_upper"])
+    return None
+
+
 def _shrinkage(raw: dict[str, Any]) -> str:
     """An anchored CATE's anchor and factor: at factor 0 every estimate is the anchor."""
     if raw.get("shrinkage_factor") is None:
         return ""
     items: list[tuple[str, Any]] = [("ate anchor", raw.get("ate_anchor"))]
-    interval = raw.get("ate_anchor_interval")
-    if isinstance(interval, dict):
-        level = float(interval.get("level", 0.95))
-        span = f"[{float(interval['lower']):.6g}, {float(interval['upper']):.6g}]"
-        items.append((f"ate anchor {level:.0%} CI", span))
+    interval = anchor_interval(raw)
+    if interval is not None:
+        level, lower, upper = interval
+        items.append((f"ate anchor {level:.0%} CI", f"[{lower:.6g}, {upper:.6g}]"))
+    else:
+        items.append(("ate anchor CI", NO_ANCHOR_INTERVAL))
     items.append(("shrinkage factor", raw.get("shrinkage_factor")))
     if raw.get("shrinkage_factor") == 0:
         items.append(
@@ -493,33 +514,35 @@ def function_info(info: FunctionInfo) -> str:
             ("pointwise noise sd", info.pointwise_noise_sd),
             ("shrinkage factor", info.shrinkage_factor),
             ("ate anchor", info.ate_anchor),
-            ("anchor interval", _interval(info.public.get("ate_anchor_interval"))),
+            ("anchor interval", _anchor_interval_text(info.public)),
             ("box lower", box[0] if box else None),
             ("box upper", box[1] if box else None),
         ]
     ) + _function_reading(info)
 
 
-def _interval(value: Any) -> str | None:
-    if not isinstance(value, dict) or "lower" not in value or "upper" not in value:
-        return None
-    level = value.get("level")
-    at = f" ({float(level):.0%})" if isinstance(level, (int, float)) else ""
-    return f"[{float(value['lower']):.4g}, {float(value['upper']):.4g}]{at}"
+def _anchor_interval_text(public: dict[str, Any]) -> str | None:
+    interval = anchor_interval(public)
+    if interval is None:
+        return None if public.get("ate_anchor") is None else "none given"
+    level, lower, upper = interval
+    return f"[{lower:.4g}, {upper:.4g}] ({level:.0%})"
 
 
 def _function_reading(info: FunctionInfo) -> str:
     """How to read the answers, where the figures above alone would mislead."""
     notes = []
+    given = anchor_interval(info.public) is not None
     if info.answers_the_ate_everywhere:
         notes.append(
             "shrinkage factor 0: no heterogeneity was detectable above the noise, so every "
             "answer is the DP ATE anchor, the same for every patient"
+            + ("" if given else f"; its interval: {NO_ANCHOR_INTERVAL}")
         )
     if info.pointwise_noise_sd is None:
         notes.append(
             "no pointwise noise band: the ebm basis (and paper mode) has no public per-point "
-            "noise sd; the anchor interval, where given, is the error bar of the ATE"
+            "noise sd" + ("; the anchor interval is the error bar of the ATE" if given else "")
         )
     return "".join(f"\nnote: {n}" for n in notes)
 
@@ -541,7 +564,7 @@ def evaluation(
     if ev.answers_the_ate_everywhere:
         footer += (
             "\n(shrinkage factor 0: every answer is the DP ATE anchor, the same for every "
-            "patient; its interval, in `dpcurator function show`, is the error bar)"
+            "patient; `dpcurator function show` gives its interval where there is one)"
         )
     elif bands is None:
         footer += (
