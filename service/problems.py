@@ -315,7 +315,10 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
-        return problem_response(exc, request.url.path)
+        response = problem_response(exc, request.url.path)
+        if isinstance(exc, DatabaseUnavailable):
+            response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response
 
     @app.exception_handler(InvalidParameters)
     async def _invalid(request: Request, exc: InvalidParameters) -> JSONResponse:

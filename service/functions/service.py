@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import Connection, and_, bindparam, func, select
+from sqlalchemy import Connection, and_, bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from service.auth.service import Role, bearer_key, hash_key, is_admin_key
@@ -58,6 +58,7 @@ from service.mechanisms import gp
 from service.mechanisms.domain import coordinate_error, points_summary
 from service.mechanisms.noise import OpenDPSampler
 from service.problems import (
+    DatabaseUnavailable,
     FunctionBatchRejected,
     FunctionCapacityReached,
     FunctionClosed,
@@ -70,6 +71,11 @@ from service.problems import (
 # from the database, so the cache keeps as many as fit in ``function_cache_mb`` (the sizes
 # estimated by ``entry_bytes``), at most MAX_CACHED_FUNCTIONS, and always the newest one.
 MAX_CACHED_FUNCTIONS = 256
+
+# How long an exact-basis batch of new points waits for the function's lock (this process's and
+# the PostgreSQL row lock) before it answers 503 with Retry-After. A batch of 1000 new points at
+# t ~ 10^4 holds it about 1-4 s here, so this queues a few such batches.
+FUNCTION_LOCK_TIMEOUT_SECONDS = 15.0
 
 
 _blas_guard = threading.Lock()
@@ -655,106 +661,143 @@ def _evaluate_exact(
     caller: str,
 ) -> list[float]:
     """``caller`` ('admin' or a principal's id) is recorded on the batch of new points it asks
-    for, and held to the function's ``points_per_principal``."""
+    for, and held to the function's ``points_per_principal``.
+
+    A batch of points this process has answered (or read back) is served from its cache
+    without any lock: an answer enters the cache only once its batch is committed, and never
+    changes. Otherwise the batch waits for the function's lock at most
+    ``FUNCTION_LOCK_TIMEOUT_SECONDS`` (in this process and, on PostgreSQL, for the row lock),
+    then answers 503 with ``Retry-After``: a CDS walkthrough's evaluation of answered points
+    had waited 13.7 s, and one of new points 43.7 s, behind a held row lock."""
+    point_keys = [row.tobytes() for row in codes]
+    seen = _cached(function_id)
+    if seen is not None:
+        known = seen.answers
+        served = [known.get(key) for key in point_keys]
+        if all(value is not None for value in served):
+            session.rollback()
+            return [float(value) for value in served if value is not None]
     session.commit()  # end the read transaction; the locked one starts below
 
-    with _thread_lock(function_id):
+    thread_lock = _thread_lock(function_id)
+    if not thread_lock.acquire(timeout=FUNCTION_LOCK_TIMEOUT_SECONDS):
+        raise DatabaseUnavailable(
+            "the function is busy answering other new points; retry after Retry-After seconds"
+        )
+    try:
         # The row lock serialises every process; the thread lock this process's cache.
+        if session.get_bind().dialect.name == "postgresql":
+            timeout_ms = int(FUNCTION_LOCK_TIMEOUT_SECONDS * 1000)
+            session.execute(text(f"SET LOCAL lock_timeout = {timeout_ms}"))
         locked = session.execute(
             select(CateFunction)
             .where(CateFunction.id == function_id)
             .with_for_update()
             .execution_options(populate_existing=True)
         ).scalar_one()
-        if locked.status != "open":
-            session.rollback()
-            raise FunctionClosed("the function's state is closed")
-        point_keys = [row.tobytes() for row in codes]
-        try:
-            cached = _cached(function_id)
-            if cached is None and locked.version > 0:
-                # A process that has not built this function's path yet (a restart, the cache
-                # evicted it): a batch of points it has answered is read from the stored
-                # answers, without the O(t^3) rebuild (9 s at t ~ 9000 on a walkthrough).
-                known = _stored_answers(session, locked)
-                if all(key in known for key in point_keys):
-                    session.rollback()
-                    return [known[key] for key in point_keys]
-            behind = locked.t - (cached.path.t if cached and cached.path else 0)
-            with _blas_threads(_threads_for(locked.t, behind)):
-                entry = _sync(session, locked)
-        except _CorruptState:
-            _close(session, locked)
-            raise FunctionClosed("the function's state is unavailable") from None
-        assert entry.path is not None
+        return _evaluate_locked(session, function_id, locked, codes, canonical, point_keys, caller)
+    finally:
+        thread_lock.release()
 
-        new_index: dict[bytes, int] = {}
-        for i, key in enumerate(point_keys):
-            if key not in entry.answers and key not in new_index:
-                new_index[key] = i
-        if not new_index:
-            session.rollback()
-            return [entry.answers[key] for key in point_keys]
-        if locked.t + len(new_index) > locked.t_max:
+
+def _evaluate_locked(
+    session: Session,
+    function_id: str,
+    locked: CateFunction,
+    codes: NDArray[np.int64],
+    canonical: NDArray[np.float64],
+    point_keys: list[bytes],
+    caller: str,
+) -> list[float]:
+    """``_evaluate_exact`` with the function's locks held."""
+    if locked.status != "open":
+        session.rollback()
+        raise FunctionClosed("the function's state is closed")
+    try:
+        cached = _cached(function_id)
+        if cached is None and locked.version > 0:
+            # A process that has not built this function's path yet (a restart, the cache
+            # evicted it): a batch of points it has answered is read from the stored
+            # answers, without the O(t^3) rebuild (9 s at t ~ 9000 on a walkthrough).
+            known = _stored_answers(session, locked)
+            if all(key in known for key in point_keys):
+                session.rollback()
+                return [known[key] for key in point_keys]
+        behind = locked.t - (cached.path.t if cached and cached.path else 0)
+        with _blas_threads(_threads_for(locked.t, behind)):
+            entry = _sync(session, locked)
+    except _CorruptState:
+        _close(session, locked)
+        raise FunctionClosed("the function's state is unavailable") from None
+    assert entry.path is not None
+
+    new_index: dict[bytes, int] = {}
+    for i, key in enumerate(point_keys):
+        if key not in entry.answers and key not in new_index:
+            new_index[key] = i
+    if not new_index:
+        session.rollback()
+        return [entry.answers[key] for key in point_keys]
+    if locked.t + len(new_index) > locked.t_max:
+        session.rollback()
+        raise FunctionCapacityReached(
+            f"this function answers at most {locked.t_max} distinct points and this batch's "
+            "new points would pass that; nothing was stored (a batch of points it has "
+            "already answered is still served)"
+        )
+    share = locked.points_per_principal
+    if share is not None:
+        added = _points_added(session, function_id, caller)
+        if added + len(new_index) > share:
             session.rollback()
             raise FunctionCapacityReached(
-                f"this function answers at most {locked.t_max} distinct points and this batch's "
-                "new points would pass that; nothing was stored (a batch of points it has "
-                "already answered is still served)"
+                f"each caller adds at most {share} new points to this function and this "
+                "batch's would take you past that; nothing was stored (points it has "
+                "already answered are still served)"
             )
-        share = locked.points_per_principal
-        if share is not None:
-            added = _points_added(session, function_id, caller)
-            if added + len(new_index) > share:
-                session.rollback()
-                raise FunctionCapacityReached(
-                    f"each caller adds at most {share} new points to this function and this "
-                    "batch's would take you past that; nothing was stored (points it has "
-                    "already answered are still served)"
-                )
-        rows = list(new_index.values())
-        new_codes = codes[rows]
-        new_points = canonical[rows]
-        fitted = entry.fitted
-        try:
-            with _blas_threads(_threads_for(locked.t, len(rows))):
-                draw = entry.path.draw(
-                    new_points, normals=OpenDPSampler().standard_normal, jitter=locked.jitter
-                )
-                values = fitted.released(fitted.mean(new_points), draw.values)
-        except gp.GpNumericalError:
-            session.rollback()
-            raise FunctionBatchRejected() from None
-        payload = seal(
-            _encode_batch(new_codes, draw.values, values, draw.jitters),
-            context=f"{function_id}:batch:{locked.version + 1}",
-        )
-        session.add(
-            CateFunctionBatch(
-                function_id=function_id,
-                seq=locked.version + 1,
-                size=len(rows),
-                principal_id=caller,
-                payload=payload,
-                digest=_digest(payload),
+    rows = list(new_index.values())
+    new_codes = codes[rows]
+    new_points = canonical[rows]
+    fitted = entry.fitted
+    try:
+        with _blas_threads(_threads_for(locked.t, len(rows))):
+            draw = entry.path.draw(
+                new_points, normals=OpenDPSampler().standard_normal, jitter=locked.jitter
             )
+            values = fitted.released(fitted.mean(new_points), draw.values)
+    except gp.GpNumericalError:
+        session.rollback()
+        raise FunctionBatchRejected() from None
+    payload = seal(
+        _encode_batch(new_codes, draw.values, values, draw.jitters),
+        context=f"{function_id}:batch:{locked.version + 1}",
+    )
+    session.add(
+        CateFunctionBatch(
+            function_id=function_id,
+            seq=locked.version + 1,
+            size=len(rows),
+            principal_id=caller,
+            payload=payload,
+            digest=_digest(payload),
         )
-        locked.version += 1
-        locked.t += len(rows)
-        try:
-            session.commit()  # durable before any new value leaves the server
-        except Exception:
-            session.rollback()
-            forget(function_id)
-            raise
-        entry.path.append(draw)
-        # Read-ahead doubling with t (never past t_max): the next batches find their factor
-        # columns faulted in; past t = batch_max the memory committed stays within twice the used.
-        prefault.populate_later(entry.path.ahead(max(locked.batch_max, locked.t)))
-        for key, value in zip(new_index, values, strict=True):
-            entry.answers[key] = float(value)
-        entry.version = locked.version
-        return [entry.answers[key] for key in point_keys]
+    )
+    locked.version += 1
+    locked.t += len(rows)
+    try:
+        session.commit()  # durable before any new value leaves the server
+    except Exception:
+        session.rollback()
+        forget(function_id)
+        raise
+    entry.path.append(draw)
+    # Read-ahead doubling with t (never past t_max): the next batches find their factor
+    # columns faulted in; past t = batch_max the memory committed stays within twice the used.
+    prefault.populate_later(entry.path.ahead(max(locked.batch_max, locked.t)))
+    for key, value in zip(new_index, values, strict=True):
+        entry.answers[key] = float(value)
+    entry.version = locked.version
+    return [entry.answers[key] for key in point_keys]
 
 
 def _points_added(session: Session, function_id: str, caller: str) -> int:
