@@ -81,10 +81,15 @@ def rotate_key(principal: Principal) -> str:
     return key
 
 
+# The 401 details, the same from every route and from the body middleware.
+NO_BEARER_KEY = "send 'Authorization: Bearer <api key>'"
+INVALID_KEY = "the API key is not valid"
+
+
 def bearer_key(authorization: str | None) -> str:
     """The API key of an ``Authorization: Bearer <key>`` header."""
     if not authorization or not authorization.lower().startswith("bearer "):
-        raise Unauthenticated("send 'Authorization: Bearer <api key>'")
+        raise Unauthenticated(NO_BEARER_KEY)
     return authorization[7:].strip()
 
 
@@ -123,7 +128,7 @@ def authenticate(
     # transaction held across that hop (on SQLite, a write lock) could starve the thread pool.
     session.rollback()
     if caller is None:
-        raise Unauthenticated("the API key is not valid")
+        raise Unauthenticated(INVALID_KEY)
     return caller
 
 

@@ -115,10 +115,20 @@ def usable_for_release(
         return dataset, True
     if caller.role == Role.OWNER and dataset.owner_id == caller.id:
         return dataset, False
-    raise Forbidden(
-        "only analysts (and the dataset's owner) may ask for quotes and releases; a client reads "
-        "the releases of the datasets it is granted"
-    )
+    raise Forbidden(RELEASE_ROLES)
+
+
+RELEASE_ROLES = (
+    "only analysts (and the dataset's owner) may ask for quotes and releases; a client reads "
+    "the releases of the datasets it is granted"
+)
+
+
+def require_release_role(caller: Caller) -> None:
+    """403 for a role that never requests releases (client, admin), before anything else about
+    the request is checked (a client sending no Idempotency-Key had been told to send one)."""
+    if caller.role not in (Role.ANALYST, Role.OWNER):
+        raise Forbidden(RELEASE_ROLES)
 
 
 def visible(session: Session, *, caller: Caller) -> list[Dataset]:

@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 from sqlalchemy import Connection, and_, bindparam, func, select, text
 from sqlalchemy.orm import Session
 
-from service.auth.service import Role, bearer_key, hash_key, is_admin_key
+from service.auth.service import INVALID_KEY, Role, bearer_key, hash_key, is_admin_key
 from service.config import get_settings
 from service.db.engine import get_sessionmaker, read
 from service.db.models import (
@@ -585,7 +585,7 @@ def _access(conn: Connection, key: str, function_id: str) -> Any:
             _PRINCIPAL_ACCESS, {"function_id": function_id, "key_hash": hash_key(key)}
         ).first()
         if found is None or found.disabled:
-            raise Unauthenticated("the API key is not valid")
+            raise Unauthenticated(INVALID_KEY)
         row = found if found.function_id is not None else None
         granted = found.owner_id == found.principal_id or (
             Role(found.role) in (Role.ANALYST, Role.CLIENT) and found.grant_id is not None
@@ -600,7 +600,7 @@ def _access(conn: Connection, key: str, function_id: str) -> Any:
 # One fixed message whether the id is unknown, not granted or not yet visible (nothing about the
 # function shows); it says where the other evaluable releases are answered.
 FUNCTION_NOT_FOUND = (
-    "function not found: a function's id is its cate_function release's function_id; an "
+    "function not found: a function's id is the id of its cate_function release; an "
     "ebm_cate or uplift_table release is evaluated with POST /v1/releases/{id}/predict"
 )
 

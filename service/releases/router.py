@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query, Response
 
 from service.auth.service import CurrentCaller
+from service.datasets import service as datasets
 from service.db.engine import MAX_OFFSET, SessionDep
 from service.problems import (
     BudgetExhausted,
@@ -99,6 +100,7 @@ def create_release(
         ),
     ] = None,
 ) -> ReleaseRead:
+    datasets.require_release_role(caller)
     if not idempotency_key or not idempotency_key.strip():
         raise IdempotencyKeyMissing("send an Idempotency-Key header (any unique string)")
     key = idempotency_key.strip()

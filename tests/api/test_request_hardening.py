@@ -789,6 +789,39 @@ def test_http_answers_carry_their_rfc_9110_headers(client: TestClient, api: Api)
         assert problem(r, 422, "validation-failed")["errors"], body[:20]
 
 
+def test_one_answer_per_mistake_whichever_route(client: TestClient, api: Api) -> None:
+    """A CDS walkthrough: a client posting a release without an Idempotency-Key was told to send
+    one (400), with it that its role may not (403); the 401s said different things on /evaluate
+    and on /principals/me. Now the role comes first, and every 401 says the same per cause."""
+    owner, reader = api.principal("owner"), api.principal("client")
+    ds = api.dataset(owner["api_key"], schema=RCT_SCHEMA)
+    api.grant(owner["api_key"], ds["id"], reader["id"])
+    no_key = client.post(
+        f"/v1/datasets/{ds['id']}/releases",
+        json={"kind": "ate", "params": {"epsilon": 0.5}},
+        headers=Api.auth(reader["api_key"]),
+    )
+    assert "only analysts" in problem(no_key, 403, "forbidden")["detail"]
+    invalid = {"Authorization": "Bearer junk"}
+    details = {
+        problem(r, 401, "unauthenticated")["detail"]
+        for r in (
+            client.get("/v1/principals/me", headers=invalid),
+            client.post("/v1/functions/f/evaluate", json={"points": [[0.0]]}, headers=invalid),
+            client.put("/v1/datasets/d/budget", json={"epsilon_total": 1}, headers=invalid),
+        )
+    }
+    assert details == {"the API key is not valid"}
+    missing = {
+        problem(r, 401, "unauthenticated")["detail"]
+        for r in (
+            client.get("/v1/principals/me"),
+            client.post("/v1/functions/f/evaluate", json={"points": [[0.0]]}),
+        )
+    }
+    assert missing == {"send 'Authorization: Bearer <api key>'"}
+
+
 def test_a_trailing_slash_is_a_404_naming_the_path_not_a_redirect(
     client: TestClient, api: Api
 ) -> None:
