@@ -368,6 +368,22 @@ def test_strong_heterogeneity_keeps_the_table() -> None:
     assert result["ate_anchor_noise_sd"] < min(result["uplift_noise_sd"])
 
 
+def test_one_cell_reports_no_arm_variance_it_did_not_measure() -> None:
+    """A one-cell table buys no second moments: its arm_variance is null, not the zeros a CDS
+    walkthrough read as 'no variance'."""
+    n = 2000
+    result = up.run(
+        _rct(n, lambda x: 0.0 * x[:, 0], 1),
+        domain(n, q=2),
+        up.UpliftParams(epsilon=1.0, bins=(1, 1)),
+        noise=OpenDPSampler(),
+        progress=lambda f, s: None,
+    )
+    assert result["cells"] == 1
+    assert result["arm_variance"] is None
+    assert result["shrinkage_factor"] == 0.0
+
+
 def test_released_noise_sd_is_the_shrunk_values_not_the_raw_uplifts() -> None:
     """The released value a + lambda (u_k - a) carries (1 - lambda)^2 V_a + lambda^2 v_k +
     2 lambda (1 - lambda) w_k v_k of privacy-noise variance: the anchor's at factor 0, the raw

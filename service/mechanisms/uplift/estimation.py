@@ -165,7 +165,7 @@ def shrink_to_anchor(
     weights = size / total if total > 0.0 else np.full(uplift.size, 1.0 / uplift.size)
     anchor = float(np.clip(np.dot(weights, uplift), -width, width))
     factor = 0.0
-    variances = [0.0, 0.0]
+    variances: list[float] | None = None  # not measured (one cell, or no second moments)
     if uplift.size >= 2 and noisy_second is not None:
         sums = noisy_sums.reshape(-1, 2)
         arm_counts = np.maximum(counts.sum(axis=0), params.min_count)
@@ -198,7 +198,9 @@ def shrink_to_anchor(
         "ate_anchor": anchor,
         "ate_anchor_noise_sd": anchor_sd,
         "shrinkage_factor": factor,
-        "arm_variance": {"control": variances[0], "treated": variances[1]},
+        "arm_variance": (
+            None if variances is None else {"control": variances[0], "treated": variances[1]}
+        ),
     }
 
 
