@@ -66,6 +66,7 @@ async def evaluate(
             authorization=authorization,
             function_id=function_id,
             points=body.points,
+            columns=body.columns,
         )
     )
     return EvaluateRead(

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.mechanisms.cate_function import MAX_BATCH
-from service.points import Point, at_most
+from service.points import COLUMNS_DESCRIPTION, Columns, Point, at_most
 
 
 class EvaluateRequest(BaseModel):
@@ -21,6 +21,7 @@ class EvaluateRequest(BaseModel):
         min_length=1,
         max_length=MAX_BATCH,
     )
+    columns: Columns | None = Field(default=None, description=COLUMNS_DESCRIPTION)
 
 
 class EvaluateRead(BaseModel):
@@ -56,4 +57,9 @@ class FunctionRead(BaseModel):
         "(null: only t_max bounds them).",
     )
     batch_max: int
+    covariates: list[str] | None = Field(
+        default=None,
+        description="The covariates' names in schema order, the order of a point's "
+        "coordinates (null for a function released before they were recorded).",
+    )
     public: dict[str, Any]

@@ -57,6 +57,7 @@ from service.mechanisms import cate_function as mech
 from service.mechanisms import gp
 from service.mechanisms.domain import coordinate_error, points_summary
 from service.mechanisms.noise import OpenDPSampler
+from service.points import in_schema_order
 from service.problems import (
     DatabaseUnavailable,
     FunctionBatchRejected,
@@ -190,6 +191,7 @@ def view_with_key(*, authorization: str | None, function_id: str) -> dict[str, A
         "t_max": row.t_max if exact else None,
         "points_per_principal": row.points_per_principal if exact else None,
         "batch_max": row.batch_max,
+        "covariates": public.get("x_names"),
         "public": public,
     }
 
@@ -606,7 +608,11 @@ FUNCTION_NOT_FOUND = (
 
 
 def evaluate_with_key(
-    *, authorization: str | None, function_id: str, points: list[list[float]]
+    *,
+    authorization: str | None,
+    function_id: str,
+    points: list[list[float]],
+    columns: list[str] | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
     """Answer a batch (in request order) and return the public metadata with it.
 
@@ -620,6 +626,7 @@ def evaluate_with_key(
     if row.status != "open":
         raise FunctionClosed("the function's state is closed")
     facts = _public_facts(row.function_id, row.q, row.basis, row.batch_max, row.public_json)
+    points = in_schema_order(points, columns, facts.public.get("x_names"))
     codes, canonical = validate_points(facts, points)
     constant = constant_answer(facts.public)
     if constant is not None:

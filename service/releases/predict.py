@@ -19,7 +19,7 @@ from service.datasets import service as datasets
 from service.db.engine import SessionDep
 from service.db.models import Dataset
 from service.mechanisms import ebm_cate, uplift
-from service.points import Point, at_most
+from service.points import COLUMNS_DESCRIPTION, Columns, Point, at_most, in_schema_order
 from service.problems import Forbidden, NotFound, Unauthenticated, ValidationFailed, responses
 from service.releases import service
 from service.releases.kinds.cate_vector import check_points
@@ -34,6 +34,7 @@ class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     points: Annotated[list[Point], at_most(MAX_POINTS)] = Field(min_length=1, max_length=MAX_POINTS)
+    columns: Columns | None = Field(default=None, description=COLUMNS_DESCRIPTION)
 
 
 class PredictRead(BaseModel):
@@ -66,9 +67,10 @@ def predict(
     if dataset is None:
         raise NotFound("release not found")
     domain = datasets.domain_of(dataset)
-    check_points(body.points, domain, "#/points/")
+    points = in_schema_order(body.points, body.columns, domain.names)
+    check_points(points, domain, "#/points/")
     result: dict[str, Any] = json.loads(release.result_json or "{}")
-    values = predictor(result, np.asarray(body.points, dtype=np.float64))
+    values = predictor(result, np.asarray(points, dtype=np.float64))
     return PredictRead(
         release_id=release.id,
         kind=release.kind,

@@ -120,6 +120,12 @@ def test_ebm_cate_release_and_free_predictions(client: TestClient, api: Api) -> 
     assert len(p.json()["predictions"]) == 2
     again = _predict(client, key, done["id"], POINTS)
     assert again.json()["predictions"] == p.json()["predictions"]  # a pure function
+    by_name = client.post(
+        f"/v1/releases/{done['id']}/predict",
+        json={"columns": ["sex", "severity", "age"], "points": [pt[::-1] for pt in POINTS]},
+        headers=Api.auth(key),
+    )
+    assert by_name.json()["predictions"] == p.json()["predictions"]  # read by name
     assert _spent(client, owner, ds) == spent  # predictions never charge
     bad = _predict(client, key, done["id"], [[30.0, 1.5, 0.0]])
     body = problem(bad, 422, "validation-failed")

@@ -319,6 +319,12 @@ def test_function_handle_evaluates_for_free(setup: Callable[..., Setup]) -> None
     assert again.values == list(reversed(first.values))  # identical, not re-noised
     by_analyst = analyst_handle.evaluate(PATIENTS[:1])
     assert by_analyst.values == first.values[:1]  # one shared state for every caller
+    assert info.covariates == ["age", "severity", "sex"]
+    named = handle.evaluate([p[::-1] for p in PATIENTS], columns=info.covariates[::-1])
+    assert named.values == first.values  # read by name
+    with pytest.raises(ValidationFailed) as drifted:
+        handle.evaluate(PATIENTS, columns=["age", "sex", "bmi"])
+    assert drifted.value.errors[0]["pointer"] == "#/columns"
     after = s.owner.get_budget(ds)
     assert (after.epsilon_spent, after.delta_spent) == (spent.epsilon_spent, spent.delta_spent)
     assert [e.entry_type for e in s.owner.ledger(ds)].count("charge") == 1

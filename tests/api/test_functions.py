@@ -808,3 +808,41 @@ def test_answered_points_need_no_lock_and_new_ones_wait_a_bounded_time(
             engine.dispose()
     fresh = evaluate(client, key, fid, [[83.0, 0.2, 0.0]])
     assert fresh.status_code == 200, fresh.text
+
+
+def test_points_may_name_their_columns(client: TestClient, setup: Any) -> None:
+    """A CDS walkthrough swapped two columns and was answered 200 for the wrong patient. A batch
+    may name its columns (any order): it is read by name, and a list that does not name each
+    covariate once is refused with the schema's order; the function lists its covariates."""
+    from tests.api.test_datasets import problem
+
+    fid = release(client, setup, FAST)["id"]
+    key = setup["client"]["api_key"]
+    info = client.get(f"/v1/functions/{fid}", headers=Api.auth(key)).json()
+    assert info["covariates"] == ["age", "severity", "sex"]
+    points = [[30.0, 0.2, 0.0], [60.0, 0.8, 1.0]]
+    first = evaluate(client, key, fid, points).json()["values"]
+    named = client.post(
+        f"/v1/functions/{fid}/evaluate",
+        json={
+            "columns": ["sex", "age", "severity"],
+            "points": [[0.0, 30.0, 0.2], [1.0, 60.0, 0.8]],
+        },
+        headers=Api.auth(key),
+    )
+    assert named.status_code == 200, named.text
+    assert named.json()["values"] == first
+    for columns, says in (
+        (["sex", "age"], "missing: severity"),
+        (["sex", "age", "bmi"], "not covariates: bmi"),
+        (["sex", "age", "age"], "named twice: age"),
+    ):
+        r = client.post(
+            f"/v1/functions/{fid}/evaluate",
+            json={"columns": columns, "points": [[0.0, 30.0, 0.2]]},
+            headers=Api.auth(key),
+        )
+        body = problem(r, 422, "validation-failed")
+        assert [e["pointer"] for e in body["errors"]] == ["#/columns"]
+        assert says in body["detail"]
+        assert "the schema's order is age, severity, sex" in body["detail"]

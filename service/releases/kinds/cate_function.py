@@ -249,6 +249,8 @@ def _with_secret(
         **result,
         "x_lower": [float(v) for v in domain.x_lower],
         "x_upper": [float(v) for v in domain.x_upper],
+        # the covariates' public names in schema order (a point's coordinates; ``columns``)
+        "x_names": list(domain.names),
         # a categorical covariate's declared codes (None: numeric); points must take one
         "x_codes": None
         if domain.x_codes is None

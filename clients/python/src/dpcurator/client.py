@@ -586,9 +586,18 @@ class CuratorClient:
         )
 
     def evaluate_function(
-        self, function_id: str, points: Sequence[Sequence[float]]
+        self,
+        function_id: str,
+        points: Sequence[Sequence[float]],
+        columns: Sequence[str] | None = None,
     ) -> FunctionEvaluation:
         """POST /v1/functions/{id}/evaluate. Free; a repeated point returns the same value.
+
+        ``columns``: the covariates' names in the order the points give them (any order, each
+        covariate once): the server reads the points by name and refuses a list that does not
+        match the schema (``ValidationFailed`` at ``#/columns``), so a drifted column order is
+        not answered for the wrong patient. Without it, points are in schema order
+        (``function_info(id).covariates``).
 
         Retrying is safe: an answer is returned only after its noise is committed, and a point
         already answered is served from the stored state. More points than one request takes
@@ -598,13 +607,15 @@ class CuratorClient:
         stay answered.
         """
         pts = _as_points(points)
+        named = None if columns is None else [str(c) for c in columns]
         if len(pts) <= 1:
-            return self._evaluate_batch(function_id, pts)
+            return self._evaluate_batch(function_id, pts, named)
         size = min(EVALUATE_BATCH_LIMIT, self._function_batch_max(function_id))
         if len(pts) <= size:
-            return self._evaluate_batch(function_id, pts)
+            return self._evaluate_batch(function_id, pts, named)
         parts = [
-            self._evaluate_batch(function_id, pts[i : i + size]) for i in range(0, len(pts), size)
+            self._evaluate_batch(function_id, pts[i : i + size], named)
+            for i in range(0, len(pts), size)
         ]
         first = parts[0]
         values = [v for part in parts for v in part.values]
@@ -616,23 +627,35 @@ class CuratorClient:
             self._batch_max[function_id] = self.function_info(function_id).batch_max
         return self._batch_max[function_id]
 
-    def _evaluate_batch(self, function_id: str, pts: list[list[float]]) -> FunctionEvaluation:
-        r = self.request("POST", f"/v1/functions/{function_id}/evaluate", json_body={"points": pts})
+    def _evaluate_batch(
+        self, function_id: str, pts: list[list[float]], columns: list[str] | None = None
+    ) -> FunctionEvaluation:
+        body: dict[str, Any] = {"points": pts}
+        if columns is not None:
+            body["columns"] = columns
+        r = self.request("POST", f"/v1/functions/{function_id}/evaluate", json_body=body)
         return FunctionEvaluation.from_response(r.json(), pts)
 
-    def predict(self, release_id: str, points: Sequence[Sequence[float]]) -> Prediction:
+    def predict(
+        self,
+        release_id: str,
+        points: Sequence[Sequence[float]],
+        columns: Sequence[str] | None = None,
+    ) -> Prediction:
         """POST /v1/releases/{id}/predict: a finished ``ebm_cate`` or ``uplift_table`` release's
         CATE at public points. Free (post-processing of the stored DP model), deterministic.
         More points than one request takes (``PREDICT_BATCH_LIMIT``, fewer where the points have
-        many covariates: ``MAX_COORDINATES_PER_REQUEST``) are sent in batches."""
+        many covariates: ``MAX_COORDINATES_PER_REQUEST``) are sent in batches. ``columns``: as
+        for ``evaluate_function``."""
         pts = _as_points(points)
+        extra: dict[str, Any] = {} if columns is None else {"columns": [str(c) for c in columns]}
         width = max(len(pts[0]), 1) if pts else 1
         size = max(1, min(PREDICT_BATCH_LIMIT, MAX_COORDINATES_PER_REQUEST // width))
         parts = [
             self.request(
                 "POST",
                 f"/v1/releases/{release_id}/predict",
-                json_body={"points": pts[i : i + size]},
+                json_body={"points": pts[i : i + size], **extra},
             ).json()
             for i in range(0, max(len(pts), 1), size)
         ]

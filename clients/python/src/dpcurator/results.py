@@ -236,10 +236,14 @@ class FunctionInfo:
     batch_max: int
     public: dict[str, Any]
     points_per_principal: int | None = None
+    # the covariates' names in schema order, the order of a point's coordinates (None: a
+    # function released before they were recorded)
+    covariates: list[str] | None = None
 
     @classmethod
     def from_response(cls, body: dict[str, Any]) -> FunctionInfo:
         t_max = body.get("t_max")
+        names = body.get("covariates")
         return cls(
             id=str(body["id"]),
             dataset_id=str(body["dataset_id"]),
@@ -250,6 +254,7 @@ class FunctionInfo:
             batch_max=int(body["batch_max"]),
             public=dict(body.get("public") or {}),
             points_per_principal=_optional_int(body.get("points_per_principal")),
+            covariates=None if names is None else [str(v) for v in names],
         )
 
     @property
@@ -286,7 +291,10 @@ class FunctionInfo:
 
 class _Evaluator(Protocol):
     def evaluate_function(
-        self, function_id: str, points: Sequence[Sequence[float]]
+        self,
+        function_id: str,
+        points: Sequence[Sequence[float]],
+        columns: Sequence[str] | None = None,
     ) -> FunctionEvaluation: ...
 
     def function_info(self, function_id: str) -> FunctionInfo: ...
@@ -328,9 +336,12 @@ class FunctionHandle:
             raise RuntimeError("this handle is not bound to a client")
         return self._client
 
-    def evaluate(self, points: Sequence[Sequence[float]]) -> FunctionEvaluation:
-        """POST /v1/functions/{id}/evaluate: the function's DP values at ``points`` (free)."""
-        return self._bound().evaluate_function(self.function_id, points)
+    def evaluate(
+        self, points: Sequence[Sequence[float]], columns: Sequence[str] | None = None
+    ) -> FunctionEvaluation:
+        """POST /v1/functions/{id}/evaluate: the function's DP values at ``points`` (free);
+        ``columns`` names the points' coordinates (see ``CuratorClient.evaluate_function``)."""
+        return self._bound().evaluate_function(self.function_id, points, columns)
 
     def info(self) -> FunctionInfo:
         """GET /v1/functions/{id}: status, basis, capacity and the public constants."""

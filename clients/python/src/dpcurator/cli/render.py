@@ -506,6 +506,7 @@ def function_info(info: FunctionInfo) -> str:
             ("guarantee", info.public.get("guarantee")),
             ("basis", info.basis),
             ("q", info.q),
+            ("covariates", ", ".join(info.covariates) if info.covariates else None),
             ("t max", info.t_max),
             ("points per principal", info.points_per_principal),
             ("batch max", info.batch_max),
