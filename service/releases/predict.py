@@ -42,6 +42,14 @@ class PredictRead(BaseModel):
     kind: str
     guarantee: str
     predictions: list[float]
+    shrinkage_factor: float | None = Field(
+        default=None,
+        description="An anchored model's DP shrinkage factor in [0, 1] (null: unanchored). At "
+        "0 every prediction is ate_anchor, the same for every patient.",
+    )
+    ate_anchor: float | None = Field(
+        default=None, description="The DP ATE an anchored model falls back to (null: none)."
+    )
 
 
 @router.post(
@@ -76,4 +84,10 @@ def predict(
         kind=release.kind,
         guarantee=release.guarantee,
         predictions=[float(v) for v in values],
+        shrinkage_factor=_optional_float(result.get("shrinkage_factor")),
+        ate_anchor=_optional_float(result.get("ate_anchor")),
     )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)

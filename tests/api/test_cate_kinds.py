@@ -126,6 +126,10 @@ def test_ebm_cate_release_and_free_predictions(client: TestClient, api: Api) -> 
         headers=Api.auth(key),
     )
     assert by_name.json()["predictions"] == p.json()["predictions"]  # read by name
+    # the anchored model's factor and anchor come with every prediction (a CDS cannot
+    # otherwise tell that one value for every patient is the DP ATE)
+    assert p.json()["shrinkage_factor"] == result["shrinkage_factor"]
+    assert p.json()["ate_anchor"] == result["ate_anchor"]
     assert _spent(client, owner, ds) == spent  # predictions never charge
     bad = _predict(client, key, done["id"], [[30.0, 1.5, 0.0]])
     body = problem(bad, 422, "validation-failed")

@@ -360,6 +360,17 @@ class Prediction:
     predictions: list[float]
     raw: dict[str, Any] = field(repr=False)
 
+    @property
+    def shrinkage_factor(self) -> float | None:
+        """An anchored model's DP shrinkage factor (None: unanchored)."""
+        value = self.raw.get("shrinkage_factor")
+        return float(value) if value is not None else None
+
+    @property
+    def answers_the_ate_everywhere(self) -> bool:
+        """True where the factor is 0: every prediction is the DP ATE anchor."""
+        return self.shrinkage_factor == 0.0
+
     @classmethod
     def from_response(cls, body: dict[str, Any], points: Sequence[Sequence[float]]) -> Prediction:
         predictions = _floats(body.get("predictions"), "predictions")

@@ -581,5 +581,10 @@ def prediction(pr: Prediction, ids: Sequence[str] | None = None) -> str:
         for i, (p, v) in enumerate(zip(pr.points, pr.predictions, strict=True))
     ]
     footer = f"\n({pr.kind}, guarantee {pr.guarantee}; free: no budget charged)"
+    if pr.answers_the_ate_everywhere:
+        footer += (
+            "\n(shrinkage factor 0: every prediction is the DP ATE anchor, the same for every "
+            "patient; `dpcurator release show` gives its interval where there is one)"
+        )
     headers = (["id"] if ids is not None else []) + ["point", "cate"]
     return table(headers, rows) + footer
