@@ -32,6 +32,13 @@ heterogeneity, not whether it is worse than the constant), and where it is not `
 message says that the release is expected to answer about its DP ATE, not that the constant is
 more accurate (the plain message's "request the ATE instead").
 
+An anchored release varies at all only where its calibration step detects the heterogeneity
+(ebm_cate proof step 6.4); ``detectable`` is the smallest sd(tau) it detects with 80 %
+probability at best (``ebm_cate.detectable_heterogeneity_sd``). Where that is at least ``h``
+the verdict is ``not_expected`` whatever the noise: the release is expected to answer its DP ATE
+for every patient. The block reports it as ``detectable_heterogeneity_sd`` so that an analyst
+can compare it with the heterogeneity they believe in.
+
 A release that is one number for every patient by construction (an uplift table of one cell)
 is ``not_expected`` whatever its noise: its PEHE is at least ``sd(tau)``, the constant's, so
 ``expected_pehe_lower_bound`` is ``h`` and no epsilon makes it worth it (``constant_block``).
@@ -54,6 +61,8 @@ ANCHORED_NOTE = (
     "than the constant DP ATE; its variation is kept only above the noise."
 )
 WORTH_IT_RATIO = 0.5  # s <= WORTH_IT_RATIO * h: the noise leaves room for a real gain
+# the detection probability of ``detectable`` (ebm_cate.DETECTION_POWER)
+DETECTION_PROBABILITY = 0.8
 
 
 def default_heterogeneity_sd(domain: PublicDomain) -> float:
@@ -98,15 +107,18 @@ def versus_ate(
     epsilon_worth_it: float | None,
     retention: float | None = None,
     anchored: bool = False,
+    detectable: float | None = None,
 ) -> dict[str, Any]:
     """The quote's ``versus_ate`` block (module docstring); ``retention``: the share of the
     heterogeneity the learner's mean keeps (None: all of it); ``anchored``: the release is shrunk
     towards its own DP ATE (its bound is ``min(bound, h)`` and the message says that it
-    falls back to that ATE rather than that it is worse than it)."""
+    falls back to that ATE rather than that it is worse than it); ``detectable``: the smallest
+    sd(tau) an anchored release's calibration step detects (None: not computed)."""
     assumed = heterogeneity_sd is None
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     shown = h if retention is None else retention * h
-    if noise_sd >= shown:
+    undetectable = anchored and detectable is not None and detectable >= shown
+    if noise_sd >= shown or undetectable:
         verdict = "not_expected"
     elif noise_sd >= WORTH_IT_RATIO * shown:
         verdict = "marginal"
@@ -126,6 +138,14 @@ def versus_ate(
             f"the learner keeps about {retention:.1%} of a smooth heterogeneity of {h:.3g}, "
             f"{basis})"
         )
+    gate = (
+        ""
+        if detectable is None or not anchored
+        else f" It varies at all only where its calibration step detects the heterogeneity: "
+        f"with {DETECTION_PROBABILITY:.0%} probability an sd(tau) of at least about "
+        f"{detectable:.3g} if the learner found it exactly (more otherwise); below that it "
+        "answers its DP ATE for every patient."
+    )
     if verdict == "possible":
         message = (
             f"{where} the privacy noise per prediction (sd {noise_sd:.3g}) is well below "
@@ -133,7 +153,21 @@ def versus_ate(
             "fits, which the quote cannot know."
         )
         if anchored:
-            message += f" {ANCHORED_NOTE}"
+            message += f" {ANCHORED_NOTE}{gate}"
+    elif undetectable and noise_sd < shown:
+        fix = (
+            f"epsilon >= {epsilon_worth_it:g} would let it resolve the heterogeneity"
+            if epsilon_worth_it is not None
+            else "no epsilon up to the maximum lets it resolve the heterogeneity"
+        )
+        message = (
+            f"{where} the step that decides whether this release varies at all (its "
+            "calibration on held-out rows) detects, with "
+            f"{DETECTION_PROBABILITY:.0%} probability, only a heterogeneity of sd at least "
+            f"about {detectable:.3g}, not below {target}, so this CATE is expected to answer its "
+            f"DP ATE for every patient. {ANCHORED_NOTE} The ATE kind spends the same budget on "
+            f"one number with a confidence interval; {fix}."
+        )
     elif anchored:
         fix = (
             f"epsilon >= {epsilon_worth_it:g} would let it resolve the heterogeneity"
@@ -147,6 +181,7 @@ def versus_ate(
             f"{target}, so this CATE is not expected to resolve it. {ANCHORED_NOTE} Expect "
             "about the accuracy of a constant ATE for a typical patient, not better: the ATE "
             f"kind spends the same budget on one number with a confidence interval; {fix}."
+            f"{gate}"
         )
     else:
         fix = (
@@ -173,6 +208,7 @@ def versus_ate(
         "heterogeneity_sd_assumed": assumed,
         "constant_ate_pehe_approx": h,
         "learner_retention": retention,
+        "detectable_heterogeneity_sd": detectable if anchored else None,
         "epsilon_worth_it": epsilon_worth_it,
         "message": message,
     }
@@ -191,6 +227,7 @@ def quote_block(
     retention_at: Callable[[float], float] | None = None,
     *,
     anchored: bool = False,
+    detectable_at: Callable[[float], float | None] | None = None,
 ) -> dict[str, Any]:
     """``versus_ate`` for a kind whose public per-prediction noise sd at epsilon is
     ``noise_sd_at(epsilon)`` and whose learner keeps ``retention_at(epsilon)`` of the
@@ -202,17 +239,25 @@ def quote_block(
     def keep(value: float) -> float:
         return 1.0 if retention_at is None else float(retention_at(value))
 
+    h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
+
+    def detect(value: float) -> float | None:
+        return None if detectable_at is None or not anchored else detectable_at(value)
+
     def safe(value: float) -> float:
         try:
+            found = detect(value)
+            if found is not None and found >= h * keep(value):
+                return math.inf  # the calibration step would not detect it there
             return float(noise_sd_at(value)) / keep(value)
         except Exception:  # an epsilon outside the kind's limits: not a candidate
             return math.inf
 
-    h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     noise_sd = float(noise_sd_at(epsilon))
     kept = keep(epsilon)
+    detectable = detect(epsilon)
     worth_it = None
-    if noise_sd >= WORTH_IT_RATIO * h * kept:
+    if noise_sd >= WORTH_IT_RATIO * h * kept or (detectable is not None and detectable >= h * kept):
         worth_it = epsilon_for_noise_sd(
             safe, WORTH_IT_RATIO * h, minimum=SEARCH_MIN_EPSILON, maximum=SEARCH_MAX_EPSILON
         )
@@ -224,6 +269,7 @@ def quote_block(
         epsilon_worth_it=worth_it,
         retention=None if retention_at is None else kept,
         anchored=anchored,
+        detectable=detectable,
     )
 
 
@@ -247,6 +293,7 @@ def constant_block(
         "heterogeneity_sd_assumed": assumed,
         "constant_ate_pehe_approx": h,
         "learner_retention": 0.0,
+        "detectable_heterogeneity_sd": None,
         "epsilon_worth_it": None,
         "message": (
             f"at n = {domain.n}, epsilon = {epsilon:g} this release gives every patient the same "

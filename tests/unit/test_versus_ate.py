@@ -315,3 +315,71 @@ def test_an_anchored_quote_states_the_noise_beside_its_smaller_bound() -> None:
     )
     assert out["prediction_noise_sd"] == 5.0
     assert out["expected_pehe_lower_bound"] == out["heterogeneity_sd"] == 2.0
+
+
+def _ebm_quote(n: int, epsilon: float, columns: list[int] | None = None) -> dict[str, object]:
+    domain = PublicDomain(x_lower=np.zeros(30), x_upper=np.ones(30), y_lower=0.0, y_upper=60.0, n=n)
+    params: dict[str, object] = {"epsilon": epsilon}
+    if columns is not None:
+        params["effect_columns"] = columns
+    return REGISTRY["ebm_cate"].quote(params, domain)
+
+
+def test_the_detectable_heterogeneity_solves_the_calibration_test() -> None:
+    """A walkthrough's statistician got `possible` three times and three constants: the
+    calibration step (proof step 6.4) had no power at their heterogeneity. The quote names the
+    smallest sd(tau) it detects with 80 % probability: plugged back into the test statistic's
+    expectation it gives z(0.99) + z(0.8); it falls as epsilon and n grow."""
+    from scipy.special import ndtri
+
+    from service.mechanisms import ebm_cate
+    from service.mechanisms.ate_strict.quote import assumed_pseudo_outcome_sd
+
+    domain = PublicDomain(
+        x_lower=np.zeros(30), x_upper=np.ones(30), y_lower=0.0, y_upper=60.0, n=20000
+    )
+    quoted = REGISTRY["ebm_cate"].quote({"epsilon": 1.0, "effect_columns": [0, 1, 2]}, domain)
+    found = ebm_cate.detectable_heterogeneity_sd(domain, quoted)
+    assert found is not None
+    m, sigma = float(quoted["calibration_rows"]), float(quoted["calibration_noise_sd"])
+    v = min(assumed_pseudo_outcome_sd(domain), float(quoted["pseudo_outcome_clip"])) ** 2
+    s = ebm_cate.prediction_noise_sd(domain, quoted)
+    t = m * found**2 / math.sqrt(m * (found**2 + s**2) * v + sigma**2)
+    assert t == pytest.approx(float(ndtri(0.99) + ndtri(0.8)), rel=1e-9)
+    d = {
+        (n, eps): _ebm_quote(n, eps, [0, 1, 2])["versus_ate"]["detectable_heterogeneity_sd"]
+        for n in (20000, 100000)
+        for eps in (0.5, 1.0, 4.0)
+    }
+    assert d[20000, 0.5] > d[20000, 1.0] > d[20000, 4.0]
+    assert d[100000, 0.5] > d[100000, 1.0] > d[100000, 4.0]
+    assert all(d[100000, eps] < d[20000, eps] for eps in (0.5, 1.0, 4.0))
+
+
+def test_an_undetectable_heterogeneity_is_not_expected_whatever_the_noise() -> None:
+    """At n 20000, eps 1 with 3 named modifiers the noise (0.38) is well below a stated
+    heterogeneity of 1.1, but the calibration step detects only about 1.3: the verdict is
+    `not_expected`, the message says the release will answer its DP ATE, and the epsilon it
+    names is one where the heterogeneity is detectable. At the default assumption (2.5) it
+    stays `possible` and says where it stops varying."""
+    domain = PublicDomain(
+        x_lower=np.zeros(30), x_upper=np.ones(30), y_lower=0.0, y_upper=60.0, n=20000
+    )
+    kind = REGISTRY["ebm_cate"]
+    params = {"epsilon": 1.0, "effect_columns": [0, 1, 2], "expected_heterogeneity_sd": 1.1}
+    block = kind.quote(params, domain)["versus_ate"]
+    assert block["prediction_noise_sd"] < 0.5 * 1.1
+    assert block["detectable_heterogeneity_sd"] > 1.1
+    assert block["verdict"] == "not_expected"
+    assert "expected to answer its DP ATE for every patient" in block["message"]
+    worth = block["epsilon_worth_it"]
+    assert worth is not None
+    assert worth > 1.0
+    at_worth = kind.quote({**params, "epsilon": worth}, domain)["versus_ate"]
+    assert at_worth["verdict"] == "possible"
+    assert at_worth["detectable_heterogeneity_sd"] < 1.1
+    default = kind.quote({"epsilon": 1.0, "effect_columns": [0, 1, 2]}, domain)["versus_ate"]
+    assert default["verdict"] == "possible"
+    assert "varies at all only where its calibration step detects" in default["message"]
+    unanchored = kind.quote({"epsilon": 1.0, "shrinkage": "none"}, domain)["versus_ate"]
+    assert unanchored["detectable_heterogeneity_sd"] is None

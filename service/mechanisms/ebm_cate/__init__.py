@@ -86,7 +86,9 @@ from service.mechanisms.ebm_cate.estimation import (
     run_plan,
 )
 from service.mechanisms.ebm_cate.quote import (
+    DETECTION_POWER,
     boosting_accumulation,
+    detectable_heterogeneity_sd,
     prediction_noise_sd,
     quote,
 )
@@ -194,6 +196,8 @@ __all__ = [
     "plan",
     "predict",
     "prediction_noise_sd",
+    "detectable_heterogeneity_sd",
+    "DETECTION_POWER",
     "public_parameters",
     "quote",
     "rct_anchor_share",

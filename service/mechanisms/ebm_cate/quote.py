@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from scipy.special import ndtri
+
+from service.mechanisms.ate_strict.quote import assumed_pseudo_outcome_sd
 from service.mechanisms.domain import PublicDomain
 from service.mechanisms.dp_ebm import DP_EBM_LEARNING_RATE
 from service.mechanisms.ebm_cate.calibration import (
@@ -14,6 +17,7 @@ from service.mechanisms.ebm_cate.calibration import (
     public_parameters,
 )
 from service.mechanisms.ebm_cate.rules import (
+    CALIBRATION_LEVEL,
     SMALL_N_EPSILON_WARNING,
     WARNING_EPSILON_CAP,
     EbmCateParams,
@@ -97,3 +101,42 @@ def prediction_noise_sd(domain: PublicDomain, quoted: dict[str, Any]) -> float:
     columns = quoted.get("effect_columns")
     width = domain.q if columns is None else len(columns)
     return float(quoted["approx_shape_noise_sd"]) * math.sqrt(width)
+
+
+# The detection probability at which the quote names the heterogeneity an anchored release can
+# show (``detectable_heterogeneity_sd``).
+DETECTION_POWER = 0.8
+
+
+def detectable_heterogeneity_sd(domain: PublicDomain, quoted: dict[str, Any]) -> float | None:
+    """The smallest sd(tau) that an anchored release's calibration step (proof step 6.4)
+    detects with probability ``DETECTION_POWER``, at best; None for an unanchored quote.
+
+    The release varies only where ``t = S_rg / sqrt(S_gg S_rr / m + sigma^2)`` exceeds the
+    ``CALIBRATION_LEVEL`` normal quantile z (else its factor is 0 and it answers its DP ATE for
+    every patient). For a model that has learned tau exactly up to its privacy noise (sd s per
+    prediction) on m calibration rows whose centred targets have variance v:
+    ``S_rg ~ m h^2``, ``S_gg ~ m (h^2 + s^2)``, ``S_rr ~ m v``, so
+    ``t(h) = m h^2 / sqrt(m (h^2 + s^2) v + sigma^2)``, and the release varies with probability
+    ``Phi(t(h) - z)``. Solved for ``t(h) = z + Phi^-1(DETECTION_POWER)`` (a quadratic in h^2).
+    v is the public pseudo-outcome scale the ``ate`` quote assumes (R_Y / 6), at most K^2; a
+    learner's own error only raises the answer, so it is a lower bound. Public inputs only."""
+    m = quoted.get("calibration_rows")
+    sigma = quoted.get("calibration_noise_sd")
+    if m is None or sigma is None:
+        return None
+    m = float(m)
+    sigma = float(sigma)
+    spread = assumed_pseudo_outcome_sd(domain)
+    k = quoted.get("pseudo_outcome_clip")
+    if k is not None:
+        spread = min(spread, float(k))
+    v = spread * spread
+    s = prediction_noise_sd(domain, quoted)
+    target = float(ndtri(CALIBRATION_LEVEL) + ndtri(DETECTION_POWER))
+    t2 = target * target
+    # m^2 u^2 - t2 m v u - t2 (m s^2 v + sigma^2) = 0, u = h^2 > 0
+    b = t2 * m * v
+    c = t2 * (m * s * s * v + sigma * sigma)
+    u = (b + math.sqrt(b * b + 4.0 * m * m * c)) / (2.0 * m * m)
+    return math.sqrt(u)

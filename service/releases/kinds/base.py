@@ -69,6 +69,7 @@ def versus_ate_block(
     anchored: bool = False,
     constant: tuple[str, str] | None = None,
     retention: Callable[[Any], float] | None = None,
+    detectable: Callable[[Any], float | None] | None = None,
 ) -> dict[str, Any]:
     """A CATE quote's ``versus_ate``: ``noise_sd(request)`` is the kind's public per-prediction
     noise sd for a request, evaluated here at the request's epsilon and at others (the epsilon
@@ -76,7 +77,9 @@ def versus_ate_block(
     the release shrinks towards its own DP ATE (shrinkage ``ate``), which the block says.
     ``constant``: (why, what instead) for a release that is one number for every patient by
     construction, whose verdict is ``not_expected`` whatever its noise. ``retention(request)``:
-    the share of the heterogeneity the kind's learner keeps (versus_ate), None: all of it."""
+    the share of the heterogeneity the kind's learner keeps (versus_ate), None: all of it.
+    ``detectable(request)``: the smallest sd(tau) an anchored release's calibration step detects
+    (``ebm_cate.detectable_heterogeneity_sd``), None: not computed."""
     if constant is not None:
         block = versus_ate.constant_block(
             domain,
@@ -97,6 +100,12 @@ def versus_ate_block(
         def keep(epsilon: float) -> float:
             return retention(request.model_copy(update={"epsilon": epsilon}))
 
+    found = None
+    if detectable is not None:
+
+        def found(epsilon: float) -> float | None:
+            return detectable(request.model_copy(update={"epsilon": epsilon}))
+
     block = versus_ate.quote_block(
         at,
         domain,
@@ -104,6 +113,7 @@ def versus_ate_block(
         request.expected_heterogeneity_sd,
         retention_at=keep,
         anchored=anchored,
+        detectable_at=found,
     )
     block["anchored"] = anchored
     return block

@@ -278,7 +278,13 @@ def anchored(request: EbmCateRequest, domain: PublicDomain) -> bool:
 
 def _versus_ate(request: EbmCateRequest, domain: PublicDomain) -> dict[str, Any]:
     anchored = ebm_cate.quote(domain, to_mechanism_params(request, domain))["shrinkage"] == "ate"
-    return versus_ate_block(request, domain, lambda r: noise_sd(r, domain), anchored=anchored)
+    return versus_ate_block(
+        request,
+        domain,
+        lambda r: noise_sd(r, domain),
+        anchored=anchored,
+        detectable=lambda r: detectable_sd(r, domain),
+    )
 
 
 def modifiers_worth_it(request: EbmCateRequest, domain: PublicDomain) -> int | None:
@@ -295,9 +301,13 @@ def modifiers_worth_it(request: EbmCateRequest, domain: PublicDomain) -> int | N
 
     h = request.expected_heterogeneity_sd or versus_ate.default_heterogeneity_sd(domain)
 
-    def possible(k: int) -> bool:  # versus_ate's "possible": noise < WORTH_IT_RATIO * h
+    def possible(k: int) -> bool:  # versus_ate's "possible": noise < WORTH_IT_RATIO * h and
+        # the calibration step detects h (anchored releases)
         trial = request.model_copy(update={"effect_columns": list(range(k))})
-        return noise_sd(trial, domain) < versus_ate.WORTH_IT_RATIO * h
+        if noise_sd(trial, domain) >= versus_ate.WORTH_IT_RATIO * h:
+            return False
+        found = detectable_sd(trial, domain)
+        return found is None or found < h
 
     if not possible(1):
         return None
@@ -390,13 +400,24 @@ def _as_params(params: Any) -> EbmCateRequest:
     return EbmCateRequest.model_validate(params)
 
 
+def _quoted_as_unscreened(request: EbmCateRequest, domain: PublicDomain) -> dict[str, Any]:
+    """The mechanism's quote of a request, a screened default quoted as the model on every
+    covariate (``noise_sd``)."""
+    if request.effect_screen is None and request.effect_columns is None:
+        request = request.model_copy(update={"effect_screen": False})
+    return ebm_cate.quote(domain, to_mechanism_params(request, domain))
+
+
+def detectable_sd(request: EbmCateRequest, domain: PublicDomain) -> float | None:
+    """The smallest sd(tau) the request's calibration step detects (anchored releases; public:
+    ``ebm_cate.detectable_heterogeneity_sd``), the screened default quoted as ``noise_sd``."""
+    return ebm_cate.detectable_heterogeneity_sd(domain, _quoted_as_unscreened(request, domain))
+
+
 def noise_sd(request: EbmCateRequest, domain: PublicDomain) -> float:
     """Public per-prediction privacy-noise sd of a request (``prediction_noise_sd``). A
     screened default (proof step 9) is quoted as the model on every covariate: which 8 columns
     the DP screen keeps is not known before the release, and at small n epsilon it misses the
     modifiers (bench/README.md, "The effect-modifier screen"), so the quote does not promise
     the 8-column model's smaller noise."""
-    if request.effect_screen is None and request.effect_columns is None:
-        request = request.model_copy(update={"effect_screen": False})
-    quoted = ebm_cate.quote(domain, to_mechanism_params(request, domain))
-    return ebm_cate.prediction_noise_sd(domain, quoted)
+    return ebm_cate.prediction_noise_sd(domain, _quoted_as_unscreened(request, domain))
