@@ -97,16 +97,19 @@ def is_admin_key(key: str) -> bool:
     return hmac.compare_digest(key.encode(), get_settings().admin_key.encode())
 
 
-def key_is_valid(key: str) -> bool:
-    """Whether ``key`` is the admin's or an enabled principal's: one indexed read on the read
-    pool, no session (the body middleware asks it before a body is read)."""
+def key_role(key: str) -> Role | None:
+    """The role of ``key`` if it is the admin's or an enabled principal's (None: not a valid
+    key): one indexed read on the read pool, no session (the body middleware asks it before a
+    body is read)."""
     if is_admin_key(key):
-        return True
+        return Role.ADMIN
     digest = hash_key(key)
 
-    def known(conn: Connection) -> bool:
-        row = conn.execute(select(Principal.disabled).where(Principal.key_hash == digest)).first()
-        return row is not None and not row.disabled
+    def known(conn: Connection) -> Role | None:
+        row = conn.execute(
+            select(Principal.disabled, Principal.role).where(Principal.key_hash == digest)
+        ).first()
+        return None if row is None or row.disabled else Role(row.role)
 
     return read(known)
 
