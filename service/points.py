@@ -8,6 +8,7 @@ batch was too long. Each point is likewise refused by its length before its coor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -86,3 +87,35 @@ def in_schema_order(
     order = [columns.index(n) for n in expected]
     width = len(columns)
     return [[p[j] for j in order] if len(p) == width else p for p in points]
+
+
+_COORDINATE = re.compile(r"#/points/(\d+)/(\d+)")
+
+
+def in_request_order(
+    error: ValidationFailed, columns: list[str] | None, names: Sequence[str] | None
+) -> ValidationFailed:
+    """A points error of a batch read by ``columns``, its pointers in the request's order: the
+    check runs on the points reordered to the schema (``in_schema_order``), so its
+    ``#/points/i/j`` names schema position j; the request gave that covariate at
+    ``columns.index(names[j])`` (a re-test's age=95 at request index 2 was reported at index 0,
+    the eGFR). Each such detail also names the column."""
+    if columns is None or names is None:
+        return error
+    errors = error.extensions.get("errors")
+    if not isinstance(errors, list):
+        return error
+    moved = []
+    for entry in errors:
+        match = _COORDINATE.fullmatch(str(entry.get("pointer", "")))
+        if match is None or int(match.group(2)) >= len(names):
+            moved.append(entry)
+            continue
+        name = names[int(match.group(2))]
+        moved.append(
+            {
+                "pointer": f"#/points/{match.group(1)}/{columns.index(name)}",
+                "detail": f"{entry.get('detail', '')} (column {name})",
+            }
+        )
+    return ValidationFailed(error.detail, errors=moved)

@@ -181,6 +181,14 @@ class DevelopmentSecretsExposed(Problem):
     slug, title, status = "development-secrets-exposed", "Service misconfigured", 503
 
 
+class FunctionBusy(Problem):
+    slug, title, status = (
+        "function-busy",
+        "The function is drawing other callers' new points; retry shortly",
+        503,
+    )
+
+
 class DatabaseUnavailable(Problem):
     slug, title, status = (
         "database-unavailable",
@@ -220,6 +228,7 @@ ALL_PROBLEMS: tuple[type[Problem], ...] = (
     FunctionClosed,
     FunctionCapacityReached,
     FunctionBatchRejected,
+    FunctionBusy,
     DevelopmentSecretsExposed,
     DatabaseUnavailable,
     HttpError,
@@ -316,7 +325,7 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
         response = problem_response(exc, request.url.path)
-        if isinstance(exc, DatabaseUnavailable):
+        if isinstance(exc, DatabaseUnavailable | FunctionBusy):
             response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
         return response
 

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy import Connection, and_, bindparam, func, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from service.auth.service import INVALID_KEY, Role, bearer_key, hash_key, is_admin_key
@@ -57,10 +58,10 @@ from service.mechanisms import cate_function as mech
 from service.mechanisms import gp
 from service.mechanisms.domain import coordinate_error, points_summary
 from service.mechanisms.noise import OpenDPSampler
-from service.points import in_schema_order
+from service.points import in_request_order, in_schema_order
 from service.problems import (
-    DatabaseUnavailable,
     FunctionBatchRejected,
+    FunctionBusy,
     FunctionCapacityReached,
     FunctionClosed,
     NotFound,
@@ -361,8 +362,10 @@ def forget(function_id: str | None = None) -> None:
     with _cache_guard:
         if function_id is None:
             _cache.clear()
+            _read_answers.clear()
         else:
             _cache.pop(function_id, None)
+            _read_answers.pop(function_id, None)
 
 
 class _CorruptState(Exception):
@@ -626,8 +629,12 @@ def evaluate_with_key(
     if row.status != "open":
         raise FunctionClosed("the function's state is closed")
     facts = _public_facts(row.function_id, row.q, row.basis, row.batch_max, row.public_json)
-    points = in_schema_order(points, columns, facts.public.get("x_names"))
-    codes, canonical = validate_points(facts, points)
+    names = facts.public.get("x_names")
+    points = in_schema_order(points, columns, names)
+    try:
+        codes, canonical = validate_points(facts, points)
+    except ValidationFailed as error:
+        raise in_request_order(error, columns, names) from None
     constant = constant_answer(facts.public)
     if constant is not None:
         return [constant] * len(points), facts.public
@@ -678,33 +685,91 @@ def _evaluate_exact(
     had waited 13.7 s, and one of new points 43.7 s, behind a held row lock."""
     point_keys = [row.tobytes() for row in codes]
     seen = _cached(function_id)
-    if seen is not None:
-        known = seen.answers
-        served = [known.get(key) for key in point_keys]
-        if all(value is not None for value in served):
-            session.rollback()
-            return [float(value) for value in served if value is not None]
+    known = seen.answers if seen is not None else _answers_read(session, function_id, codes)
+    served = [known.get(key) for key in point_keys]
+    if all(value is not None for value in served):
+        session.rollback()
+        return [float(value) for value in served if value is not None]
     session.commit()  # end the read transaction; the locked one starts below
 
+    deadline = time.monotonic() + FUNCTION_LOCK_TIMEOUT_SECONDS
     thread_lock = _thread_lock(function_id)
     if not thread_lock.acquire(timeout=FUNCTION_LOCK_TIMEOUT_SECONDS):
-        raise DatabaseUnavailable(
-            "the function is busy answering other new points; retry after Retry-After seconds"
-        )
+        raise FunctionBusy(FUNCTION_BUSY)
     try:
-        # The row lock serialises every process; the thread lock this process's cache.
+        # The row lock serialises every process; the thread lock this process's cache. Both
+        # waits together stay within the deadline.
         if session.get_bind().dialect.name == "postgresql":
-            timeout_ms = int(FUNCTION_LOCK_TIMEOUT_SECONDS * 1000)
-            session.execute(text(f"SET LOCAL lock_timeout = {timeout_ms}"))
-        locked = session.execute(
-            select(CateFunction)
-            .where(CateFunction.id == function_id)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        ).scalar_one()
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms < 1:
+                raise FunctionBusy(FUNCTION_BUSY)
+            session.execute(text(f"SET LOCAL lock_timeout = {left_ms}"))
+        try:
+            locked = session.execute(
+                select(CateFunction)
+                .where(CateFunction.id == function_id)
+                .with_for_update()
+                .execution_options(populate_existing=True)
+            ).scalar_one()
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                session.rollback()
+                raise FunctionBusy(FUNCTION_BUSY) from None
+            raise
         return _evaluate_locked(session, function_id, locked, codes, canonical, point_keys, caller)
     finally:
         thread_lock.release()
+
+
+# PostgreSQL's SQLSTATE for a lock wait past lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+FUNCTION_BUSY = (
+    "the function is drawing other callers' new points; this batch's new points waited "
+    f"{FUNCTION_LOCK_TIMEOUT_SECONDS:g} s: retry after Retry-After seconds (points it has "
+    "already answered are served without waiting)"
+)
+
+# Answers read back without any lock, for a process whose cache does not hold the function (a
+# restart, an eviction, another replica): a batch of answered points is served from them, so a
+# bedside lookup never waits behind another caller's new batch. Answers never change, so a
+# copy that lacks later batches is only incomplete, never wrong.
+_read_answers: OrderedDict[str, dict[bytes, float]] = OrderedDict()
+MAX_READ_ANSWERS = 64
+
+
+def _answers_read(
+    session: Session, function_id: str, codes: NDArray[np.int64]
+) -> dict[bytes, float]:
+    """This process's lock-free copy of a function's stored answers, read once (and again when a
+    batch asks for a point it lacks; the locked path then serves it). A batch that does not
+    decode leaves it to the locked path, which closes a corrupt function."""
+    with _cache_guard:
+        copy = _read_answers.get(function_id)
+        if copy is not None:
+            _read_answers.move_to_end(function_id)
+    if copy is not None and all(row.tobytes() in copy for row in codes):
+        return copy
+    header = session.get(CateFunction, function_id)
+    if header is None:
+        return {}
+    fresh: dict[bytes, float] = {}
+    try:
+        rows = session.execute(
+            select(CateFunctionBatch)
+            .where(CateFunctionBatch.function_id == function_id)
+            .order_by(CateFunctionBatch.seq)
+        ).scalars()
+        for row in rows:
+            batch_codes, _, y, _ = _decode_batch(row, header.q)
+            for key_codes, value in zip(batch_codes, y, strict=True):
+                fresh[key_codes.tobytes()] = float(value)
+    except Exception:  # noqa: BLE001 - the locked path checks the state and closes it if corrupt
+        return copy or {}
+    with _cache_guard:
+        _read_answers[function_id] = fresh
+        while len(_read_answers) > MAX_READ_ANSWERS:
+            _read_answers.popitem(last=False)
+    return fresh
 
 
 def _evaluate_locked(

@@ -19,7 +19,14 @@ from service.datasets import service as datasets
 from service.db.engine import SessionDep
 from service.db.models import Dataset
 from service.mechanisms import ebm_cate, uplift
-from service.points import COLUMNS_DESCRIPTION, Columns, Point, at_most, in_schema_order
+from service.points import (
+    COLUMNS_DESCRIPTION,
+    Columns,
+    Point,
+    at_most,
+    in_request_order,
+    in_schema_order,
+)
 from service.problems import Forbidden, NotFound, Unauthenticated, ValidationFailed, responses
 from service.releases import service
 from service.releases.kinds.cate_vector import check_points
@@ -76,7 +83,10 @@ def predict(
         raise NotFound("release not found")
     domain = datasets.domain_of(dataset)
     points = in_schema_order(body.points, body.columns, domain.names)
-    check_points(points, domain, "#/points/")
+    try:
+        check_points(points, domain, "#/points/")
+    except ValidationFailed as error:
+        raise in_request_order(error, body.columns, domain.names) from None
     result: dict[str, Any] = json.loads(release.result_json or "{}")
     values = predictor(result, np.asarray(points, dtype=np.float64))
     return PredictRead(

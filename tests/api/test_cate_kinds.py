@@ -126,6 +126,13 @@ def test_ebm_cate_release_and_free_predictions(client: TestClient, api: Api) -> 
         headers=Api.auth(key),
     )
     assert by_name.json()["predictions"] == p.json()["predictions"]  # read by name
+    wrong = client.post(
+        f"/v1/releases/{done['id']}/predict",
+        json={"columns": ["sex", "age", "severity"], "points": [[0.0, 95.0, 0.2]]},
+        headers=Api.auth(key),
+    )
+    (error,) = problem(wrong, 422, "validation-failed")["errors"]
+    assert error["pointer"] == "#/points/0/1"  # where the request gave age
     # the anchored model's factor and anchor come with every prediction (a CDS cannot
     # otherwise tell that one value for every patient is the DP ATE)
     assert p.json()["shrinkage_factor"] == result["shrinkage_factor"]

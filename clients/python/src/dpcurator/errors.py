@@ -44,9 +44,12 @@ class ProblemError(CuratorError):
         errors: validation errors, ``[{"pointer": "#/params/epsilon", "detail": "..."}]``.
         instance: the request path, when the server sent it.
         extensions: every other member of the problem document (e.g. ``request_id``).
+        partial: where a call sent several requests and a later one was refused, what the
+            earlier ones returned (``CuratorClient.evaluate_function``); else None.
     """
 
     slug: ClassVar[str] = ""
+    partial: Any = None
 
     def __init__(
         self,
@@ -198,6 +201,10 @@ class FunctionBatchRejected(ProblemError):
     slug = "function-batch-rejected"
 
 
+class FunctionBusy(ProblemError):
+    slug = "function-busy"
+
+
 class DevelopmentSecretsExposed(ProblemError):
     slug = "development-secrets-exposed"
 
@@ -241,6 +248,7 @@ PROBLEM_CLASSES: dict[str, type[ProblemError]] = {
         FunctionClosed,
         FunctionCapacityReached,
         FunctionBatchRejected,
+        FunctionBusy,
         DevelopmentSecretsExposed,
         DatabaseUnavailable,
         HttpError,
