@@ -75,4 +75,5 @@ async def evaluate(
         guarantee=str(public.get("guarantee", "")),
         pointwise_noise_sd=public.get("pointwise_noise_sd"),
         shrinkage_factor=public.get("shrinkage_factor"),
+        ate_anchor=public.get("ate_anchor"),
     )

@@ -320,3 +320,36 @@ def test_a_retry_waits_as_long_as_the_servers_retry_after(
     )
     assert c.health()
     assert slept == [5.0, module.MAX_RETRY_AFTER, 1.0]
+
+
+def test_a_refused_later_batch_keeps_the_earlier_answers() -> None:
+    """A re-test's 31 points to a function with 6 places left: the second batch was refused and
+    the first batch's 25 answers were lost with it. They ride on the exception as ``partial``."""
+    import httpx2 as httpx
+
+    from dpcurator.client import CuratorClient
+    from dpcurator.errors import FunctionCapacityReached
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            info = {"id": "f", "dataset_id": "d", "status": "open", "basis": "exact", "q": 1}
+            return httpx.Response(200, json={**info, "t_max": 30, "batch_max": 25})
+        points = json.loads(request.content)["points"]
+        if points[0][0] >= 25:
+            problem = {
+                "type": "https://dp-curator.dev/problems/function-capacity-reached",
+                "title": "t",
+                "status": 409,
+            }
+            return httpx.Response(409, json=problem)
+        body = {"function_id": "f", "values": [p[0] for p in points], "guarantee": "strict"}
+        return httpx.Response(200, json={**body, "shrinkage_factor": 0.5, "ate_anchor": 1.25})
+
+    client = CuratorClient("http://curator.test", "k", transport=httpx.MockTransport(handler))
+    with pytest.raises(FunctionCapacityReached) as refused:
+        client.evaluate_function("f", [[float(i)] for i in range(31)])
+    partial = refused.value.partial
+    assert partial is not None
+    assert partial.values == [float(i) for i in range(25)]
+    assert partial.points == [[float(i)] for i in range(25)]
+    assert partial.ate_anchor == 1.25

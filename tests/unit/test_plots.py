@@ -161,7 +161,9 @@ class FakeEvaluator:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def evaluate_function(self, function_id: str, points: Any) -> FunctionEvaluation:
+    def evaluate_function(
+        self, function_id: str, points: Any, columns: Any = None
+    ) -> FunctionEvaluation:
         self.calls.append(function_id)
         body = {
             "function_id": function_id,

@@ -604,7 +604,8 @@ class CuratorClient:
         (``EVALUATE_BATCH_LIMIT``, or the function's own ``batch_max`` where smaller) are sent
         as consecutive batches in order, as if the caller had sent them one after another; a
         batch refused (e.g. at the function's capacity) raises, and the batches before it
-        stay answered.
+        stay answered: their answers are on the exception as ``partial`` (a
+        ``FunctionEvaluation`` of the first points; None if the first batch was refused).
         """
         pts = _as_points(points)
         named = None if columns is None else [str(c) for c in columns]
@@ -613,10 +614,17 @@ class CuratorClient:
         size = min(EVALUATE_BATCH_LIMIT, self._function_batch_max(function_id))
         if len(pts) <= size:
             return self._evaluate_batch(function_id, pts, named)
-        parts = [
-            self._evaluate_batch(function_id, pts[i : i + size], named)
-            for i in range(0, len(pts), size)
-        ]
+        parts: list[FunctionEvaluation] = []
+        for i in range(0, len(pts), size):
+            try:
+                parts.append(self._evaluate_batch(function_id, pts[i : i + size], named))
+            except ProblemError as exc:
+                if parts:
+                    done = [v for part in parts for v in part.values]
+                    exc.partial = FunctionEvaluation.from_response(
+                        {**parts[0].raw, "values": done}, pts[: len(done)]
+                    )
+                raise
         first = parts[0]
         values = [v for part in parts for v in part.values]
         raw = {**first.raw, "values": values}

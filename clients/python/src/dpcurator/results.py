@@ -200,6 +200,12 @@ class FunctionEvaluation:
         return self.shrinkage_factor == 0.0
 
     @property
+    def ate_anchor(self) -> float | None:
+        """The DP ATE an anchored function falls back to (None: unanchored)."""
+        value = self.raw.get("ate_anchor")
+        return float(value) if value is not None else None
+
+    @property
     def noise_sd(self) -> list[float] | None:
         """The privacy noise sd of each answer: the factor times ``pointwise_noise_sd`` (None
         without a public sd, and at factor 0, where the answers carry none of it)."""
@@ -367,6 +373,12 @@ class Prediction:
         return float(value) if value is not None else None
 
     @property
+    def ate_anchor(self) -> float | None:
+        """The DP ATE an anchored model falls back to (None: unanchored)."""
+        value = self.raw.get("ate_anchor")
+        return float(value) if value is not None else None
+
+    @property
     def answers_the_ate_everywhere(self) -> bool:
         """True where the factor is 0: every prediction is the DP ATE anchor."""
         return self.shrinkage_factor == 0.0
@@ -392,8 +404,9 @@ class ShapeFunction:
     """One term of an EBM: piecewise-constant values over bins of a feature.
 
     ``edges`` are the public bounds with the DP cuts between them (``len(edges) ==
-    len(scores) + 1``); ``scores`` are the server's ``values``. The server names features
-    ``x0``, ``x1``, ... in schema order (``treatment`` first for the S-learner).
+    len(scores) + 1``); ``scores`` are the server's ``values``. The server names features by
+    their schema columns (``treatment`` first for the S-learner); releases stored before it did
+    say ``x0``, ``x1``, ... in schema order.
     """
 
     feature: str
@@ -449,6 +462,20 @@ class EbmShapeResult:
             delta=float(result.get("delta", 0.0)),
             raw=dict(result),
         )
+
+    @property
+    def shrinkage_factor(self) -> float | None:
+        """An anchored model's DP factor (None: unanchored); at 0 it predicts ``ate`` for all."""
+        value = self.raw.get("shrinkage_factor")
+        return float(value) if value is not None else None
+
+    @property
+    def anchor_source(self) -> str | None:
+        """Where the anchor came from: ``effect_fold`` (its own DP ATE of one fold, without an
+        interval), ``ate_release`` (an ``ate`` release on all rows, with
+        ``ate_anchor_interval``) or ``given`` (the request's value); None: unanchored."""
+        value = self.raw.get("anchor_source")
+        return str(value) if value is not None else None
 
 
 UPLIFT_COLUMNS = (
