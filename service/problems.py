@@ -359,7 +359,7 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
             path = request.url.path
-            if len(path) > 1 and path.endswith("/"):
+            if len(path) > 1 and path.endswith("/") and _is_route(request, path.rstrip("/")):
                 # no redirect (create_app: redirect_slashes=False): behind a TLS proxy it would
                 # name an http:// URL, and a client following it could resend its key in clear
                 hint = f"no such path: the API's paths have no trailing slash ({path.rstrip('/')})"
@@ -382,6 +382,14 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
         return unhandled_response(exc, request.url.path)
+
+
+def _is_route(request: Request, path: str) -> bool:
+    """Whether ``path`` matches one of the application's routes (any method)."""
+    from starlette.routing import Match
+
+    scope = {**request.scope, "path": path}
+    return any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes)
 
 
 def database_unavailable(exc: BaseException) -> bool:

@@ -74,9 +74,14 @@ def predict(
         raise NotFound("no finished release with a stored model")
     predictor = PREDICTORS.get(release.kind)
     if predictor is None:
+        hint = (
+            f"; a cate_function is evaluated with POST /v1/functions/{release.id}/evaluate"
+            if release.kind == "cate_function"
+            else ""
+        )
         raise ValidationFailed(
-            f"releases of kind '{release.kind}' cannot be evaluated; "
-            f"use one of {', '.join(sorted(PREDICTORS))}"
+            f"releases of kind '{release.kind}' cannot be evaluated here; this endpoint "
+            f"evaluates {' and '.join(sorted(PREDICTORS))} releases{hint}"
         )
     dataset = session.get(Dataset, release.dataset_id)
     if dataset is None:

@@ -336,8 +336,9 @@ def test_function_handle_evaluates_for_free(setup: Callable[..., Setup]) -> None
         clinic.evaluate_function("no-such-function", PATIENTS)
     with pytest.raises(NotFound):
         clinic.function_info("no-such-function")
-    with pytest.raises(ValidationFailed):  # a function is not a predict-able release
+    with pytest.raises(ValidationFailed) as not_here:  # a function is not a predict-able release
         clinic.predict(release.id, PATIENTS)
+    assert f"POST /v1/functions/{release.id}/evaluate" in str(not_here.value.detail)
 
 
 @pytest.mark.parametrize(
