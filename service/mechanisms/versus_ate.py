@@ -57,8 +57,10 @@ from service.mechanisms.domain import PublicDomain
 DEFAULT_HETEROGENEITY_RANGE_RATIO = 24.0
 ANCHORED_NOTE = (
     "With shrinkage 'ate' the release is shrunk towards its own DP ATE and equals it wherever "
-    "the heterogeneity is not detectable above the noise, so it is not expected to be worse "
-    "than the constant DP ATE; its variation is kept only above the noise."
+    "the heterogeneity is not detectable above the noise, so it is expected to be about as "
+    "accurate as that constant, not much worse; its variation is kept only above the noise. "
+    "An anchor the release buys from part of its rows (anchor_source 'effect_fold') is a less "
+    "accurate ATE than an ate release on all rows, and comes without an interval."
 )
 WORTH_IT_RATIO = 0.5  # s <= WORTH_IT_RATIO * h: the noise leaves room for a real gain
 # the detection probability of ``detectable`` (ebm_cate.DETECTION_POWER)

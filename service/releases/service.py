@@ -304,8 +304,8 @@ def _shortfall(
         if dlt > amounts.delta_total_units(budget.delta_remaining) + 1:
             hint = (
                 f" (name a smaller delta in the request's params, at most "
-                f"{budget.delta_remaining:g}: the privacy noise grows only with the square root "
-                "of log(1/delta))"
+                f"{budget.delta_remaining:g}, better that divided by the releases still planned: "
+                "a smaller delta adds some privacy noise, about 25 % at 1e-7 instead of 1e-5)"
                 if budget.delta_remaining > 0
                 else ""
             )

@@ -98,13 +98,17 @@ def test_every_cate_quote_states_its_verdict_and_worsens_as_epsilon_falls(
             domain,
         )["versus_ate"]
         assert worth["expected_pehe_lower_bound"] <= 0.5 * worth["heterogeneity_sd"] * (1 + 1e-9)
+    # the largest heterogeneity there can be (sd(tau) <= R_Y): a verdict no worse than at the
+    # default assumption
     stated = release_kind.quote(
         release_kind.Params.model_validate(
-            {"epsilon": 0.05, "expected_heterogeneity_sd": 1e6, **extra}
+            {"epsilon": 0.05, "expected_heterogeneity_sd": domain.outcome_range, **extra}
         ),
         domain,
     )["versus_ate"]
-    assert stated["verdict"] == "possible"
+    rank = {"not_expected": 0, "marginal": 1, "possible": 2}
+    assert rank[stated["verdict"]] >= rank[low["verdict"]]
+    assert stated["heterogeneity_sd"] == domain.outcome_range
     assert stated["heterogeneity_sd_assumed"] is False
 
 
@@ -383,3 +387,14 @@ def test_an_undetectable_heterogeneity_is_not_expected_whatever_the_noise() -> N
     assert "varies at all only where its calibration step detects" in default["message"]
     unanchored = kind.quote({"epsilon": 1.0, "shrinkage": "none"}, domain)["versus_ate"]
     assert unanchored["detectable_heterogeneity_sd"] is None
+
+
+def test_a_stated_heterogeneity_beyond_the_outcome_range_is_refused() -> None:
+    """tau lies in [-R_Y, R_Y]: a re-test's expected_heterogeneity_sd of 1e308 was quoted."""
+    from service.mechanisms.errors import InvalidParameters
+
+    domain = _domain(5000, StudyDesign.RCT)
+    for kind in ("ebm_cate", "cate_function", "uplift_table"):
+        with pytest.raises(InvalidParameters, match="at most the outcome range"):
+            REGISTRY[kind].quote({"epsilon": 1.0, "expected_heterogeneity_sd": 1e308}, domain)
+        REGISTRY[kind].quote({"epsilon": 1.0, "expected_heterogeneity_sd": 48.0}, domain)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from service.mechanisms import versus_ate
 from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
 
@@ -80,6 +81,13 @@ def versus_ate_block(
     the share of the heterogeneity the kind's learner keeps (versus_ate), None: all of it.
     ``detectable(request)``: the smallest sd(tau) an anchored release's calibration step detects
     (``ebm_cate.detectable_heterogeneity_sd``), None: not computed."""
+    stated = request.expected_heterogeneity_sd
+    if stated is not None and stated > domain.outcome_range:
+        # tau lies in [-R_Y, R_Y], so its sd is at most R_Y (a re-test's 1e308 was quoted)
+        raise InvalidParameters(
+            "expected_heterogeneity_sd must be at most the outcome range R_Y = "
+            f"{domain.outcome_range:g}: the effect lies within it"
+        )
     if constant is not None:
         block = versus_ate.constant_block(
             domain,
