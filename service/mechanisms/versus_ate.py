@@ -65,6 +65,9 @@ ANCHORED_NOTE = (
 WORTH_IT_RATIO = 0.5  # s <= WORTH_IT_RATIO * h: the noise leaves room for a real gain
 # the detection probability of ``detectable`` (ebm_cate.DETECTION_POWER)
 DETECTION_PROBABILITY = 0.8
+# the share of patients beyond an anchored release's deviation bound from which the message says
+# so (a re-test's strong heterogeneity had 30 % beyond it, shown at the bound, unannounced)
+CAPPED_SHARE_NOTE = 0.10
 
 
 def default_heterogeneity_sd(domain: PublicDomain) -> float:
@@ -110,8 +113,11 @@ def versus_ate(
     retention: float | None = None,
     anchored: bool = False,
     detectable: float | None = None,
+    cap: float | None = None,
 ) -> dict[str, Any]:
-    """The quote's ``versus_ate`` block (module docstring); ``retention``: the share of the
+    """The quote's ``versus_ate`` block (module docstring); ``cap``: the public bound G of an
+    anchored release's deviations from its anchor (its predictions lie within anchor +- G);
+    ``retention``: the share of the
     heterogeneity the learner's mean keeps (None: all of it); ``anchored``: the release is shrunk
     towards its own DP ATE (its bound is ``min(bound, h)`` and the message says that it
     falls back to that ATE rather than that it is worse than it); ``detectable``: the smallest
@@ -199,6 +205,17 @@ def versus_ate(
             f"{'more' if verdict == 'not_expected' else 'about as'} accurate for a typical "
             f"patient; {fix}."
         )
+    capped = None
+    if anchored and cap is not None and cap > 0.0:
+        # the share of a normal tau's patients whose effect lies beyond anchor +- G
+        capped = math.erfc(cap / (h * math.sqrt(2.0)))
+        if capped >= CAPPED_SHARE_NOTE:
+            message += (
+                f" Its predictions lie within its anchor +- {cap:.3g} (the public bound of its "
+                f"deviations, a quarter of its pseudo-outcome clip): at sd(tau) {h:.3g} about "
+                f"{capped:.0%} of patients' effects lie beyond that and are shown at the bound, "
+                "the largest effects understated."
+            )
     bound = noise_sd if retention is None else math.hypot(noise_sd, (1.0 - retention) * h)
     if anchored:
         bound = min(bound, h)
@@ -211,6 +228,8 @@ def versus_ate(
         "constant_ate_pehe_approx": h,
         "learner_retention": retention,
         "detectable_heterogeneity_sd": detectable if anchored else None,
+        "deviation_cap": cap if anchored else None,
+        "capped_share": capped,
         "epsilon_worth_it": epsilon_worth_it,
         "message": message,
     }
@@ -230,6 +249,7 @@ def quote_block(
     *,
     anchored: bool = False,
     detectable_at: Callable[[float], float | None] | None = None,
+    cap: float | None = None,
 ) -> dict[str, Any]:
     """``versus_ate`` for a kind whose public per-prediction noise sd at epsilon is
     ``noise_sd_at(epsilon)`` and whose learner keeps ``retention_at(epsilon)`` of the
@@ -272,6 +292,7 @@ def quote_block(
         retention=None if retention_at is None else kept,
         anchored=anchored,
         detectable=detectable,
+        cap=cap,
     )
 
 
@@ -296,6 +317,8 @@ def constant_block(
         "constant_ate_pehe_approx": h,
         "learner_retention": 0.0,
         "detectable_heterogeneity_sd": None,
+        "deviation_cap": None,
+        "capped_share": None,
         "epsilon_worth_it": None,
         "message": (
             f"at n = {domain.n}, epsilon = {epsilon:g} this release gives every patient the same "

@@ -194,7 +194,7 @@ def test_a_quote_labels_its_clip_and_noise_figures() -> None:
         mechanism={},
     )
     text = render.quote(quote)
-    assert "pseudo-outcome bound (the declared clip" in text
+    assert "pseudo-outcome bound (R_Y / c or your pseudo_outcome_clip" in text
     assert "1200" in text
     assert "pseudo-outcome clip  " not in text  # a null request field is not shown as "-"
 

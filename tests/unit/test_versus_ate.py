@@ -398,3 +398,23 @@ def test_a_stated_heterogeneity_beyond_the_outcome_range_is_refused() -> None:
         with pytest.raises(InvalidParameters, match="at most the outcome range"):
             REGISTRY[kind].quote({"epsilon": 1.0, "expected_heterogeneity_sd": 1e308}, domain)
         REGISTRY[kind].quote({"epsilon": 1.0, "expected_heterogeneity_sd": 48.0}, domain)
+
+
+def test_the_quote_says_when_strong_heterogeneity_meets_the_deviation_bound() -> None:
+    """An anchored DP-EBM release predicts within anchor +- G (G = K / 4, K = 0.3 R_Y): a
+    re-test's sd(tau) 4.0 on R_Y 60 had 30 % of patients beyond G = 4.5, shown at the bound,
+    and nothing said so. The quote gives the cap and the share beyond it (normal tau) and
+    says so from 10 %; at the default assumption it stays quiet."""
+    domain = PublicDomain(
+        x_lower=np.zeros(30), x_upper=np.ones(30), y_lower=0.0, y_upper=60.0, n=20000
+    )
+    kind = REGISTRY["ebm_cate"]
+    strong = kind.quote(
+        {"epsilon": 4.0, "effect_columns": [0, 1, 2], "expected_heterogeneity_sd": 4.0}, domain
+    )["versus_ate"]
+    assert strong["deviation_cap"] == pytest.approx(0.25 * 0.3 * 60.0)
+    assert strong["capped_share"] == pytest.approx(math.erfc(4.5 / (4.0 * math.sqrt(2.0))))
+    assert "lie beyond that and are shown at the bound" in strong["message"]
+    default = kind.quote({"epsilon": 4.0, "effect_columns": [0, 1, 2]}, domain)["versus_ate"]
+    assert default["capped_share"] < 0.10
+    assert "shown at the bound" not in default["message"]

@@ -71,6 +71,7 @@ def versus_ate_block(
     constant: tuple[str, str] | None = None,
     retention: Callable[[Any], float] | None = None,
     detectable: Callable[[Any], float | None] | None = None,
+    cap: float | None = None,
 ) -> dict[str, Any]:
     """A CATE quote's ``versus_ate``: ``noise_sd(request)`` is the kind's public per-prediction
     noise sd for a request, evaluated here at the request's epsilon and at others (the epsilon
@@ -122,6 +123,7 @@ def versus_ate_block(
         retention_at=keep,
         anchored=anchored,
         detectable_at=found,
+        cap=cap,
     )
     block["anchored"] = anchored
     return block

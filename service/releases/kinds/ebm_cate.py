@@ -277,13 +277,16 @@ def anchored(request: EbmCateRequest, domain: PublicDomain) -> bool:
 
 
 def _versus_ate(request: EbmCateRequest, domain: PublicDomain) -> dict[str, Any]:
-    anchored = ebm_cate.quote(domain, to_mechanism_params(request, domain))["shrinkage"] == "ate"
+    quoted = ebm_cate.quote(domain, to_mechanism_params(request, domain))
+    anchored = quoted["shrinkage"] == "ate"
+    clip = quoted.get("pseudo_outcome_clip")
     return versus_ate_block(
         request,
         domain,
         lambda r: noise_sd(r, domain),
         anchored=anchored,
         detectable=lambda r: detectable_sd(r, domain),
+        cap=None if clip is None else ebm_cate.deviation_bound(float(clip)),
     )
 
 

@@ -286,7 +286,9 @@ _QUOTE_LABELS = {
     "min_half_width": "min half width (privacy noise alone, at the smallest clip it can draw)",
     "max_noise_half_width": "noise half width at the declared bound (the worst case)",
     "pseudo_outcome_clip": "pseudo-outcome clip",
-    "bound": "pseudo-outcome bound (the declared clip; the outer guard of an adaptive one)",
+    "bound": (
+        "pseudo-outcome bound (R_Y / c or your pseudo_outcome_clip; an adaptive clip's outer guard)"
+    ),
     "expected_clip": "expected adaptive clip (at the assumed scale)",
     "approx_shape_noise_sd": "shape noise sd (one bin of one shape function, approx.)",
     "prediction_noise_sd": "prediction noise sd (one prediction, approx.)",
