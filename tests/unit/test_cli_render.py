@@ -205,11 +205,18 @@ def test_an_anchor_without_an_interval_says_so_and_a_one_cell_table_shows_its_at
         "shrinkage_factor": 0.0,
         "guarantee": "strict",
         "epsilon": 0.25,
-        "adjusted_ate": {"estimate": -9.19, "ci_lower": -32.2, "ci_upper": 13.8, "ci_level": 0.95},
+        "adjusted_ate": {
+            "estimate": -9.19,
+            "ci_lower": -32.2,
+            "ci_upper": 13.8,
+            "ci_level": 0.95,
+            "coverage": {"message": "covers sampling and privacy noise, not the models' bias"},
+        },
     }
     text = render.result(UpliftTable.from_result(table))
     assert "ate anchor 95% CI" in text
     assert "[-32.2, 13.8]" in text
+    assert "not the models' bias" in text
 
 
 def test_ebm_features_are_labelled_with_their_column_names() -> None:

@@ -749,3 +749,27 @@ def test_regular_edges_are_short_decimals_with_the_bounds_exact() -> None:
         n=100,
     )
     assert up.regular_edges(dom, (4, 3)) == [[0.2, 3.9, 7.6, 11.3, 15.0], [18.0, 42.0, 66.0, 90.0]]
+
+
+def test_a_one_cell_observational_table_states_what_its_interval_covers() -> None:
+    """A re-test's one-cell table showed the adjusted ATE's interval without the `ate` kind's
+    coverage block (the DP nuisance models' bias is not in it): quote and release carry it."""
+    from service.releases.kinds import REGISTRY
+
+    n = 4000
+    dom = domain(n, q=2, rct=False)
+    kind = REGISTRY["uplift_table"]
+    quoted = kind.quote({"epsilon": 1.0, "bins": [1, 1]}, dom)
+    coverage = quoted["adjusted_ate"]["coverage"]
+    assert coverage["basis"] == "nuisance_models"
+    assert coverage["nuisance_error_covered"] is False
+    arrays, _ = _confounded(n, 3)
+    released = kind.run(
+        arrays,
+        dom,
+        {"epsilon": 1.0, "bins": [1, 1]},
+        rng=np.random.default_rng(1),
+        noise=OpenDPSampler(),
+        progress=lambda f, s: None,
+    )
+    assert released["adjusted_ate"]["coverage"] == coverage

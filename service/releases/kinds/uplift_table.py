@@ -329,6 +329,7 @@ class UpliftTableKind:
                 "cell_value": "the ebm_cate model at the cell's centre",
             }
         out = {"estimator": "table", **uplift.quote(domain, to_mechanism_params(request, domain))}
+        out = _with_coverage(out, request, domain)
         out["versus_ate"] = versus_ate_block(
             request,
             domain,
@@ -374,7 +375,25 @@ class UpliftTableKind:
             progress=progress,
             rng=rng,
         )
-        return {"estimator": "table", **out}
+        return _with_coverage({"estimator": "table", **out}, request, domain)
+
+
+def _with_coverage(
+    out: dict[str, Any], request: UpliftTableRequest, domain: PublicDomain
+) -> dict[str, Any]:
+    """A one-cell observational table is the ``ate`` kind's default release at its (epsilon,
+    delta): its ``adjusted_ate`` gets that release's ``coverage`` block (what its interval
+    covers and the coverage measured), as an ``ate`` result has. A re-test's one-cell table
+    showed its interval without the warning that it leaves out the DP nuisance models' bias.
+    Public: the design and the request only."""
+    adjusted = out.get("adjusted_ate")
+    if not isinstance(adjusted, dict):
+        return out
+    from service.releases.kinds.ate import AteKind, AteParams
+
+    ate_request = AteParams(epsilon=request.epsilon, delta=request.delta)
+    coverage = AteKind().quote(ate_request, domain)["coverage"]
+    return {**out, "adjusted_ate": {**adjusted, "coverage": coverage}}
 
 
 def _table_edges(

@@ -412,6 +412,10 @@ def result(
         shrinkage = _shrinkage(parsed.raw)
         if shrinkage:
             head += "\n" + shrinkage
+        adjusted = parsed.raw.get("adjusted_ate")
+        covers = adjusted.get("coverage") if isinstance(adjusted, dict) else None
+        if isinstance(covers, dict) and covers.get("message"):
+            head += "\n" + pairs([("interval covers", covers["message"])])
         where = cell_ranges(parsed.partition, parsed.cells, names)
         columns = list(parsed.columns)
         rows = [[row.get(c) for c in parsed.columns] for row in parsed.rows]
