@@ -63,10 +63,10 @@ def _typed_fields(model: type[BaseModel]) -> list[tuple[str, str, str]]:
     for name, field in model.model_fields.items():
         annotation = _strip_optional(field.annotation)
         depth = 0
-        while get_origin(annotation) in (list, tuple):
-            annotation = get_args(annotation)[0]
-            depth += 1
-        if get_origin(annotation) is Annotated:
+        while get_origin(annotation) in (list, tuple, Annotated):
+            # a list type may itself be annotated (service.points.Point: a length check)
+            if get_origin(annotation) is not Annotated:
+                depth += 1
             annotation = get_args(annotation)[0]
         if annotation is bool:
             kind = "flag"
