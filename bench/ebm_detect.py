@@ -12,7 +12,7 @@ near 0.01 (the test's level) without heterogeneity.
 
     python -m bench.ebm_detect                 # the committed grid (8 releases a cell)
     python -m bench.ebm_detect --cells moderate:20000:1:declared --reps 4
-    python -m bench.ebm_detect --quick         # one small cell, 2 releases
+    python -m bench.ebm_detect --quick         # one small cell, 1 release
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--name", default="ebm_detect")
     args = parser.parse_args()
     if args.quick:
-        cells: tuple[tuple[str, int, float, str], ...] = (("strong", 4000, 4.0, "declared"),)
+        cells: tuple[tuple[str, int, float, str], ...] = (("strong", 3000, 4.0, "declared"),)
     elif args.cells:
         cells = tuple(
             (het, int(n), float(eps), modifiers)
@@ -95,7 +95,7 @@ def main() -> None:
         )
     else:
         cells = CELLS
-    reps = 2 if args.quick else args.reps
+    reps = 1 if args.quick else args.reps
     out = []
     for het, n, eps, modifiers in cells:
         cell = run_cell(het, n, eps, modifiers, reps)

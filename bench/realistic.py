@@ -31,7 +31,7 @@ Per cell (n, epsilon, heterogeneity):
   ``--slow-seconds`` is not run at larger n for the same (epsilon, heterogeneity).
 
     python -m bench.realistic --quick                  # CI smoke: n 1000, eps 1, het none,
-                                                       # strong, 4 reps (strict default 1),
+                                                       # strong, 2 reps (strict default 1),
                                                        # CATE 1 rep
     python -m bench.realistic                          # full grid (hours)
     python -m bench.realistic --n 1000,5000,20000 --eps 1,4 --het none,strong \\
@@ -680,7 +680,7 @@ def main(argv: list[str] | None = None) -> None:
     ns = _ints(args.n) if args.n else ((1000,) if quick else FULL_N)
     epsilons = _floats(args.eps) if args.eps else ((1.0,) if quick else FULL_EPS)
     hets = _names(args.het, FULL_HET) if args.het else (("none", "strong") if quick else FULL_HET)
-    reps = args.reps if args.reps is not None else (4 if quick else 200)
+    reps = args.reps if args.reps is not None else (2 if quick else 200)
     cate_reps = args.cate_reps if args.cate_reps is not None else (1 if quick else 5)
     kinds = (
         _names(args.kinds, CATE_KINDS + EXTRA_CATE_KINDS, configured=True)
