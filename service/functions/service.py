@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -239,11 +239,16 @@ def _public_facts(
         if public.get("x_codes") is None
         else tuple(None if c is None else frozenset(map(float, c)) for c in public["x_codes"]),
     )
-    with _cache_guard:
-        _publics[function_id] = facts
-        while len(_publics) > MAX_CACHED_PUBLICS:
-            _publics.popitem(last=False)
+    _keep_newest(_publics, function_id, facts, MAX_CACHED_PUBLICS)
     return facts
+
+
+def _keep_newest(cache: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
+    """Store ``value`` in a per-process LRU ``cache`` of at most ``limit`` entries."""
+    with _cache_guard:
+        cache[key] = value
+        while len(cache) > limit:
+            cache.popitem(last=False)
 
 
 def validate_points(
@@ -439,13 +444,19 @@ def _batches_after(session: Session, header: CateFunction, version: int) -> Iter
         raise _CorruptState()
 
 
+def _answers_of(batches: Iterable[_Batch]) -> dict[bytes, float]:
+    """Each answered point's value (keyed by its codes' bytes) from decoded batches."""
+    answers: dict[bytes, float] = {}
+    for codes, _, y, _ in batches:
+        for key_codes, value in zip(codes, y, strict=True):
+            answers[key_codes.tobytes()] = float(value)
+    return answers
+
+
 def _stored_answers(session: Session, header: CateFunction) -> dict[bytes, float]:
     """Every answered point's value from the stored batches (decrypted and checked as ``_sync``
     checks them), without conditioning the path (caller holds the lock)."""
-    answers: dict[bytes, float] = {}
-    for codes, _, y, _ in _batches_after(session, header, 0):
-        for key_codes, value in zip(codes, y, strict=True):
-            answers[key_codes.tobytes()] = float(value)
+    answers = _answers_of(_batches_after(session, header, 0))
     if len(answers) != header.t:
         raise _CorruptState()
     return answers
@@ -752,23 +763,16 @@ def _answers_read(
     header = session.get(CateFunction, function_id)
     if header is None:
         return {}
-    fresh: dict[bytes, float] = {}
     try:
         rows = session.execute(
             select(CateFunctionBatch)
             .where(CateFunctionBatch.function_id == function_id)
             .order_by(CateFunctionBatch.seq)
         ).scalars()
-        for row in rows:
-            batch_codes, _, y, _ = _decode_batch(row, header.q)
-            for key_codes, value in zip(batch_codes, y, strict=True):
-                fresh[key_codes.tobytes()] = float(value)
+        fresh = _answers_of(_decode_batch(row, header.q) for row in rows)
     except Exception:  # noqa: BLE001 - the locked path checks the state and closes it if corrupt
         return copy or {}
-    with _cache_guard:
-        _read_answers[function_id] = fresh
-        while len(_read_answers) > MAX_READ_ANSWERS:
-            _read_answers.popitem(last=False)
+    _keep_newest(_read_answers, function_id, fresh, MAX_READ_ANSWERS)
     return fresh
 
 

@@ -202,8 +202,7 @@ class FunctionEvaluation:
     @property
     def ate_anchor(self) -> float | None:
         """The DP ATE an anchored function falls back to (None: unanchored)."""
-        value = self.raw.get("ate_anchor")
-        return float(value) if value is not None else None
+        return _optional_float(self.raw.get("ate_anchor"))
 
     @property
     def noise_sd(self) -> list[float] | None:
@@ -221,6 +220,10 @@ class FunctionEvaluation:
 
 def _optional_int(value: Any) -> int | None:
     return int(value) if value is not None else None
+
+
+def _optional_float(value: Any) -> float | None:
+    return float(value) if value is not None else None
 
 
 @dataclass(frozen=True)
@@ -265,21 +268,18 @@ class FunctionInfo:
 
     @property
     def pointwise_noise_sd(self) -> float | None:
-        sd = self.public.get("pointwise_noise_sd")
-        return float(sd) if sd is not None else None
+        return _optional_float(self.public.get("pointwise_noise_sd"))
 
     @property
     def shrinkage_factor(self) -> float | None:
         """The anchored function's factor in [0, 1] (None: unanchored). At 0 every answer is
         ``ate_anchor``, the same for every patient: no heterogeneity was detectable."""
-        factor = self.public.get("shrinkage_factor")
-        return float(factor) if factor is not None else None
+        return _optional_float(self.public.get("shrinkage_factor"))
 
     @property
     def ate_anchor(self) -> float | None:
         """The DP ATE the anchored function falls back to (None: unanchored)."""
-        anchor = self.public.get("ate_anchor")
-        return float(anchor) if anchor is not None else None
+        return _optional_float(self.public.get("ate_anchor"))
 
     @property
     def answers_the_ate_everywhere(self) -> bool:
@@ -334,8 +334,7 @@ class FunctionHandle:
     @property
     def pointwise_noise_sd(self) -> float | None:
         """Public sd of the privacy noise at any point (strict mode; ``None`` in paper mode)."""
-        sd = self.raw.get("pointwise_noise_sd")
-        return float(sd) if sd is not None else None
+        return _optional_float(self.raw.get("pointwise_noise_sd"))
 
     def _bound(self) -> _Evaluator:
         if self._client is None:
@@ -369,14 +368,12 @@ class Prediction:
     @property
     def shrinkage_factor(self) -> float | None:
         """An anchored model's DP shrinkage factor (None: unanchored)."""
-        value = self.raw.get("shrinkage_factor")
-        return float(value) if value is not None else None
+        return _optional_float(self.raw.get("shrinkage_factor"))
 
     @property
     def ate_anchor(self) -> float | None:
         """The DP ATE an anchored model falls back to (None: unanchored)."""
-        value = self.raw.get("ate_anchor")
-        return float(value) if value is not None else None
+        return _optional_float(self.raw.get("ate_anchor"))
 
     @property
     def answers_the_ate_everywhere(self) -> bool:
@@ -466,8 +463,7 @@ class EbmShapeResult:
     @property
     def shrinkage_factor(self) -> float | None:
         """An anchored model's DP factor (None: unanchored); at 0 it predicts ``ate`` for all."""
-        value = self.raw.get("shrinkage_factor")
-        return float(value) if value is not None else None
+        return _optional_float(self.raw.get("shrinkage_factor"))
 
     @property
     def anchor_source(self) -> str | None:
