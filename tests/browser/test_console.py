@@ -37,6 +37,16 @@ def view(page: Any, name: str) -> None:
     page.locator("#views").get_by_role("button", name=name).click()
 
 
+def until(page: Any, condition: Any, seconds: float = 15.0) -> None:
+    """Wait for a condition on what the test's route handlers have seen (they run while the
+    page is waited on)."""
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        page.wait_for_timeout(20)
+    raise AssertionError("the page never made the requests the test waits for")
+
+
 def confirm(page: Any) -> None:
     dialog = page.locator("dialog#confirm")
     expect(dialog).to_be_visible()
@@ -425,6 +435,33 @@ def test_account_record_shows_who_changed_the_key(
     expect(rows.nth(2)).to_contain_text("created")
     expect(page.locator("#h-account")).to_be_focused()
     page.screenshot(path=shots / "account.png", full_page=True)
+    watch.assert_clean()
+
+
+@SQLITE_ONLY
+def test_a_view_opened_while_signing_in_still_takes_the_focus(
+    page: Any, live: Live, watch: Watch
+) -> None:
+    """A view opened before the dataset list has loaded: the sign-in's own reload of that view
+    supersedes the click's while both are loading, and the heading must still get the focus
+    (it was lost: the reload had been asked for without focus, and the click's was stale)."""
+    study = make_study(live.base, "focus-race")
+    lists: list[Any] = []
+    events: list[Any] = []
+    page.route("**/v1/datasets", lambda route: lists.append(route))
+    page.route("**/v1/principals/me/events**", lambda route: events.append(route))
+    sign_in(page, live.base, study.analyst["api_key"])
+    expect(page.locator("#whoami-role")).to_have_text("analyst")
+    view(page, "My account")  # its records are held: this render is still loading ...
+    until(page, lambda: len(lists) == 1 and len(events) == 2)
+    lists[0].continue_()  # ... when the dataset list arrives and reloads the same view
+    until(page, lambda: len(events) == 4)
+    for route in events:
+        route.continue_()
+    page.unroute("**/v1/datasets")
+    page.unroute("**/v1/principals/me/events**")
+    expect(page.locator("#account-table tbody tr")).to_have_count(1)
+    expect(page.locator("#h-account")).to_be_focused()
     watch.assert_clean()
 
 

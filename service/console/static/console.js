@@ -22,6 +22,7 @@
     view: "datasets",
     ledgerOffset: 0,
     viewToken: 0,
+    focusView: null, // the view whose heading takes the focus once it has loaded
     chart: null,
   };
 
@@ -333,6 +334,10 @@
     if (view === "ledger" && !isOwner()) view = "datasets";
     state.view = view;
     const token = ++state.viewToken; // a later showView wins over one still loading
+    // A view the user opened keeps its claim on the focus when a reload of the same view (the
+    // dataset list finishing after sign-in) supersedes it.
+    if (focus) state.focusView = view;
+    else if (state.focusView !== view) state.focusView = null;
     for (const button of document.querySelectorAll("#views button")) {
       if (button.dataset.view === view) button.setAttribute("aria-current", "page");
       else button.removeAttribute("aria-current");
@@ -353,7 +358,8 @@
     } catch (err) {
       if (token === state.viewToken) handleError(err);
     }
-    if (focus && token === state.viewToken) {
+    if (token === state.viewToken && state.focusView === view) {
+      state.focusView = null;
       const heading = document.querySelector("#view-" + view + " h1");
       if (heading) heading.focus();
     }
