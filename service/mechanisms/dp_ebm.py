@@ -33,7 +33,7 @@ import functools
 import math
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -555,17 +555,30 @@ class SafeEbm:
             out += np.asarray(score)[index]
         return out
 
-    def shape_functions(self) -> list[dict[str, Any]]:
-        """Per-feature piecewise-constant shape: edges (public bounds + DP cuts) and values."""
+    def shape_functions(
+        self, codes: Sequence[Sequence[int] | None] | None = None
+    ) -> list[dict[str, Any]]:
+        """Per-feature piecewise-constant shape: edges (public bounds + DP cuts) and values.
+
+        ``codes[j]``: feature j's declared integer codes (a categorical covariate, the
+        treatment), None for a numeric one. A coded feature also lists its ``codes`` and each
+        code's value (``code_values``: the value of the bin the code falls in), so a reader sees
+        one value per category instead of bins between codes that no row can take. Public:
+        the declared codes and the DP model only."""
         shapes = []
         for j, (cut, score) in enumerate(zip(self.cuts, self.scores, strict=True)):
-            shapes.append(
-                {
-                    "feature": self.names[j],
-                    "edges": [self.lower[j], *cut, self.upper[j]],
-                    "values": list(score[1 : len(cut) + 2]),
-                }
-            )
+            shape: dict[str, Any] = {
+                "feature": self.names[j],
+                "edges": [self.lower[j], *cut, self.upper[j]],
+                "values": list(score[1 : len(cut) + 2]),
+            }
+            coded = None if codes is None else codes[j]
+            if coded is not None:
+                levels = sorted(int(c) for c in coded)
+                index = np.searchsorted(np.asarray(cut), np.asarray(levels, float), side="right")
+                shape["codes"] = levels
+                shape["code_values"] = [float(score[int(k) + 1]) for k in index]
+            shapes.append(shape)
         return shapes
 
     def to_dict(self) -> dict[str, Any]:

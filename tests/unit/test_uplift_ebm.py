@@ -164,6 +164,8 @@ def test_a_release_tabulates_the_ebm_cate_fit() -> None:
     assert out["cells"] == len(out["uplift"]) == math.prod(out["grid"]["bins"])
     assert "model" not in out
     assert "shape_functions" not in out
+    # the declared codes, so a cell reads "x2 = 1", not the range between the codes
+    assert out["grid"]["codes"] == [None, None, [0, 1]]
     looked_up = uplift.predict(out, np.array([[5.0, 0.5, 0.0], [5.0, 0.5, 1.0]]))
     assert np.all(np.isfinite(looked_up))
     assert np.all(np.abs(looked_up) <= dom.outcome_range)

@@ -6,6 +6,7 @@ public points (post-processing of the released model).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -141,7 +142,7 @@ def run_plan(
             **public_parameters(state, domain),
             "ate": effect,
             "model": {"kind": "s_learner", "outcome": safe.to_dict()},
-            "shape_functions": safe.shape_functions(),
+            "shape_functions": safe.shape_functions([(0, 1), *_codes(domain)]),
         }
 
     effect_rows = folds["effect"]
@@ -259,7 +260,7 @@ def run_plan(
         # intercept plus offset is the model's average effect (dp_ebm_learners.md §5).
         "ate": safe.offset + safe.intercept,
         "model": {"kind": "effect", "effect": safe.to_dict(), **_columns_field(state)},
-        "shape_functions": safe.shape_functions(),
+        "shape_functions": safe.shape_functions(_codes(domain, cols)),
     }
 
 
@@ -344,9 +345,11 @@ def _run_anchored(
     # step 6.4 (post-processing): the factor from the DP sums and the public sigma.
     noisy[2] *= k / bound  # post-processing: back to sum r^2 (its noise sd is sigma K / G)
     factor = calibration_factor(noisy, calibration.sigma, state.calibration_size)
-    shapes = safe.shape_functions()
+    shapes = safe.shape_functions(_codes(domain, cols))
     for shape in shapes:
-        shape["values"] = [factor * float(v) for v in shape["values"]]
+        for key in ("values", "code_values"):
+            if key in shape:
+                shape[key] = [factor * float(v) for v in shape[key]]
     screened = {} if state.screen is None else {"screened_columns": [int(j) for j in cols]}
     return {
         **public_parameters(state, domain),
@@ -370,6 +373,13 @@ def _run_anchored(
         },
         "shape_functions": shapes,
     }
+
+
+def _codes(domain: PublicDomain, cols: Sequence[int] | None = None) -> list[tuple[int, ...] | None]:
+    """The declared codes of the covariates at ``cols`` (all q by default), None where numeric:
+    what the shape functions list a value per category for."""
+    codes = domain.x_codes or (None,) * domain.q
+    return [codes[j] for j in (range(domain.q) if cols is None else cols)]
 
 
 def effect_columns(state: Plan, q: int) -> list[int]:

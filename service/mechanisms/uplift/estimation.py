@@ -411,6 +411,7 @@ def _run(
             "lower": [float(v) for v in lower],
             "upper": [float(v) for v in upper],
             "order": "row-major over covariates",
+            **grid_codes(domain),
         }
     noisy_second: NDArray[np.float64] | None = None
     if state.second_moments is not None:
@@ -494,6 +495,7 @@ def _run_adjusted(
             "lower": [float(v) for v in domain.x_lower],
             "upper": [float(v) for v in domain.x_upper],
             "order": "row-major over covariates",
+            **grid_codes(domain),
         },
         "cells": 1,
         "count_noise_scale": None,
@@ -529,12 +531,22 @@ def ebm_table(
             "lower": [float(v) for v in domain.x_lower],
             "upper": [float(v) for v in domain.x_upper],
             "order": "row-major over covariates",
+            **grid_codes(domain),
             "cell_value": "the CATE model at the cell's centre (a categorical covariate: its "
             "declared code in the cell)",
         },
         "cells": int(values.size),
         "uplift": values.tolist(),
     }
+
+
+def grid_codes(domain: PublicDomain) -> dict[str, Any]:
+    """A grid's categorical covariates' declared codes (None for a numeric one), so a reader
+    labels a cell by the codes in it ("diabetes = 1") instead of the range between them; empty
+    where the schema declares none."""
+    if domain.x_codes is None or all(c is None for c in domain.x_codes):
+        return {}
+    return {"codes": [None if c is None else sorted(int(v) for v in c) for c in domain.x_codes]}
 
 
 def predict(result: dict[str, Any], points: NDArray[np.float64]) -> NDArray[np.float64]:

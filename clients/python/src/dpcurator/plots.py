@@ -197,8 +197,8 @@ def plot_shape_functions(
     axes = fig.subplots(rows, cols, squeeze=False)
     for i, shape in enumerate(shapes):
         ax = axes[i // cols][i % cols]
-        if shape.categorical:
-            ax.bar([str(e) for e in shape.edges], shape.scores, color="tab:green")
+        if shape.codes is not None and shape.code_values is not None:
+            ax.bar([str(c) for c in shape.codes], shape.code_values, color="tab:green")
         else:
             ax.stairs(shape.scores, shape.edges, color="tab:green", baseline=None)
         ax.axhline(0.0, color="black", linewidth=0.6)

@@ -403,13 +403,21 @@ class ShapeFunction:
     ``edges`` are the public bounds with the DP cuts between them (``len(edges) ==
     len(scores) + 1``); ``scores`` are the server's ``values``. The server names features by
     their schema columns (``treatment`` first for the S-learner); releases stored before it did
-    say ``x0``, ``x1``, ... in schema order.
+    say ``x0``, ``x1``, ... in schema order. A categorical covariate (and the S-learner's
+    treatment) also has its declared ``codes`` and each code's value (``code_values``: the
+    value of the bin the code falls in); releases stored before 2026-11-29 have neither.
     """
 
     feature: str
     edges: list[float]
     scores: list[float]
-    categorical: bool = False
+    codes: list[int] | None = None
+    code_values: list[float] | None = None
+
+    @property
+    def categorical(self) -> bool:
+        """True where the shape is given per declared code."""
+        return self.codes is not None
 
 
 @dataclass(frozen=True)
@@ -440,8 +448,21 @@ class EbmShapeResult:
             scores = _floats(item.get("values"), "values")
             if len(edges) != len(scores) + 1:
                 raise ValueError("a shape function needs len(edges) == len(values) + 1")
+            codes = item.get("codes")
+            code_values = None
+            if codes is not None:
+                code_values = _floats(item.get("code_values"), "code_values")
+                codes = [int(c) for c in codes]
+                if len(codes) != len(code_values):
+                    raise ValueError("a shape function needs one code value per code")
             shapes.append(
-                ShapeFunction(feature=str(item.get("feature", "")), edges=edges, scores=scores)
+                ShapeFunction(
+                    feature=str(item.get("feature", "")),
+                    edges=edges,
+                    scores=scores,
+                    codes=codes,
+                    code_values=code_values,
+                )
             )
         model = result.get("model") or {}
         inner = model.get("effect") or model.get("outcome") or {}

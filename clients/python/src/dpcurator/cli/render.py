@@ -366,6 +366,9 @@ def cell_ranges(
         total *= b
     if total != cells:
         return None
+    codes = partition.get("codes")
+    if not isinstance(codes, list) or len(codes) != len(bins):
+        codes = [None] * len(bins)
     cut = [j for j, b in enumerate(bins) if b > 1]
     out = []
     for cell in range(cells):
@@ -375,11 +378,24 @@ def cell_ranges(
         parts = []
         for j in cut:
             low, high = edges[j][index[j]], edges[j][index[j] + 1]
-            close = "]" if index[j] == bins[j] - 1 else ")"
+            last = index[j] == bins[j] - 1
             name = names[j] if names and j < len(names) else f"x{j}"
-            parts.append(f"{name} [{low:.4g}, {high:.4g}{close}")
+            parts.append(_cell_range(name, low, high, last, codes[j]))
         out.append(", ".join(parts) or "all")
     return out
+
+
+def _cell_range(name: str, low: float, high: float, last: bool, codes: Any) -> str:
+    """One covariate's part of a cell's label: its range (``age [18, 54)``), or for a
+    categorical covariate the declared codes inside it (``diabetes = 1``, ``stage in {2, 3}``)."""
+    if isinstance(codes, list) and codes:
+        inside = [c for c in codes if low <= float(c) and (float(c) < high or last)]
+        if len(inside) == 1:
+            return f"{name} = {inside[0]}"
+        if inside:
+            return f"{name} in {{{', '.join(str(c) for c in inside)}}}"
+        return f"{name}: no code"
+    return f"{name} [{low:.4g}, {high:.4g}{']' if last else ')'}"
 
 
 def result(
