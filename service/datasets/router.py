@@ -213,8 +213,9 @@ def update_dataset(
 )
 def delete_rows(session: SessionDep, caller: CurrentCaller, dataset_id: str) -> None:
     dataset = service.owned(session, caller=caller, dataset_id=dataset_id)
-    service.delete_rows(session, caller=caller, dataset=dataset)
+    closed = service.delete_rows(session, caller=caller, dataset=dataset)
     session.commit()
+    service.after_rows_deleted(session, closed)
 
 
 @router.get("/{dataset_id}/budget", response_model=BudgetRead, responses=responses(*AUTH))

@@ -23,6 +23,7 @@ from service.datasets.schemas import (
     UploadCheck,
 )
 from service.db.models import Budget, Dataset, Grant, LedgerEntry
+from service.functions import service as functions
 from service.ledger import amounts
 from service.ledger import service as ledger
 from service.ledger.chain import canonical_json
@@ -240,10 +241,26 @@ def domain_of(dataset: Dataset) -> PublicDomain:
     )
 
 
-def delete_rows(session: Session, *, caller: Caller, dataset: Dataset) -> None:
+def after_rows_deleted(session: Session, closed: list[str]) -> None:
+    """After ``delete_rows`` committed: this process forgets the closed functions' cached state
+    (other processes refuse them by their closed header, and drop the copies as their caches
+    turn over), and SQLite moves the overwritten pages out of its write-ahead log."""
+    for function_id in closed:
+        functions.forget(function_id)
+    storage.checkpoint_log(session)
+
+
+def delete_rows(session: Session, *, caller: Caller, dataset: Dataset) -> list[str]:
+    """Delete the stored rows and every state built from them (an exact-basis function's
+    fitted state, ``functions.purge_row_state``), in the caller's transaction; the ledger and
+    the releases (DP outputs) stay. Returns the functions closed, for the caller to forget
+    from this process's cache once committed."""
     if dataset.status == "deleted":
         raise DatasetUnavailable("the rows were already deleted")
-    storage.delete_rows(session, dataset_id=dataset.id)
     dataset.status = "deleted"
     dataset.rows_deleted_at = ledger.now_iso()
+    session.flush()  # the dataset's row is locked first, as a finishing job's store locks it
+    storage.delete_rows(session, dataset_id=dataset.id)
+    closed = functions.purge_row_state(session, dataset_id=dataset.id)
     ledger.record_rows_deleted(session, dataset_id=dataset.id, principal_id=caller.id)
+    return closed

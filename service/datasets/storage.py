@@ -10,7 +10,7 @@ import io
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import delete, select
+from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
 from service.db.models import DatasetChunk
@@ -50,4 +50,20 @@ def load_matrix(session: Session, *, dataset_id: str) -> NDArray[np.float64]:
 
 
 def delete_rows(session: Session, *, dataset_id: str) -> None:
+    """Delete the stored chunks. On SQLite ``secure_delete`` (set on every write connection,
+    service.db.engine) overwrites the freed pages; PostgreSQL keeps dead rows until VACUUM
+    (autovacuum, docs: guide-owner "Deleting rows")."""
     session.execute(delete(DatasetChunk).where(DatasetChunk.dataset_id == dataset_id))
+
+
+def checkpoint_log(session: Session) -> None:
+    """SQLite only, outside any transaction: write the write-ahead log back into the database
+    file and truncate it, so the pages a deletion overwrote leave the log too."""
+    bind = session.get_bind()
+    if bind.dialect.name != "sqlite" or not isinstance(bind, Engine):
+        return
+    raw = bind.raw_connection()
+    try:
+        raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        raw.close()

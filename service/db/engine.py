@@ -50,6 +50,8 @@ def make_engine(
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=60000")
+            # deleted rows' pages are overwritten, whatever this SQLite build's default
+            cur.execute("PRAGMA secure_delete=ON")
             cur.close()
 
         @event.listens_for(engine, "begin")

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import Connection, and_, bindparam, func, select, text
+from sqlalchemy import Connection, and_, bindparam, delete, func, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -125,8 +125,50 @@ def _digest(data: bytes) -> str:
 # ---- persisting a finished release (called by the job runner) ------------------------------
 
 
+# The bases whose secret state is built from the dataset's rows: the exact basis's fitted g*
+# keeps the estimation fold's rows (scaled) as its kernel support, and its batches the GP noise
+# that, with the answers, gives g* at the asked points. The finite bases' state is their DP
+# (noised) coefficients on public centres or frequencies, the ebm basis its DP release's model.
+ROW_STATE_BASES = frozenset({"exact"})
+ROWS_DELETED = (
+    "the dataset's rows were deleted, and with them this exact-basis function's state (it was "
+    "built from the rows); its earlier answers stay valid where you kept them"
+)
+
+
 def store(session: Session, *, release_id: str, dataset_id: str, secret: FunctionSecret) -> None:
-    """Create the function's header and secret rows (same transaction as the job's result)."""
+    """Create the function's header and secret rows (same transaction as the job's result).
+
+    The dataset's row is locked first, as ``delete_rows`` locks it: a fit that read the rows
+    before they were deleted stores an exact-basis function closed, without its state (the
+    release's DP result stays, like every release's)."""
+    deleted = (
+        session.execute(
+            select(Dataset.status).where(Dataset.id == dataset_id).with_for_update()
+        ).scalar_one()
+        == "deleted"
+    )
+    if deleted and secret.basis in ROW_STATE_BASES:
+        session.add(
+            CateFunction(
+                id=release_id,
+                dataset_id=dataset_id,
+                status="closed",
+                basis=secret.basis,
+                q=secret.q,
+                t_max=secret.t_max,
+                points_per_principal=secret.points_per_principal,
+                batch_max=secret.batch_max,
+                jitter=secret.jitter,
+                t=0,
+                version=0,
+                public_json=json.dumps(secret.public, allow_nan=False),
+                created_at=_now_iso(),
+                closed_at=_now_iso(),
+            )
+        )
+        session.flush()
+        return
     payload = seal(secret.fitted.to_bytes(), context=f"{release_id}:fitted")
     session.add(
         CateFunction(
@@ -171,6 +213,36 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
             )
         )
     session.flush()
+
+
+def purge_row_state(session: Session, *, dataset_id: str) -> list[str]:
+    """Delete the state built from a dataset's rows (``ROW_STATE_BASES``) and close those
+    functions, in the caller's transaction (``delete_rows``, after it has locked the dataset's
+    row). Each function's row is locked as an evaluation locks it, so none is mid-answer.
+    Returns the closed functions' ids (the caller forgets their cached copies after commit)."""
+    ids = list(
+        session.execute(
+            select(CateFunction.id)
+            .where(
+                CateFunction.dataset_id == dataset_id,
+                CateFunction.basis.in_(sorted(ROW_STATE_BASES)),
+            )
+            .order_by(CateFunction.id)
+            .with_for_update()
+        ).scalars()
+    )
+    if not ids:
+        return []
+    session.execute(delete(CateFunctionSecret).where(CateFunctionSecret.function_id.in_(ids)))
+    session.execute(delete(CateFunctionBatch).where(CateFunctionBatch.function_id.in_(ids)))
+    now = _now_iso()
+    for header in session.execute(select(CateFunction).where(CateFunction.id.in_(ids))).scalars():
+        header.status = "closed"
+        header.t = 0
+        header.version = 0
+        header.closed_at = header.closed_at or now
+    session.flush()
+    return ids
 
 
 # ---- access ---------------------------------------------------------------------------------
@@ -553,6 +625,7 @@ _HEADER_COLUMNS = (
     Release.status.label("release_status"),
     Release.visible_at,
     Dataset.owner_id,
+    Dataset.status.label("dataset_status"),
 )
 # Built once (statement construction costs more than the query on this path).
 _ADMIN_ACCESS = (
@@ -638,7 +711,9 @@ def evaluate_with_key(
     key = bearer_key(authorization)
     row = read(lambda conn: _access(conn, key, function_id))
     if row.status != "open":
-        raise FunctionClosed("the function's state is closed")
+        raise FunctionClosed(
+            ROWS_DELETED if row.dataset_status == "deleted" else "the function's state is closed"
+        )
     facts = _public_facts(row.function_id, row.q, row.basis, row.batch_max, row.public_json)
     names = facts.public.get("x_names")
     points = in_schema_order(points, columns, names)
