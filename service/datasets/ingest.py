@@ -477,6 +477,11 @@ def _apply_policies(
             bad = ~np.isin(col, np.asarray(cov.codes, dtype=np.float64)) & np.isfinite(col)
             wrong_code[:, j] = bad
             col[bad] = np.nan
+    if schema.outcome.type == "binary":  # likewise a binary outcome's values other than 0, 1
+        col = matrix[:, q + 1]
+        bad = ~np.isin(col, (0.0, 1.0)) & np.isfinite(col)
+        wrong_code[:, q + 1] = bad
+        col[bad] = np.nan
 
     # Missing values (NaN, empty, ±inf).
     missing = ~np.isfinite(matrix)
@@ -493,9 +498,10 @@ def _apply_policies(
             row = int(r) + 1
             if wrong_code[r, c]:
                 detail = (
-                    f"a value in categorical column '{names[c]}' is not one of the column's "
-                    f"declared codes (data row {row}); such a value counts as missing and the "
-                    "schema's missing policy is reject_upload"
+                    f"a value in {'the binary outcome' if c == q + 1 else 'categorical'} "
+                    f"column '{names[c]}' is not one of the column's declared codes (data row "
+                    f"{row}); such a value counts as missing and the schema's missing policy "
+                    "is reject_upload"
                 )
             else:
                 detail = (
@@ -572,6 +578,9 @@ def _apply_policies(
         cells_clipped=clipped,
         cells_imputed=imputed,
         rows_rejected_by_column=rejected_by,
+        cells_not_a_code={
+            names[j]: int(count) for j, count in enumerate(wrong_code.sum(axis=0)) if count
+        },
         warnings=bound_warnings(
             clipped, rows_received - n, rows_received, dict(zip(names, bounds, strict=True))
         )

@@ -106,6 +106,10 @@ class Treatment(Strict):
 
 class Outcome(Strict):
     name: str = Field(pattern=NAME_PATTERN)
+    # "binary": a yes/no outcome coded 0 and 1 (bounds 0 and 1; any other value counts as
+    # missing, as a categorical covariate's non-code). Its variance is at most 1/4, which the
+    # quotes use instead of the general assumption sd(Y) = R_Y / 12. Public, declared.
+    type: Literal["numeric", "binary"] = "numeric"
     lower: StrictFloat
     upper: StrictFloat
     impute: StrictFloat | None = None
@@ -119,6 +123,11 @@ class Outcome(Strict):
             raise ValueError("outcome: lower must be below upper")
         if self.impute is not None and not self.lower <= self.impute <= self.upper:
             raise ValueError("outcome: impute lies outside its bounds")
+        if self.type == "binary":
+            if (self.lower, self.upper) != (0.0, 1.0):
+                raise ValueError("a binary outcome is coded 0 and 1: lower 0, upper 1")
+            if self.impute is not None and self.impute not in (0.0, 1.0):
+                raise ValueError("a binary outcome's impute value is 0 or 1")
         return self
 
 
@@ -280,6 +289,12 @@ class IngestReport(BaseModel):
         default_factory=dict,
         description="Rows rejected under a reject_row policy, by the column that caused it (a "
         "row with several bad values counts in each of its columns).",
+    )
+    cells_not_a_code: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per categorical column (and a binary outcome): the values that were none "
+        "of its declared codes. They count as missing, so they are also in cells_imputed or "
+        "rows_rejected_by_column: an undeclared code shows here, not as a missing value.",
     )
     warnings: list[str] = Field(
         default_factory=list,

@@ -238,6 +238,7 @@ def domain_of(dataset: Dataset) -> PublicDomain:
         or None,
         adjustment_set=tuple(j for j, c in enumerate(schema.covariates) if c.adjust_for) or None,
         x_names=tuple(c.name for c in schema.covariates),
+        y_binary=schema.outcome.type == "binary",
     )
 
 

@@ -46,7 +46,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import ndtri
 
-from service.mechanisms.ate_strict import MAX_EPSILON, MIN_EPSILON
+from service.mechanisms.ate_strict import MAX_EPSILON, MIN_EPSILON, assumed_outcome_sd
 from service.mechanisms.calibration import (
     round_up_significant,
     validate_alpha,
@@ -273,43 +273,55 @@ def _public_parameters(state: _Plan) -> dict[str, Any]:
     }
 
 
-def _expected_half_width(domain: PublicDomain, state: _Plan, *, full: bool) -> float:
-    """Expected half-width at the declared arm sizes ``p n`` (worst-case mean and variance)."""
+SamplingBasis = Literal["none", "assumed", "worst_case"]
+
+
+def _expected_half_width(domain: PublicDomain, state: _Plan, *, sampling: SamplingBasis) -> float:
+    """Expected half-width at the declared arm sizes ``p n``: the privacy noise (worst-case
+    centred mean) plus, per arm, the sampling variance at the assumed outcome sd
+    (``assumed_outcome_sd``: R / 12, a binary outcome R / 2) or at the worst case ``D_y``."""
     p = check_rct(domain)
+    sd = {"none": 0.0, "assumed": assumed_outcome_sd(domain), "worst_case": state.half_range}[
+        sampling
+    ]
     total = 0.0
     for share in (1.0 - p, p):
         count = max(share * domain.n, MIN_COUNT)
         noise = (
             2.0 * state.sums.scale**2 + state.half_range**2 * 2.0 * state.counts.scale**2
         ) / count**2
-        total += noise + (state.half_range**2 / count if full else 0.0)
+        total += noise + sd**2 / count
     return float(ndtri(1.0 - state.params.alpha / 2.0)) * math.sqrt(total)
 
 
 def quote(
     domain: PublicDomain, params: AteRctParams, *, target_half_width: float | None = None
 ) -> dict[str, Any]:
-    """Public preview: noise-only and worst-case full half-widths; optionally the epsilon needed.
+    """Public preview: the expected half-width; optionally the epsilon needed.
 
-    ``expected_half_width`` is noise-only (the privacy part at arm sizes ``p n`` with the
-    worst-case centred mean ``D_y``); ``expected_half_width_full`` adds the worst-case sampling
-    variance ``D_y^2 / (p n)`` per arm (an upper bound). ``epsilon_for_target_half_width``
-    solves the noise-only half-width.
+    ``expected_half_width`` is the privacy part at arm sizes ``p n`` (worst-case centred mean
+    ``D_y``) plus the sampling error at the assumed outcome sd (``assumed_outcome_sd``), as the
+    ``aipw`` quote adds it at its assumed scale; ``min_half_width`` is the privacy noise alone
+    and ``expected_half_width_full`` the worst case (sampling sd ``D_y`` per arm, an upper
+    bound). ``epsilon_for_target_half_width`` solves the expected half-width (None where the
+    assumed sampling error alone exceeds the target).
     """
     state = _make_plan(domain, params)
     out: dict[str, Any] = {
         **_public_parameters(state),
         "ci_level": 1.0 - params.alpha,
-        "expected_half_width": _expected_half_width(domain, state, full=False),
-        "half_width_basis": "noise_only",
-        "expected_half_width_full": _expected_half_width(domain, state, full=True),
+        "expected_half_width": _expected_half_width(domain, state, sampling="assumed"),
+        "half_width_basis": "assumed_scale",
+        "assumed_outcome_sd": assumed_outcome_sd(domain),
+        "min_half_width": _expected_half_width(domain, state, sampling="none"),
+        "expected_half_width_full": _expected_half_width(domain, state, sampling="worst_case"),
     }
     if target_half_width is not None:
         target = validate_finite_positive(target_half_width, "target_half_width")
         out["target_half_width"] = target
         out["epsilon_for_target_half_width"] = solve_epsilon(
             lambda eps: _expected_half_width(
-                domain, _make_plan(domain, _replace(params, eps)), full=False
+                domain, _make_plan(domain, _replace(params, eps)), sampling="assumed"
             ),
             target,
         )

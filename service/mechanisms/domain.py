@@ -50,6 +50,9 @@ class PublicDomain:
     adjustment_set: tuple[int, ...] | None = None
     # The covariates' names in schema order (public); None: unnamed, read as x0, x1, ...
     x_names: tuple[str, ...] | None = None
+    # A declared yes/no outcome coded 0 and 1 (the schema's outcome type "binary"): its
+    # variance is at most 1/4, the scale the quotes assume for it. Public schema only.
+    y_binary: bool = False
 
     @property
     def q(self) -> int:

@@ -44,7 +44,7 @@ def test_each_combination_records_and_quotes_both_ways(
     assert preview["guarantee"] == guarantee
     # strict aipw and ipw add the sampling error at the assumed scale; the RCT difference and
     # paper mode quote the noise only
-    noise_only = params.mode == "paper" or params.estimator == "rct_difference"
+    noise_only = params.mode == "paper"
     basis = "noise_only" if noise_only else "assumed_scale"
     assert preview["half_width_basis"].startswith(basis)
     width = preview["expected_half_width"]

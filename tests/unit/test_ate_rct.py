@@ -172,8 +172,17 @@ def test_quote_both_ways() -> None:
     domain = rct_domain(3000)
     params = AteRctParams(epsilon=1.0)
     preview = ate_rct.quote(domain, params, target_half_width=0.05)
-    assert preview["half_width_basis"] == "noise_only"
+    # the privacy noise plus the sampling error at the assumed outcome sd (R / 12), as the aipw
+    # quote (a walkthrough's trial: noise only quoted a third of the realised half-width)
+    assert preview["half_width_basis"] == "assumed_scale"
+    assert preview["assumed_outcome_sd"] == pytest.approx(domain.outcome_range / 12)
     assert preview["expected_half_width_full"] > preview["expected_half_width"]
+    assert preview["expected_half_width"] > preview["min_half_width"]
+    z = 1.959963984540054
+    sampling = z * domain.outcome_range / 12 * math.sqrt(1 / 1500 + 1 / 1500)
+    assert preview["expected_half_width"] ** 2 == pytest.approx(
+        preview["min_half_width"] ** 2 + sampling**2
+    )
     eps = preview["epsilon_for_target_half_width"]
     assert ate_rct.quote(domain, AteRctParams(epsilon=eps))["expected_half_width"] <= 0.05
     assert ate_rct.quote(domain, AteRctParams(epsilon=eps * 0.99))["expected_half_width"] > 0.05

@@ -111,6 +111,7 @@ from service.mechanisms.ate_strict.estimation import (
 from service.mechanisms.ate_strict.quote import (
     ADAPTIVE_QUOTE_RANGE_RATIO,
     assumed_clip,
+    assumed_outcome_sd,
     assumed_pseudo_outcome_sd,
     epsilon_for_half_width,
     quote,
@@ -215,6 +216,7 @@ __all__ = [
     "adaptive_clip_inflation",
     "adaptive_gaussian_event",
     "assumed_clip",
+    "assumed_outcome_sd",
     "assumed_pseudo_outcome_sd",
     "standard_normal_quadrature",
     "confidence_interval",

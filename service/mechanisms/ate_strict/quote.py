@@ -53,17 +53,39 @@ ADAPTIVE_QUOTE_RANGE_RATIO = 6.0
 MIDPOINT_QUOTE_RANGE_RATIO = 3.0
 
 
+# Quote only: the outcome sd assumed where the quote needs sd(Y) itself (a difference in means),
+# R / this; a declared binary outcome's sd is at most R / 2 (its largest, at a risk of 1/2).
+OUTCOME_QUOTE_RANGE_RATIO = 12.0
+BINARY_OUTCOME_QUOTE_RANGE_RATIO = 2.0
+
+
+def assumed_outcome_sd(domain: PublicDomain) -> float:
+    """Quote only: the public assumption sd(Y) = R / 12 (honest bounds about 12 outcome sds
+    wide), or R / 2 for a declared binary outcome (the most a 0/1 variable's sd can be)."""
+    ratio = BINARY_OUTCOME_QUOTE_RANGE_RATIO if domain.y_binary else OUTCOME_QUOTE_RANGE_RATIO
+    return domain.outcome_range / ratio
+
+
+def _arm_spread(domain: PublicDomain) -> float:
+    """sqrt(1 / p + 1 / (1 - p)), p the declared assignment probability (observational: 0.5,
+    the least such factor)."""
+    p = domain.treatment_probability
+    if domain.design != StudyDesign.RCT or p is None:
+        p = 0.5
+    return math.sqrt(1.0 / p + 1.0 / (1.0 - p))
+
+
 def assumed_pseudo_outcome_sd(domain: PublicDomain, nuisance: str | None = None) -> float:
     """Quote only: the public scale assumption R / ``ADAPTIVE_QUOTE_RANGE_RATIO``; with nuisance
     ``"none"`` (no outcome model: the bounds' midpoint) R / ``MIDPOINT_QUOTE_RANGE_RATIO`` times
     sqrt(1 / p + 1 / (1 - p)), p the declared assignment probability (observational: 0.5, the
-    least such factor)."""
+    least such factor). A declared binary outcome: R / 2 times that factor with either nuisance
+    (|Y - 1/2| is exactly R / 2, and a fitted model's residual sd is at most it), about twice
+    its sd where R / 6 would be a third of it (a walkthrough's trial: 0.91 against 0.167)."""
+    if domain.y_binary:
+        return assumed_outcome_sd(domain) * _arm_spread(domain)
     if nuisance == "none":
-        p = domain.treatment_probability
-        if domain.design != StudyDesign.RCT or p is None:
-            p = 0.5
-        spread = math.sqrt(1.0 / p + 1.0 / (1.0 - p))
-        return domain.outcome_range / MIDPOINT_QUOTE_RANGE_RATIO * spread
+        return domain.outcome_range / MIDPOINT_QUOTE_RANGE_RATIO * _arm_spread(domain)
     return domain.outcome_range / ADAPTIVE_QUOTE_RANGE_RATIO
 
 

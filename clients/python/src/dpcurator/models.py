@@ -65,6 +65,9 @@ class IngestReport(Model):
     # Rows rejected under a reject_row policy, by the column that caused it (empty: an older
     # server).
     rows_rejected_by_column: dict[str, int] = {}
+    # Values of a categorical column (or a binary outcome) that were none of its declared codes;
+    # counted as missing too (empty: an older server, or none).
+    cells_not_a_code: dict[str, int] = {}
     # How the file was read: delimiter (as found in the header), decimal mark, encoding, extra
     # missing-value markers (None: an older server).
     csv_format: dict[str, Any] | None = None

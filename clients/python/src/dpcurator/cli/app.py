@@ -366,6 +366,11 @@ def _report_pairs(report: Any) -> list[tuple[str, Any]]:
         *([("rejected by column", by_column)] if by_column else []),
         ("cells clipped", report.cells_clipped or "none"),
         ("cells imputed", report.cells_imputed or "none"),
+        *(
+            [("not a declared code (counted as missing)", report.cells_not_a_code)]
+            if getattr(report, "cells_not_a_code", None)
+            else []
+        ),
         *([("read as", _format_words(report.csv_format))] if report.csv_format else []),
     ]
 
