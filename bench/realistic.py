@@ -80,6 +80,11 @@ ATE_ESTIMATORS: dict[str, dict[str, Any]] = {
 # Run only when named: each nuisance preset on the study's 12 declared confounders
 # (adjustment_columns, ate_strict proof 15), for the preset rule at a smaller adjustment set.
 EXTRA_ATE_ESTIMATORS: dict[str, dict[str, Any]] = {
+    # trials only: the strict DP difference in means (ate_rct), all rows, pure epsilon
+    "strict_rct_difference": {"estimator": "rct_difference"},
+    # the aipw estimator named: on trials below the estimator rule's n * epsilon the omitted
+    # estimator (strict_aipw) is rct_difference
+    "strict_aipw_named": {"estimator": "aipw"},
     "strict_dp_ebm_confounders": {
         "nuisance": "dp_ebm",
         "adjustment_columns": list(studies.CONFOUNDERS),

@@ -107,7 +107,7 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
 
     quote = run(analyst, "release", "quote", ds, "-p", "epsilon=1.0", "-p", "nuisance=none")
     assert "fits budget" in quote.stdout
-    assert "min half width" in quote.stdout
+    assert "expected half width" in quote.stdout
     assert "interval covers" in quote.stdout
     assert "Randomised design" in quote.stdout
     uplift = run(analyst, "release", "quote", ds, "--kind", "uplift_table", "-p", "epsilon=1")

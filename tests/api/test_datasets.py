@@ -42,7 +42,13 @@ def test_upload_round_trip_and_metadata(api: Api, client: TestClient) -> None:
     body = r.json()
     assert body["n"] == 300
     assert body["ingest_report"]["rows_received"] == 300
-    assert body["schema"]["outcome"] == {"name": "outcome", "lower": -5, "upper": 5, "impute": None}
+    assert body["schema"]["outcome"] == {
+        "name": "outcome",
+        "type": "numeric",
+        "lower": -5,
+        "upper": 5,
+        "impute": None,
+    }
     assert body["budget"]["is_set"] is False
     listed = client.get("/v1/datasets", headers=api.auth(owner["api_key"])).json()
     assert [d["id"] for d in listed] == [body["id"]]

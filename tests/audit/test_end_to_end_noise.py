@@ -378,7 +378,8 @@ def test_cate_function_finite_basis_noise(basis: str) -> None:
 
 
 ADAPTIVE_CASES = [
-    ("ate", {"epsilon": 1.0}, "mean_pseudo_outcome"),
+    # aipw named: a trial's omitted estimator is the difference in means at this n eps
+    ("ate", {"epsilon": 1.0, "estimator": "aipw"}, "mean_pseudo_outcome"),
     # the whole-data anchors: the ate default's adaptive mean (docs/proofs/cate_function.md §7,
     # ebm_cate.md step 6.1)
     ("cate_vector", {"epsilon": 1.0, "points": [[0.2, 0.5, 0.8]]}, "mean_pseudo_outcome"),

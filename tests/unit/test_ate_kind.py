@@ -40,7 +40,7 @@ def test_each_combination_records_and_quotes_both_ways(
     assert str(record.guarantee) == guarantee
     assert record.epsilon == 1.0
     preview = kind.quote(params, domain)
-    assert preview["estimator"] == params.estimator
+    assert preview["estimator"] == (params.estimator or "aipw")  # the rule's, off trials
     assert preview["guarantee"] == guarantee
     # strict aipw and ipw add the sampling error at the assumed scale; the RCT difference and
     # paper mode quote the noise only
@@ -210,8 +210,10 @@ def test_dp_linear_cross_fits_by_a_public_rule_in_n_epsilon() -> None:
     lin = {"nuisance": "dp_linear"}
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=1.25, **lin) is False  # n eps = 5000
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=1.26, **lin) is True
-    assert _mechanism_cross_fit(RCT, epsilon=2.5) is False  # n eps = 10000
-    assert _mechanism_cross_fit(RCT, epsilon=2.51) is True
+    aipw = {"estimator": "aipw"}  # below n eps 5 * 10^4 a trial's omitted estimator is the
+    # difference in means (the estimator rule)
+    assert _mechanism_cross_fit(RCT, epsilon=2.5, **aipw) is False  # n eps = 10000
+    assert _mechanism_cross_fit(RCT, epsilon=2.51, **aipw) is True
     assert _mechanism_cross_fit(RCT, epsilon=2.51, nuisance="none") is False
     # An explicit choice, given folds and other nuisances are left alone.
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=5.0, cross_fit=False, **lin) is False
@@ -288,7 +290,7 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     for params, domain in (
         (AteParams(epsilon=1.0, estimator="ipw", trim=0.2), OBSERVATIONAL),
         (AteParams(epsilon=1.0, nuisance="none"), RCT),
-        (AteParams(epsilon=1.0, estimator="rct_difference"), RCT),
+        (AteParams(epsilon=1.0, estimator="rct_difference", variance="public_bound"), RCT),
         # options other than the preset's defaults were not measured
         (AteParams(epsilon=1.0, clip="adaptive"), OBSERVATIONAL),
         (AteParams(epsilon=1.0, alpha=0.1), OBSERVATIONAL),
@@ -327,53 +329,36 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
 
 
 def test_a_trial_quotes_the_coverage_measured_on_the_realistic_trials() -> None:
-    """The randomised default (dp_linear outcome model) quotes the trials' band of its n eps,
-    next to the design's own guarantee; no hint about adjustment sets."""
+    """The randomised default quotes the trials' band of its n eps, next to the design's own
+    guarantee; no hint about adjustment sets. Below n eps 5 * 10^4 the default is the
+    difference in means (its own band), from there the dp_linear outcome model's."""
     kind = AteKind()
-    for epsilon, low, high in ((1.0, 500.0, 5000.0), (5.0, 10_000.0, 400_000.0)):
-        block = kind.quote(AteParams(epsilon=epsilon), RCT)["coverage"]
+    for epsilon, estimator, preset, low, high in (
+        (1.0, None, "rct_difference", 500.0, 20_000.0),
+        (1.0, "aipw", "dp_linear", 500.0, 5000.0),
+        (5.0, "aipw", "dp_linear", 10_000.0, 400_000.0),
+        (20.0, None, "dp_linear", 10_000.0, 400_000.0),
+    ):
+        request = AteParams(epsilon=epsilon, estimator=estimator)
+        block = kind.quote(request, RCT)["coverage"]
         assert block["basis"] == "design"
         measured = block["measured"]
-        assert measured["nuisance"] == "dp_linear"
+        assert measured["nuisance"] == preset
         assert (measured["n_epsilon_low"], measured["n_epsilon_high"]) == (low, high)
         assert measured["within_measured_range"] is True
-        assert "Realistic trials" in measured["source"]
         assert block["message"].startswith("Randomised design")
         assert "On simulated trials with 36 covariates" in block["message"]
         # the dataset's own count beside the benchmark's, so a reader can judge how far it is
         assert f"(yours has {RCT.q})" in block["message"]
         assert "Declaring the confounders" not in block["message"]
-    # between the bands (n eps 8000): the nearest, said so
-    between = kind.quote(AteParams(epsilon=2.0), RCT)["coverage"]
-    assert between["measured"]["within_measured_range"] is False
-    assert "the nearest measured to your n * epsilon of 8,000" in between["message"]
-
-
-def test_measured_bands_are_ordered_and_the_lookup_picks_the_containing_or_nearest() -> None:
-    from service.mechanisms.ate_coverage import (
-        MEASURED_BANDS,
-        MEASURED_BANDS_RCT,
-        measured_band,
-    )
-
-    for table, randomised in ((MEASURED_BANDS, False), (MEASURED_BANDS_RCT, True)):
-        for nuisance, bands in table.items():
-            for band in bands:
-                assert 0.0 <= band.coverage_low <= band.coverage_high <= 1.0
-                assert 0.0 < band.n_epsilon_low <= band.n_epsilon_high
-                assert band.cells >= 1
-                assert band.releases_per_cell >= 40
-                for edge in (band.n_epsilon_low, band.n_epsilon_high):
-                    assert measured_band(nuisance, edge, randomised=randomised) == band
-            for index in range(1, len(bands)):
-                assert bands[index - 1].n_epsilon_high < bands[index].n_epsilon_low
-    assert measured_band("dp_linear", 1.0) == MEASURED_BANDS["dp_linear"][0]
-    assert measured_band("dp_linear", 1e9) == MEASURED_BANDS["dp_linear"][-1]
-    assert measured_band("dp_linear", 1e9, randomised=True) == MEASURED_BANDS_RCT["dp_linear"][-1]
-    assert measured_band("dp_ebm", 20_000.0, randomised=True) is None
-    assert measured_band("none", 4000.0) is None
-    assert measured_band(None, 4000.0) is None
-    assert measured_band("dp_linear", 0.0) is None
+        if preset == "rct_difference":
+            assert "trial estimator rule" in measured["source"]
+            assert "the DP difference in means covered" in block["message"]
+        else:
+            assert "Realistic trials" in measured["source"]
+    # another variance option was not measured
+    other = AteParams(epsilon=1.0, estimator="rct_difference", variance="public_bound")
+    assert kind.quote(other, RCT)["coverage"]["measured"] is None
 
 
 def _walkthrough_trial(n: int = 3000) -> PublicDomain:
@@ -395,8 +380,9 @@ def test_target_epsilon_follows_the_public_rules_at_each_epsilon() -> None:
     default reaches at 3.34, above it an epsilon (2.49) whose default did not reach it."""
     domain = _walkthrough_trial()
     kind = AteKind()
+    aipw = "aipw"  # the outcome-model estimator's own rules (the omitted one: below)
     found = {
-        eps: kind.quote(AteParams(epsilon=eps, target_half_width=0.5), domain)[
+        eps: kind.quote(AteParams(epsilon=eps, estimator=aipw, target_half_width=0.5), domain)[
             "epsilon_for_target_half_width"
         ]
         for eps in (1.0, 3.0, 3.34, 5.0)
@@ -405,14 +391,25 @@ def test_target_epsilon_follows_the_public_rules_at_each_epsilon() -> None:
     needed = found[1.0]
     assert needed is not None
     assert 3.0 < needed < 3.5
-    assert kind.quote(AteParams(epsilon=needed), domain)["expected_half_width"] <= 0.5
-    below = kind.quote(AteParams(epsilon=needed * 0.99), domain)["expected_half_width"]
-    assert below > 0.5
+    at = AteParams(epsilon=needed, estimator=aipw)
+    assert kind.quote(at, domain)["expected_half_width"] <= 0.5
+    below = AteParams(epsilon=needed * 0.99, estimator=aipw)
+    assert kind.quote(below, domain)["expected_half_width"] > 0.5
     # a request that pins cross_fit keeps it pinned at every epsilon of the search
     pinned = kind.quote(AteParams(epsilon=1.0, cross_fit=False, target_half_width=0.5), domain)[
         "epsilon_for_target_half_width"
     ]
     assert pinned is None or pinned > needed
+    # the omitted estimator: the rule re-resolves at each epsilon of the search too (the
+    # difference in means below n eps 5 * 10^4), and the epsilon found runs what it quoted
+    rule = kind.quote(AteParams(epsilon=1.0, target_half_width=0.5), domain)
+    chosen = rule["epsilon_for_target_half_width"]
+    assert chosen is not None
+    assert chosen < needed  # the difference in means reaches it with less
+    reached = kind.quote(AteParams(epsilon=chosen), domain)
+    assert reached["estimator"] == "rct_difference"
+    assert reached["expected_half_width"] <= 0.5
+    assert kind.quote(AteParams(epsilon=chosen * 0.99), domain)["expected_half_width"] > 0.5
 
 
 def test_quote_without_an_outcome_model_assumes_the_midpoint_residual() -> None:
@@ -428,6 +425,32 @@ def test_quote_without_an_outcome_model_assumes_the_midpoint_residual() -> None:
     )
     assert 1.8 < none["expected_half_width"] < 2.7
     large = kind.quote(AteParams(epsilon=10.0, nuisance="none"), domain)
-    default = kind.quote(AteParams(epsilon=10.0), domain)
+    default = kind.quote(AteParams(epsilon=10.0, estimator="aipw"), domain)
     assert large["expected_half_width"] > 3 * default["expected_half_width"]
     assert default["assumed_pseudo_outcome_sd"] == pytest.approx(10.0)
+
+
+def test_the_trial_estimator_rule() -> None:
+    """An omitted estimator on a trial is the DP difference in means below n eps 5 * 10^4 (a
+    walkthrough's n 3,000 trial: 1.05x the non-private width against the aipw default's 1.68x),
+    aipw from there or wherever an aipw field is named; observational designs keep aipw, and a
+    stored request that named aipw keeps it."""
+    from service.releases.kinds.ate import RCT_DIFFERENCE_BELOW_N_EPSILON, resolved_estimator
+
+    below = RCT_DIFFERENCE_BELOW_N_EPSILON / RCT.n * 0.999
+    at = RCT_DIFFERENCE_BELOW_N_EPSILON / RCT.n
+    assert resolved_estimator(AteParams(epsilon=below), RCT) == "rct_difference"
+    assert resolved_estimator(AteParams(epsilon=at), RCT) == "aipw"
+    assert resolved_estimator(AteParams(epsilon=below), OBSERVATIONAL) == "aipw"
+    for named in ({"nuisance": "dp_linear"}, {"delta": 1e-7}, {"clip": "adaptive"}):
+        assert resolved_estimator(AteParams(epsilon=below, **named), RCT) == "aipw"
+    assert resolved_estimator(AteParams(epsilon=below, estimator="aipw"), RCT) == "aipw"
+    # what runs is what the quote and the record say
+    kind = AteKind()
+    params = AteParams(epsilon=1.0)
+    assert kind.quote(params, RCT)["estimator"] == "rct_difference"
+    assert kind.record(params, RCT).mechanism == "ate_rct_difference"
+    assert kind.record(params, RCT).delta == 0.0
+    # an rct_difference field without the estimator named is refused by name
+    with pytest.raises(pydantic.ValidationError, match="estimator omitted"):
+        AteParams.model_validate({"epsilon": 1.0, "variance": "public_bound"})

@@ -744,14 +744,17 @@ def test_adaptive_quote_averages_the_width_over_the_quantile_noise() -> None:
 def test_kind_default_clip_is_adaptive_on_rct_and_declared_otherwise() -> None:
     rct = make_domain(n=4000, design=StudyDesign.RCT, p=0.5)
     observational = make_domain(n=4000)
-    assert to_mechanism_params(AteParams(epsilon=1.0), rct).adaptive_clip is True
+    aipw = "aipw"  # a trial's omitted estimator is the difference in means at this n eps
+    assert to_mechanism_params(AteParams(epsilon=1.0, estimator=aipw), rct).adaptive_clip is True
     assert to_mechanism_params(AteParams(epsilon=1.0), observational).adaptive_clip is False
     assert (
         to_mechanism_params(AteParams(epsilon=1.0, clip="adaptive"), observational).adaptive_clip
         is True
     )
     assert (
-        to_mechanism_params(AteParams(epsilon=1.0, pseudo_outcome_clip=3.0), rct).adaptive_clip
+        to_mechanism_params(
+            AteParams(epsilon=1.0, estimator=aipw, pseudo_outcome_clip=3.0), rct
+        ).adaptive_clip
         is False
     )
     with pytest.raises(pydantic.ValidationError):
@@ -761,7 +764,9 @@ def test_kind_default_clip_is_adaptive_on_rct_and_declared_otherwise() -> None:
 def test_kind_default_nuisance_is_dp_linear_on_rct_and_by_n_epsilon_otherwise() -> None:
     rct = make_domain(n=4000, design=StudyDesign.RCT, p=0.5)
     observational = make_domain(n=4000, q=36)
-    assert to_mechanism_params(AteParams(epsilon=1.0), rct).nuisance == "dp_linear"
+    assert to_mechanism_params(AteParams(epsilon=1.0, estimator="aipw"), rct).nuisance == (
+        "dp_linear"
+    )
     # observational, 36 covariates: dp_linear below n epsilon = 2 * 10^4, DP-EBM from there
     assert to_mechanism_params(AteParams(epsilon=4.5), observational).nuisance == "dp_linear"
     assert to_mechanism_params(AteParams(epsilon=5.0), observational).nuisance == "dp_ebm"
@@ -789,7 +794,8 @@ def test_kind_default_nuisance_is_dp_linear_on_rct_and_by_n_epsilon_otherwise() 
     explicit = AteParams(epsilon=1.0, nuisance="dp_ebm")
     assert to_mechanism_params(explicit, rct).nuisance == "dp_ebm"
     # the cross-fit rule is observational only: a trial keeps its (outcome, estimation) halves
-    assert to_mechanism_params(AteParams(epsilon=2.0), rct).cross_fit is False
+    trial = AteParams(epsilon=2.0, estimator="aipw")
+    assert to_mechanism_params(trial, rct).cross_fit is False
 
 
 def test_the_linear_nuisance_threshold_by_the_number_of_columns() -> None:
@@ -807,7 +813,8 @@ def test_default_params_are_what_an_epsilon_only_ate_request_runs(
     design: StudyDesign, n: int, epsilon: float
 ) -> None:
     """``ate_strict.default_params`` (the CATE kinds' whole-data anchor) is exactly the
-    ``ate`` kind's default: same nuisance, cross-fitting, clip and delta rules."""
+    ``ate`` kind's aipw default: same nuisance, cross-fitting, clip and delta rules (the
+    estimator named: a trial's omitted one is the difference in means below n eps 5 * 10^4)."""
     domain = PublicDomain(
         x_lower=np.zeros(3),
         x_upper=np.ones(3),
@@ -817,7 +824,7 @@ def test_default_params_are_what_an_epsilon_only_ate_request_runs(
         design=design,
         treatment_probability=0.5 if design == StudyDesign.RCT else None,
     )
-    request = to_mechanism_params(AteParams(epsilon=epsilon), domain)
+    request = to_mechanism_params(AteParams(epsilon=epsilon, estimator="aipw"), domain)
     assert request == ate_strict.default_params(domain, epsilon)
     explicit = to_mechanism_params(AteParams(epsilon=epsilon, delta=1e-7), domain)
     assert explicit == ate_strict.default_params(domain, epsilon, 1e-7)

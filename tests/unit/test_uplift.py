@@ -484,7 +484,7 @@ def test_adjusted_record_is_the_strict_ate_default() -> None:
     for rct in (False, True):
         for epsilon in (0.5, 1.0, 4.0):
             dom = domain(5000, q=2, rct=rct)
-            default = ate_params(AteParams(epsilon=epsilon), dom)
+            default = ate_params(AteParams(epsilon=epsilon, estimator="aipw"), dom)
             assert ate_strict.default_params(dom, epsilon) == default
     dom = domain(5000, q=2, rct=False)
     for epsilon in (0.5, 4.0):

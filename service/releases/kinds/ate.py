@@ -5,7 +5,7 @@ use are refused by name):
 
 | mode | estimator | mechanism | guarantee |
 |---|---|---|---|
-| strict | aipw (default) | ``ate_strict`` (ate_ci.md §3; DP-EBM or dp_linear nuisances, optional cross-fitting) | strict |
+| strict | aipw (default; trials below ``RCT_DIFFERENCE_BELOW_N_EPSILON``: rct_difference) | ``ate_strict`` (ate_ci.md §3; DP-EBM or dp_linear nuisances, optional cross-fitting) | strict |
 | strict | ipw | ``ate_ipw`` (private_propensity.md §6) | strict |
 | strict | rct_difference | ``ate_rct`` (adum.md §7; RCT datasets only) | strict |
 | paper | aipw | ``ate_privATE`` (ate_ci.md §2; needs ``allow_paper_mode``) | paper |
@@ -25,7 +25,7 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 from service.mechanisms import ate_ipw, ate_privATE, ate_rct, ate_strict
 from service.mechanisms.ate_coverage import ate_coverage
 from service.mechanisms.calibration import default_delta
-from service.mechanisms.domain import Arrays, PublicDomain
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import NoiseSampler
 from service.mechanisms.records import MechanismRecord
@@ -84,11 +84,40 @@ _NUISANCES: dict[str, tuple[str, ...]] = {
 MIN_ALPHA = 1e-12
 
 
+# The estimator rule (``resolved_estimator``): an omitted estimator on a randomised trial is the
+# DP difference in means (``ate_rct``: all rows, pure epsilon) below this n * epsilon, where the
+# outcome models' adjustment gains less than their budget share and fold cost (realistic trials,
+# 200 releases a cell: bench/README.md "The trial estimator rule"), else ``aipw``.
+RCT_DIFFERENCE_BELOW_N_EPSILON = 50_000.0
+# The aipw-only fields: naming one asks for the outcome-model estimator.
+_AIPW_ONLY = frozenset(
+    {
+        "delta",
+        "propensity_clip",
+        "pseudo_outcome_clip",
+        "fold_fractions",
+        "mean_share",
+        "variance_inflation",
+        "alpha_v",
+        "nuisance",
+        "cross_fit",
+        "nuisance_share",
+        "regularization",
+        "clip",
+        "quantile_bins",
+        "adjustment_columns",
+        "outcome_range",
+    }
+)
+
+
 class AteParams(KindParams):
     """Request parameters of an ``ate`` release (validated again by the mechanism)."""
 
     mode: Mode = "strict"
-    estimator: Estimator = "aipw"
+    # None: the public rule (``resolved_estimator``): rct_difference on a trial below
+    # RCT_DIFFERENCE_BELOW_N_EPSILON where no aipw field is named, else aipw.
+    estimator: Estimator | None = None
     epsilon: StrictFloat = Field(gt=0, allow_inf_nan=False)
     # None: README §1.7 default, min(1e-5, 1 / (10 * smallest fold size)); rct_difference: 0.
     delta: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
@@ -144,7 +173,8 @@ class AteParams(KindParams):
 
     @model_validator(mode="after")
     def _check_combination(self) -> AteParams:
-        combination = (self.mode, self.estimator)
+        # an omitted estimator takes aipw's fields (naming one keeps aipw: the rule)
+        combination = (self.mode, self.estimator or "aipw")
         if combination == ("paper", "ipw"):
             raise ValueError(
                 "estimator='ipw' is not available with mode='paper': Lee et al.'s release is "
@@ -165,6 +195,11 @@ class AteParams(KindParams):
                 continue
             if name in _LEGACY_DEFAULTS and value == _LEGACY_DEFAULTS[name]:
                 continue  # stored before the default became None (public rule)
+            if self.estimator is None:
+                raise ValueError(
+                    f"field '{name}' is not used by mode='{self.mode}' with the estimator "
+                    f"omitted (aipw's fields); name the estimator that takes it"
+                )
             raise ValueError(
                 f"field '{name}' is not used by mode='{self.mode}', estimator='{self.estimator}'"
             )
@@ -203,6 +238,26 @@ def adjustment_columns(
     return ate_strict.default_adjustment_columns(domain, nuisance)
 
 
+def resolved_estimator(params: AteParams, domain: PublicDomain) -> Estimator:
+    """The request's estimator, or the public rule's where it is omitted: ``rct_difference`` on
+    a randomised trial (strict mode) below ``RCT_DIFFERENCE_BELOW_N_EPSILON`` where the request
+    names none of aipw's own fields, else ``aipw``. Public inputs only (design, n, epsilon,
+    the request)."""
+    if params.estimator is not None:
+        return params.estimator
+    named = any(
+        getattr(params, name) != AteParams.model_fields[name].default for name in _AIPW_ONLY
+    )
+    if (
+        params.mode == "strict"
+        and domain.design == StudyDesign.RCT
+        and not named
+        and domain.n * params.epsilon < RCT_DIFFERENCE_BELOW_N_EPSILON
+    ):
+        return "rct_difference"
+    return "aipw"
+
+
 def to_mechanism_params(
     params: AteParams, domain: PublicDomain
 ) -> (
@@ -223,11 +278,12 @@ def to_mechanism_params(
             nuisance=nuisance,
             gamma_mode=params.gamma_mode,
         )
-    if params.estimator == "rct_difference":
+    estimator = resolved_estimator(params, domain)
+    if estimator == "rct_difference":
         return ate_rct.AteRctParams(
             epsilon=params.epsilon, alpha=params.alpha, variance=params.variance
         )
-    if params.estimator == "ipw":
+    if estimator == "ipw":
         fractions = params.fold_fractions
         pair = None if fractions is None else (fractions[0], fractions[1])
         delta = params.delta
@@ -311,11 +367,14 @@ class AteKind:
             out = ate_privATE.quote(domain, mechanism, target_half_width=target)
         elif isinstance(mechanism, ate_rct.AteRctParams):
             out = ate_rct.quote(domain, mechanism, target_half_width=target)
+            if target is not None and checked.estimator is None:
+                # the rule switches to aipw at its threshold: search what a release would run
+                out["epsilon_for_target_half_width"] = _epsilon_for_target(checked, domain, target)
         elif isinstance(mechanism, ate_ipw.AteIpwParams):
             out = ate_ipw.quote(domain, mechanism, target_half_width=target)
         else:
             out = ate_strict.quote(domain, mechanism, target_half_width=target)
-            if target is not None:
+            if target is not None:  # the rules (the estimator's too) re-resolve at each epsilon
                 # the request's omitted parameters follow their public rules at each epsilon
                 out["epsilon_for_target_half_width"] = _epsilon_for_target(checked, domain, target)
         out["coverage"] = _coverage(domain, checked, mechanism)
@@ -357,6 +416,8 @@ def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> di
     narrowed = isinstance(mechanism, ate_strict.AteStrictParams) and (
         mechanism.adaptive_clip or mechanism.pseudo_outcome_clip is not None
     )
+    if isinstance(mechanism, ate_rct.AteRctParams) and mechanism.variance == "dp_second_moment":
+        nuisance = "rct_difference"  # measured at its default variance (ate_coverage)
     if isinstance(mechanism, ate_strict.AteStrictParams | ate_ipw.AteIpwParams):
         adjusted = mechanism.adjustment_columns is not None
         if _preset_defaults(checked, domain, mechanism):
@@ -367,7 +428,7 @@ def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> di
     return ate_coverage(
         domain,
         mode=checked.mode,
-        estimator=checked.estimator,
+        estimator=resolved_estimator(checked, domain),
         nuisance=nuisance,
         epsilon=checked.epsilon,
         adjustment_set=adjusted,
@@ -423,6 +484,8 @@ def _epsilon_for_target(checked: AteParams, domain: PublicDomain, target: float)
         request = checked.model_copy(update={"epsilon": epsilon, "target_half_width": None})
         try:
             mechanism = to_mechanism_params(request, domain)
+            if isinstance(mechanism, ate_rct.AteRctParams):
+                return float(ate_rct.quote(domain, mechanism)["expected_half_width"])
             if not isinstance(mechanism, ate_strict.AteStrictParams):
                 return math.inf
             return float(ate_strict.quote(domain, mechanism)["expected_half_width"])
