@@ -14,7 +14,6 @@ RUN useradd --create-home --uid 10001 curator
 
 COPY pyproject.toml README.md alembic.ini ./
 COPY service ./service
-COPY migrations ./migrations
 RUN pip install --no-cache-dir -e . \
     && mkdir -p /app/data && chown curator /app/data
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import sys
 from typing import Any
@@ -15,7 +16,15 @@ from service.db import migrate, preflight
 from service.functions.keys import state_key_problem
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m service",
+        description="Migrate the configured database (CURATOR_RUN_MIGRATIONS_ON_START), then "
+        "serve the API with uvicorn (CURATOR_HOST, CURATOR_PORT, CURATOR_WORKERS). Every "
+        "setting is an environment variable: README.md, 'Configuration'.",
+    )
+    parser.add_argument("--version", action="version", version=f"dp-curator {__version__}")
+    parser.parse_args(argv)
     settings = settings_or_exit()
     problem = preflight.unreachable(settings.database_url)
     if problem is not None:
@@ -23,6 +32,12 @@ def main() -> None:
     if settings.run_migrations_on_start:
         # Once, before the workers start, so that worker processes never race on migrations.
         migrate.upgrade(settings.database_url)
+    else:
+        # migrations are their own step: an unmigrated database is refused, not served with
+        # 500s (an ops walkthrough's API started and failed every request)
+        problem = preflight.wait_for_schema(settings.database_url, 0.0)
+        if problem is not None:
+            raise SystemExit(problem)
     problem = state_key_problem(settings.database_url)
     if problem is not None:
         raise SystemExit(problem)

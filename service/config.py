@@ -181,6 +181,10 @@ def settings_or_exit() -> Settings:
         problems = []
         for error in exc.errors(include_input=False, include_url=False):
             where = ".".join(str(part) for part in error["loc"])
+            if where == "database_url":
+                where = "DATABASE_URL"
+            elif where and where.isidentifier():
+                where = f"CURATOR_{where.upper()}"  # the variable the operator sets
             message = str(error["msg"]).removeprefix("Value error, ")
             problems.append(f"{where}: {message}" if where else message)
         raise SystemExit("configuration refused: " + "; ".join(problems)) from None

@@ -121,20 +121,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/healthz", tags=["operations"])
     def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        """The process runs; ``version`` is the service's (the API version)."""
+        return {"status": "ok", "version": __version__}
 
     @app.get("/readyz", tags=["operations"])
     def readyz() -> Any:
+        """200 when the database answers and its schema is at this version's migration; else
+        503 with the ``reason`` (``database unreachable`` or ``schema not at the current
+        migration``: run ``alembic upgrade head``)."""
         try:
             engine = get_engine()
             with engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
-            ready = migrate.at_head(engine, settings.database_url)
         except Exception:
-            ready = False
-        if not ready:
-            return JSONResponse({"status": "not ready"}, status_code=503)
-        return {"status": "ready"}
+            reason = "database unreachable"
+        else:
+            try:
+                at_head = migrate.at_head(engine, settings.database_url)
+            except Exception:
+                at_head = False
+            reason = "" if at_head else "schema not at the current migration"
+        if reason:
+            return JSONResponse(
+                {"status": "not ready", "reason": reason, "version": __version__},
+                status_code=503,
+            )
+        return {"status": "ready", "version": __version__}
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
     def metrics_endpoint(

@@ -21,6 +21,7 @@ import logging
 import signal
 from types import FrameType
 
+from service import __version__
 from service.config import settings_or_exit
 from service.db import preflight
 from service.functions.keys import state_key_problem
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="jobs run at once by this process (default: CURATOR_JOB_WORKERS)",
     )
+    parser.add_argument("--version", action="version", version=f"dp-curator {__version__}")
     parser.add_argument(
         "--wait",
         type=float,

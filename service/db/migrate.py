@@ -10,12 +10,14 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-ROOT = Path(__file__).resolve().parents[2]
+# The migrations ship inside the package (package data), so an installed service migrates
+# without the repository's alembic.ini (an ops walkthrough's `pip install .` could not).
+SCRIPTS = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(url: str) -> Config:
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(SCRIPTS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
 

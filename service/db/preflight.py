@@ -10,10 +10,19 @@ from sqlalchemy.engine import make_url
 from service.db import migrate
 from service.db.engine import make_engine
 
+# Query parameters whose values are hidden like the password (libpq takes ?password=...).
+_SECRET_QUERY_WORDS = ("password", "passwd", "secret", "token", "key")
+
 
 def safe_url(url: str) -> str:
+    """The URL for messages and logs: its password hidden, in the user part or the query."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        query = {
+            name: ("***" if any(word in name.lower() for word in _SECRET_QUERY_WORDS) else value)
+            for name, value in parsed.query.items()
+        }
+        return parsed.set(query=query).render_as_string(hide_password=True)
     except Exception:
         return "(unparseable DATABASE_URL)"
 
@@ -52,7 +61,11 @@ def wait_for_schema(url: str, seconds: float) -> str | None:
         except Exception as exc:
             last = _reason(exc)
         else:
-            last = "its schema is not at the current migration (start an API process first)"
+            last = (
+                "its schema is not at the current migration (an API process migrates it at "
+                "start, or run `alembic upgrade head` where CURATOR_RUN_MIGRATIONS_ON_START is "
+                "false)"
+            )
         if time.time() > deadline:
             return f"error: database {safe_url(url)} not ready: {last}"
         time.sleep(1.0)

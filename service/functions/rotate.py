@@ -95,9 +95,20 @@ def reseal_all(
     return report
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from service import __version__
     from service.config import settings_or_exit
     from service.db.engine import get_sessionmaker
+
+    parser = argparse.ArgumentParser(
+        prog="python -m service.functions.rotate",
+        description="Re-seal every released function's secret state under the current "
+        "CURATOR_STATE_KEY (README.md, 'Rotating the state key'); prints the counts as JSON.",
+    )
+    parser.add_argument("--version", action="version", version=f"dp-curator {__version__}")
+    parser.parse_args(argv)
 
     problem = keys.state_key_problem(settings_or_exit().database_url)
     if problem is not None:

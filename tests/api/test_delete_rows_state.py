@@ -143,3 +143,23 @@ def test_sqlite_overwrites_deleted_pages(tmp_path: Any) -> None:
             assert conn.exec_driver_sql("PRAGMA secure_delete").scalar() == 1
     finally:
         engine.dispose()
+
+
+def test_an_operator_closes_exact_functions_after_a_restore(
+    client: TestClient,
+    setup: dict[str, Any],  # noqa: F811
+) -> None:
+    from service.db.engine import get_sessionmaker
+    from service.functions.close import close_functions
+
+    s = setup
+    exact = release(client, s, {**FAST, "basis": "exact"})["id"]
+    finite = release(client, s, {**FAST, "basis": "nystrom", "n_centres": 20})["id"]
+    key = s["client"]["api_key"]
+    assert evaluate(client, key, exact, POINT).status_code == 200
+    counts = close_functions(get_sessionmaker(), all_exact=True)
+    assert counts == {"closed": 1, "already_closed": 0, "unknown": 0}
+    assert evaluate(client, key, exact, POINT).status_code == 409
+    assert evaluate(client, key, finite, POINT).status_code == 200
+    again = close_functions(get_sessionmaker(), ids=[exact, "nope"])
+    assert again == {"closed": 0, "already_closed": 1, "unknown": 1}

@@ -23,8 +23,10 @@ from tests.live import ROOT, free_port
 
 
 def test_health_ready_metrics(api: Api, client: TestClient) -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").status_code == 200
+    from service import __version__
+
+    assert client.get("/healthz").json() == {"status": "ok", "version": __version__}
+    assert client.get("/readyz").json() == {"status": "ready", "version": __version__}
     owner = api.principal("owner")
     ds = api.dataset(owner["api_key"], n=50)
     client.get(f"/v1/datasets/{ds['id']}", headers=api.auth(owner["api_key"]))
@@ -96,6 +98,25 @@ def test_unhandled_error_is_problem_without_text(client: TestClient) -> None:
     assert "request_id" in body
     assert "42.137" not in r.text
     assert "RuntimeError" not in r.text
+
+
+def test_readyz_says_why_it_is_not_ready(client: TestClient, db_url: str) -> None:
+    """An operator told only "not ready" could not tell an outage from a missing migration."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        head = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+        conn.execute(text("UPDATE alembic_version SET version_num = 'older'"))
+    try:
+        body = client.get("/readyz")
+        assert body.status_code == 503
+        assert body.json()["reason"] == "schema not at the current migration"
+    finally:  # the PostgreSQL database is the session's: put its version back
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": head})
+        engine.dispose()
+    assert client.get("/readyz").status_code == 200
 
 
 def test_a_database_that_does_not_answer_is_a_retryable_503_without_a_traceback(
