@@ -93,6 +93,13 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
     owner, analyst, ds = study["owner"], study["analyst"], study["dataset"]
     granted = run(owner, "grant", "add", ds, study["analyst_id"], "--epsilon-cap", "2")
     assert "granted" in granted.stdout
+    # a cap not given stays (the API replaces both: a --delta-cap had removed the epsilon cap)
+    kept = run(owner, "grant", "add", ds, study["analyst_id"], "--delta-cap", "1e-5").stdout
+    assert "epsilon cap 2" in kept
+    assert "delta cap 1e-05" in kept
+    cleared = run(owner, "grant", "add", ds, study["analyst_id"], "--no-delta-cap").stdout
+    assert "epsilon cap 2" in cleared
+    assert "delta cap -" in cleared
     listed = run(owner, "grant", "list", ds).stdout
     assert study["analyst_id"] in listed
     assert study["analyst_name"] in listed  # the owner sees whom, not only an id

@@ -584,6 +584,8 @@ def grant() -> None:
 @click.argument("principal_id")
 @click.option("--epsilon-cap", type=float, help="Most ε this principal may spend.")
 @click.option("--delta-cap", type=float, help="Most δ this principal may spend.")
+@click.option("--no-epsilon-cap", is_flag=True, help="Remove the grant's ε cap.")
+@click.option("--no-delta-cap", is_flag=True, help="Remove the grant's δ cap.")
 @pass_state
 def grant_add(
     state: State,
@@ -591,8 +593,30 @@ def grant_add(
     principal_id: str,
     epsilon_cap: float | None,
     delta_cap: float | None,
+    no_epsilon_cap: bool,
+    no_delta_cap: bool,
 ) -> None:
-    """Grant (or update the caps of) an analyst or client."""
+    """Grant an analyst or client, or update the caps of their grant: a cap you do not give
+    stays as it is (--no-epsilon-cap / --no-delta-cap remove one)."""
+    if epsilon_cap is not None and no_epsilon_cap:
+        raise click.UsageError("give --epsilon-cap or --no-epsilon-cap, not both")
+    if delta_cap is not None and no_delta_cap:
+        raise click.UsageError("give --delta-cap or --no-delta-cap, not both")
+    # The API replaces both caps (PUT): keep the ones not given (an owner's --delta-cap had
+    # silently removed an epsilon cap of 2).
+    current = next(
+        (
+            g
+            for g in state.client.list_grants(dataset_id)
+            if g.principal_id == principal_id and not g.revoked
+        ),
+        None,
+    )
+    if current is not None:
+        if epsilon_cap is None and not no_epsilon_cap:
+            epsilon_cap = current.epsilon_cap
+        if delta_cap is None and not no_delta_cap:
+            delta_cap = current.delta_cap
     g = state.client.grant(dataset_id, principal_id, epsilon_cap=epsilon_cap, delta_cap=delta_cap)
     emit(
         state,
