@@ -240,6 +240,11 @@ def _header_line(path: Path, fmt: CsvFormat) -> str:
         )
     if not raw.strip():
         raise CsvError("the file is empty" if not raw else "the header line is empty", "#/header")
+    if raw.startswith(b"PAR1"):
+        raise CsvError(
+            "this looks like a Parquet file: uploads are CSV text (export the table as CSV)",
+            "#/header",
+        )
     try:
         return raw.decode(_python_encoding(fmt)).rstrip("\r\n")
     except UnicodeDecodeError:
@@ -291,6 +296,14 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
     fmt = fmt or CsvFormat()
     wanted = [c.name for c in schema.covariates] + [schema.treatment.name, schema.outcome.name]
     header, fmt = _header(path, fmt, wanted + list(schema.drop_columns))
+    if not set(wanted) & set(header) and any(_is_number(c, fmt.decimal) for c in header):
+        # A file without a header line: its first row would be echoed as column names (an
+        # owner walkthrough's error listed a person's id, date and earnings). Say so instead.
+        raise CsvError(
+            "the first line looks like data, not a header (it has numbers and none of the "
+            "schema's column names): the file needs a header line naming its columns",
+            "#/header",
+        )
     # Unnamed columns at the end of the header (Excel's delimiter at the end of every line) are
     # ignored, never read: they get names no schema can hold (control characters).
     trailing = 0

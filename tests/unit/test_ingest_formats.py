@@ -255,3 +255,25 @@ def test_utf16_and_a_byte_order_mark_against_the_declared_encoding_are_named(
     with pytest.raises(CsvError, match="so it is UTF-8, not cp1252"):
         ingest(path, SCHEMA, CsvFormat(encoding="cp1252"))
     assert ingest(path, SCHEMA).report.n == 4
+
+
+def test_a_file_without_a_header_is_said_so_without_echoing_its_first_row(
+    tmp_path: Path,
+) -> None:
+    """The first row of a headerless file was listed as 'the CSV's columns the schema does not
+    name' (a person's values), or as duplicated columns."""
+    rows = "64,30.5,1,1,4.25,Mueller\n71,22.0,0,0,7.5,Orsted\n"
+    with pytest.raises(CsvError, match="looks like data, not a header") as info:
+        ingest(write(tmp_path, rows), SCHEMA)
+    for value in ("64", "30.5", "Mueller"):
+        assert value not in str(info.value)
+    with pytest.raises(CsvError, match="looks like data") as twice:
+        ingest(write(tmp_path, "0,1,0,1,no\n1,0,1,0,yes\n"), SCHEMA)
+    assert "duplicated" not in str(twice.value)
+
+
+def test_a_parquet_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "rows.parquet"
+    path.write_bytes(b"PAR1\x15\x04\x15\x00" + bytes(64))
+    with pytest.raises(CsvError, match="Parquet"):
+        ingest(path, SCHEMA)
