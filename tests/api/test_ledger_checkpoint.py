@@ -218,3 +218,35 @@ def test_the_checkpoint_check_lists_limit_changes_since_the_checkpoint(
     assert result.exit_code == 0, result.output
     assert "since the checkpoint: entry 6" in result.stderr
     assert "set eps 7.5" in result.stderr
+
+
+def test_a_cron_check_fails_on_limits_changed_since_the_checkpoint(
+    api: Api, client: TestClient, tmp_path: Path
+) -> None:
+    """An insider's forged grant entry (hashes recomputed) passes every check, and the
+    checkpoint check printed it and moved on: a cron job could not alert. With
+    --fail-on-changes it exits 2 and keeps the checkpoint until the owner confirms."""
+    dataset_id, key, _ = _setup(api, client)
+    file = tmp_path / "ledger-checkpoint.json"
+
+    def run(*args: str, code: int = 0) -> Any:
+        result = _verify_with_cli(client, key, dataset_id, *args)
+        assert result.exit_code == code, (result.stdout, result.stderr)
+        return result
+
+    run("--checkpoint", str(file))
+    saved = Checkpoint.load(file)
+    assert saved is not None
+    assert "valid" in run("--checkpoint", str(file), "--fail-on-changes").stdout  # nothing new
+    api.grant(key, dataset_id, api.principal("client")["id"])  # a grant after the checkpoint
+    flagged = run("--checkpoint", str(file), "--fail-on-changes", code=2)
+    assert "confirm it was yours" in flagged.stderr
+    assert "kept at entry" in flagged.stderr
+    assert Checkpoint.load(file) == saved
+    run("--checkpoint", str(file), "--fail-on-changes", code=2)  # still, until confirmed
+    confirmed = run("--checkpoint", str(file))  # the owner's own run: they were theirs
+    assert "saved to" in confirmed.stderr
+    run("--checkpoint", str(file), "--fail-on-changes")
+    usage = _verify_with_cli(client, key, dataset_id, "--fail-on-changes")
+    assert usage.exit_code == 2
+    assert "needs --checkpoint" in usage.stderr

@@ -733,9 +733,20 @@ def ledger_export(state: State, dataset_id: str, output: Path | None, fmt: str) 
     help="A file you keep: the entry it names (saved by an earlier check) must still be there "
     "unchanged; after a valid check it names the new head. Implies --local.",
 )
+@click.option(
+    "--fail-on-changes",
+    is_flag=True,
+    help="With --checkpoint (a cron job): exit status 2, and keep the checkpoint where it is, "
+    "when budget or grant entries were added since it; confirm them by running without this.",
+)
 @pass_state
-def ledger_verify(state: State, dataset_id: str, local: bool, checkpoint: Path | None) -> None:
-    """Verify the hash chain; exit status 1 if it is broken."""
+def ledger_verify(
+    state: State, dataset_id: str, local: bool, checkpoint: Path | None, fail_on_changes: bool
+) -> None:
+    """Verify the hash chain; exit status 1 if it is broken (2: --fail-on-changes found limits
+    changed since the checkpoint)."""
+    if fail_on_changes and checkpoint is None:
+        raise click.UsageError("--fail-on-changes needs --checkpoint FILE")
     if checkpoint is None and not local:
         _emit_verification(state, state.client.verify_ledger(dataset_id))
         return
@@ -762,6 +773,16 @@ def ledger_verify(state: State, dataset_id: str, local: bool, checkpoint: Path |
                     f"{render.entry_note(e) or e.entry_type}: confirm it was yours",
                     err=True,
                 )
+            if changes and fail_on_changes:
+                # an insider's forged grant passes every check; only the owner knows its own
+                # limits, so a cron job must not move past them unconfirmed
+                click.echo(
+                    f"checkpoint: kept at entry {saved.seq}: {len(changes)} budget or grant "
+                    "entries to confirm (run without --fail-on-changes once they are yours)",
+                    err=True,
+                )
+                _emit_verification(state, v)
+                sys.exit(2)
         if saved is None or saved.seq != v.entries:
             new_checkpoint(dataset_id, v).save(checkpoint)
             click.echo(f"checkpoint: entry {v.entries} saved to {checkpoint}", err=True)
