@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from service.ledger import amounts
 from service.ledger.amounts import DELTA_SCALE, EPSILON_SCALE
 
 HASHED_FIELDS = (
@@ -93,6 +94,24 @@ def _units(text: Any, scale: int) -> int | None:
     return int(Decimal(str(text)) * scale)
 
 
+def _is_amount(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _recorded_cost(details: dict[str, Any]) -> tuple[int, int] | None:
+    """A charge's cost in ledger units from its mechanism record (``epsilon``, ``delta``), as
+    the charge rounded it (``amounts.*_cost_units``); None where the record states none."""
+    eps, dlt = details.get("epsilon"), details.get("delta")
+    if not (_is_amount(eps) and _is_amount(dlt)):
+        return None
+    assert isinstance(eps, int | float)
+    assert isinstance(dlt, int | float)
+    try:
+        return amounts.epsilon_cost_units(float(eps)), amounts.delta_cost_units(float(dlt))
+    except amounts.InvalidAmount:
+        return (-1, -1)  # a record no charge could have come from
+
+
 @dataclass
 class GrantState:
     """A grantee's grant as the ledger's grant entries set it, and its spend from charges."""
@@ -156,6 +175,13 @@ class Replay:
                 state.delta_cap = _units(details.get("delta_cap"), DELTA_SCALE)
         if kind == "settings" and "allow_paper_mode" in details:
             self.paper_mode = bool(details["allow_paper_mode"])
+        if kind == "charge" and _recorded_cost(details) not in (
+            None,
+            (entry["epsilon"], entry["delta"]),
+        ):
+            # the charged amount is its mechanism record's cost, rounded up to the ledger's unit;
+            # an amount rewritten with the hashes recomputed left the record saying otherwise
+            return "a charge's amount differs from the cost its mechanism record states"
         if kind == "charge" and entry["guarantee"] == "paper" and self.paper_mode is False:
             return "a paper-mode charge while the ledger has paper mode off"
         if kind == "charge" and entry["principal_id"] != self.owner_id:

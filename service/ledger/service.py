@@ -686,9 +686,14 @@ def _state_problem(
         row = stored[principal_id]
         recorded = (state.epsilon_cap, state.delta_cap, state.revoked)
         if (row.epsilon_cap, row.delta_cap, bool(row.revoked)) != recorded:
-            return "a grant's caps or revocation differ from the ledger's grant entries"
+            return (
+                f"principal {principal_id}'s grant: its caps or revocation differ from the "
+                "ledger's grant entries"
+            )
         if (row.epsilon_spent, row.delta_spent) != (state.epsilon_spent, state.delta_spent):
-            return "a grant's spend differs from the sum of its charges"
+            return (
+                f"principal {principal_id}'s grant: its spend differs from the sum of its charges"
+            )
     charged = [p for p, state in replay.grants.items() if state.epsilon_spent or state.delta_spent]
     if charged:
         roles = session.execute(select(Principal.role).where(Principal.id.in_(charged))).scalars()

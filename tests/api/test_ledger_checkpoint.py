@@ -250,3 +250,42 @@ def test_a_cron_check_fails_on_limits_changed_since_the_checkpoint(
     usage = _verify_with_cli(client, key, dataset_id, "--fail-on-changes")
     assert usage.exit_code == 2
     assert "needs --checkpoint" in usage.stderr
+
+
+def test_a_charge_rewritten_below_its_records_cost_fails_both_checks(
+    api: Api, client: TestClient
+) -> None:
+    """An owner walkthrough rewrote a charge from epsilon 0.3 to 0.1 with every total and hash
+    made consistent: it verified, though the charge's own hashed mechanism record says 0.3. Both
+    checks now hold each charge to its record's cost."""
+    from decimal import Decimal
+
+    dataset_id, _, curator = _setup(api, client)
+    entries = curator.ledger(dataset_id)
+    charge = next(i for i, e in enumerate(entries) if e.entry_type == "charge")
+    cut = Decimal("0.05")  # its record says more
+    rewritten: list[Any] = []
+    prev = chain.genesis_hash(dataset_id)
+    for i, e in enumerate(entries):
+        update: dict[str, Any] = {}
+        if i == charge:
+            update["epsilon"] = Decimal(str(e.epsilon)) - cut
+        if i >= charge:
+            update["epsilon_spent"] = Decimal(str(e.epsilon_spent)) - cut
+        moved = e.model_copy(update=update)
+        fields = hashed_fields(dataset_id, moved)
+        fields["prev_hash"] = prev
+        moved = moved.model_copy(update={"prev_hash": prev, "row_hash": row_hash(prev, fields)})
+        rewritten.append(moved)
+        prev = moved.row_hash
+    here = verify_entries(dataset_id, rewritten)
+    assert (here.valid, here.first_invalid_seq) == (False, entries[charge].seq)
+    assert "mechanism record" in (here.reason or "")
+    # the server's replay, on the same fields
+    replay = chain.Replay()
+    reasons = [replay.step(hashed_fields(dataset_id, e)) for e in rewritten]
+    assert "mechanism record" in (reasons[charge] or "")
+    assert all(r is None for r in reasons[:charge])
+    # the untouched ledger passes both
+    assert verify_entries(dataset_id, entries).valid
+    assert curator.verify_ledger(dataset_id).valid

@@ -221,7 +221,7 @@ def test_costs_round_up_and_totals_round_down() -> None:
         ("UPDATE budget SET epsilon_total = epsilon_total * 100 WHERE {d}", True, 6, "not set by"),
         ("UPDATE budget SET epsilon_total = epsilon_total * 100 WHERE {d}", False, None, "totals"),
         # ... or resets an analyst's spend under its cap, or lifts the cap, or drops the grant
-        ("UPDATE dataset_grant SET epsilon_spent = 0 WHERE {d}", False, None, "grant's spend"),
+        ("UPDATE dataset_grant SET epsilon_spent = 0 WHERE {d}", False, None, "its spend differs"),
         ("UPDATE dataset_grant SET epsilon_cap = 10000000000000 WHERE {d}", False, None, "caps"),
         ("DELETE FROM dataset_grant WHERE {d}", False, None, "grants differ"),
         # ... or makes a client key an analyst for a charge and back: the grantee that charged

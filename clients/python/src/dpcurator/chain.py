@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +251,11 @@ class _Replay:
                 state[2] = False
         if kind == "settings" and "allow_paper_mode" in details:
             self.paper_mode = bool(details["allow_paper_mode"])
+        if kind == "charge" and _recorded_cost(details) not in (
+            None,
+            (fields["epsilon"], fields["delta"]),
+        ):
+            return "a charge's amount differs from the cost its mechanism record states"
         if kind == "charge" and fields["guarantee"] == "paper" and self.paper_mode is False:
             return "a paper-mode charge while the ledger has paper mode off"
         if kind == "charge" and fields["principal_id"] != self.owner:
@@ -287,6 +292,25 @@ class _Replay:
                 if charged and roles.get(grantee, "analyst") != "analyst":
                     return "a grantee that charged is not an analyst"
         return None
+
+
+def _is_amount(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _recorded_cost(details: dict[str, Any]) -> tuple[int, int] | None:
+    """A charge's cost in ledger units from its mechanism record: each amount's shortest
+    decimal, rounded up to the unit (the server's ``amounts.*_cost_units``); None where the
+    record states none."""
+    eps, dlt = details.get("epsilon"), details.get("delta")
+    if not (_is_amount(eps) and _is_amount(dlt)):
+        return None
+    assert isinstance(eps, int | float)
+    assert isinstance(dlt, int | float)
+    return (
+        int((Decimal(repr(float(eps))) * EPSILON_SCALE).to_integral_value(ROUND_CEILING)),
+        int((Decimal(repr(float(dlt))) * DELTA_SCALE).to_integral_value(ROUND_CEILING)),
+    )
 
 
 def _amount(text: Any, scale: int) -> int | None:

@@ -797,6 +797,8 @@ def _emit_verification(state: State, v: Verification) -> None:
             f"valid: {v.entries} entries, head {v.head_hash}"
             if v.valid
             else f"INVALID at seq {v.first_invalid_seq}: {v.reason}"
+            if v.first_invalid_seq is not None
+            else f"INVALID: {v.reason}"  # the tables beside the chain, not an entry
         ),
         lambda: dump(v),
     )
