@@ -466,6 +466,44 @@ def test_a_view_opened_while_signing_in_still_takes_the_focus(
 
 
 @SQLITE_ONLY
+def test_cap_bars_stay_in_their_cells_and_a_disabled_grantee_says_so(
+    page: Any, live: Live, watch: Watch
+) -> None:
+    """An owner walkthrough: with both caps set, each cap bar was drawn over the next column's
+    numbers, and a disabled principal's grant read "active"."""
+    study = make_study(live.base, "caps")
+    ds = study.dataset["id"]
+    caps = {"epsilon_cap": 2.0, "delta_cap": 5e-5}
+    granted = httpx.put(
+        f"{live.base}/v1/datasets/{ds}/grants/{study.analyst['id']}",
+        json=caps,
+        headers=auth(study.owner["api_key"]),
+    )
+    assert granted.is_success
+    disabled = httpx.patch(
+        f"{live.base}/v1/principals/{study.second['id']}",
+        json={"disabled": True},
+        headers=auth(ADMIN_KEY),
+    )
+    assert disabled.is_success, disabled.text
+    sign_in(page, live.base, study.owner["api_key"])
+    view(page, "Budget & grants")
+    rows = page.locator("#grants-table tbody tr")
+    expect(rows).to_have_count(2)
+    capped = rows.filter(has_text=study.analyst["name"])
+    for index in (1, 2):  # the epsilon and the delta cap cells
+        cell_box = capped.locator("td").nth(index).bounding_box()
+        bar_box = capped.locator("td").nth(index).locator("meter").bounding_box()
+        assert cell_box is not None
+        assert bar_box is not None
+        assert bar_box["x"] >= cell_box["x"] - 0.5
+        assert bar_box["x"] + bar_box["width"] <= cell_box["x"] + cell_box["width"] + 0.5
+    expect(rows.filter(has_text=study.second["name"])).to_contain_text("disabled (key refused)")
+    expect(capped).to_contain_text("active")
+    watch.assert_clean()
+
+
+@SQLITE_ONLY
 def test_keyboard_only_and_labelled_controls(page: Any, live: Live, watch: Watch) -> None:
     study = make_study(live.base, "keys")
     page.goto(f"{live.base}/console")

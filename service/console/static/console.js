@@ -270,7 +270,7 @@
     if (state.me.role !== "owner" && state.me.role !== "admin") return;
     try {
       for (const p of await api("GET", "/v1/principals")) {
-        state.principals.set(p.id, { name: p.name, role: p.role, key_prefix: p.key_prefix });
+        state.principals.set(p.id, { name: p.name, role: p.role, key_prefix: p.key_prefix, disabled: Boolean(p.disabled) });
       }
     } catch (err) {
       showProblem(err);
@@ -487,7 +487,8 @@
         cell(principalName(g.principal_id), "name"),
         capCell(g.epsilon_spent, g.epsilon_cap),
         capCell(g.delta_spent, g.delta_cap),
-        cell(g.revoked ? "revoked" : "active"),
+        // a disabled principal's key is refused everywhere, whatever its grant says
+        cell(g.revoked ? "revoked" : (state.principals.get(g.principal_id) || {}).disabled ? "disabled (key refused)" : "active"),
         cell(fmtTime(g.created_at)),
       );
       if (isOwner()) {
@@ -520,7 +521,7 @@
       const select = clear($("grant-principal"));
       for (const [id, p] of state.principals) {
         if (p.role === "analyst" || p.role === "client") {
-          select.append(el("option", { value: id, text: principalName(id) + " (" + p.role + ")" }));
+          select.append(el("option", { value: id, text: principalName(id) + " (" + p.role + (p.disabled ? ", disabled" : "") + ")" }));
         }
       }
       syncGrantCaps();

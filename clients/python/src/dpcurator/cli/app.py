@@ -638,7 +638,10 @@ def grant_list(state: State, dataset_id: str) -> None:
     def names() -> dict[str, str]:
         # an owner may list the principals it can grant to; anyone else sees ids only
         try:
-            return {p.id: p.name for p in state.client.list_principals()}
+            return {
+                p.id: p.name + (" (disabled: key refused)" if getattr(p, "disabled", False) else "")
+                for p in state.client.list_principals()
+            }
         except CuratorError:
             return {}
 
