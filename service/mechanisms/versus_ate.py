@@ -58,8 +58,13 @@ DEFAULT_HETEROGENEITY_RANGE_RATIO = 24.0
 ANCHORED_NOTE = (
     "With shrinkage 'ate' the release is shrunk towards its own DP ATE and equals it wherever "
     "the heterogeneity is not detectable above the noise, so it is expected to be about as "
-    "accurate as that constant, not much worse; its variation is kept only above the noise. "
-    "An anchor the release buys from part of its rows (anchor_source 'effect_fold') is a less "
+    "accurate as that constant, not much worse; its variation is kept only above the noise."
+)
+# Said where the anchor is (or may be) the effect fold's own DP ATE, not where the quote knows
+# it is an ate release on all rows or a given value (a trial walkthrough's quote said it beside
+# anchor_source 'ate_release').
+EFFECT_FOLD_NOTE = (
+    " An anchor the release buys from part of its rows (anchor_source 'effect_fold') is a less "
     "accurate ATE than an ate release on all rows, and comes without an interval."
 )
 WORTH_IT_RATIO = 0.5  # s <= WORTH_IT_RATIO * h: the noise leaves room for a real gain
@@ -114,14 +119,18 @@ def versus_ate(
     anchored: bool = False,
     detectable: float | None = None,
     cap: float | None = None,
+    anchor_source: str | None = None,
 ) -> dict[str, Any]:
-    """The quote's ``versus_ate`` block (module docstring); ``cap``: the public bound G of an
+    """The quote's ``versus_ate`` block (module docstring); ``anchor_source``: where an
+    anchored release's anchor comes from, where the quote knows (``effect_fold``,
+    ``ate_release``, ``given``); ``cap``: the public bound G of an
     anchored release's deviations from its anchor (its predictions lie within anchor +- G);
     ``retention``: the share of the
     heterogeneity the learner's mean keeps (None: all of it); ``anchored``: the release is shrunk
     towards its own DP ATE (its bound is ``min(bound, h)`` and the message says that it
     falls back to that ATE rather than that it is worse than it); ``detectable``: the smallest
     sd(tau) an anchored release's calibration step detects (None: not computed)."""
+    note = ANCHORED_NOTE + (EFFECT_FOLD_NOTE if anchor_source in (None, "effect_fold") else "")
     assumed = heterogeneity_sd is None
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     shown = h if retention is None else retention * h
@@ -161,7 +170,7 @@ def versus_ate(
             "fits, which the quote cannot know."
         )
         if anchored:
-            message += f" {ANCHORED_NOTE}{gate}"
+            message += f" {note}{gate}"
     elif undetectable and noise_sd < shown:
         fix = (
             f"epsilon >= {epsilon_worth_it:g} would let it resolve the heterogeneity"
@@ -173,7 +182,7 @@ def versus_ate(
             "calibration on held-out rows) detects, with "
             f"{DETECTION_PROBABILITY:.0%} probability, only a heterogeneity of sd at least "
             f"about {detectable:.3g}, not below {target}, so this CATE is expected to answer its "
-            f"DP ATE for every patient. {ANCHORED_NOTE} The ATE kind spends the same budget on "
+            f"DP ATE for every patient. {note} The ATE kind spends the same budget on "
             f"one number with a confidence interval; {fix}."
         )
     elif anchored:
@@ -186,7 +195,7 @@ def versus_ate(
         lead = "is at least" if verdict == "not_expected" else "is more than half of"
         message = (
             f"{where} the privacy noise per prediction alone (sd {noise_sd:.3g}) {lead} "
-            f"{target}, so this CATE is not expected to resolve it. {ANCHORED_NOTE} Expect "
+            f"{target}, so this CATE is not expected to resolve it. {note} Expect "
             "about the accuracy of a constant ATE for a typical patient, not better: the ATE "
             f"kind spends the same budget on one number with a confidence interval; {fix}."
             f"{gate}"
@@ -250,6 +259,7 @@ def quote_block(
     anchored: bool = False,
     detectable_at: Callable[[float], float | None] | None = None,
     cap: float | None = None,
+    anchor_source: str | None = None,
 ) -> dict[str, Any]:
     """``versus_ate`` for a kind whose public per-prediction noise sd at epsilon is
     ``noise_sd_at(epsilon)`` and whose learner keeps ``retention_at(epsilon)`` of the
@@ -293,6 +303,7 @@ def quote_block(
         anchored=anchored,
         detectable=detectable,
         cap=cap,
+        anchor_source=anchor_source,
     )
 
 
@@ -307,6 +318,7 @@ def constant_block(
     """``versus_ate`` for a release that answers one number for every patient by construction
     (module docstring): ``not_expected`` at any epsilon; ``reason`` says why it cannot vary,
     ``fix`` what to request instead."""
+    note = ANCHORED_NOTE + (EFFECT_FOLD_NOTE if anchor_source in (None, "effect_fold") else "")
     assumed = heterogeneity_sd is None
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     return {

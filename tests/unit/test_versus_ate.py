@@ -418,3 +418,31 @@ def test_the_quote_says_when_strong_heterogeneity_meets_the_deviation_bound() ->
     default = kind.quote({"epsilon": 4.0, "effect_columns": [0, 1, 2]}, domain)["versus_ate"]
     assert default["capped_share"] < 0.10
     assert "shown at the bound" not in default["message"]
+
+
+def test_the_effect_fold_sentence_only_where_the_anchor_may_be_the_effect_fold() -> None:
+    """A trial walkthrough's quote said its anchor was bought from part of the rows and came
+    without an interval, beside anchor_source 'ate_release' (all rows, with an interval)."""
+    domain = _domain(20_000, StudyDesign.RCT)
+    common = {"heterogeneity_sd": 4.0, "epsilon_worth_it": None, "anchored": True}
+    for source, said in (("ate_release", False), ("given", False), ("effect_fold", True)):
+        block = versus_ate.versus_ate(0.1, domain, 1.0, anchor_source=source, **common)
+        assert ("anchor_source 'effect_fold'" in block["message"]) is said, source
+        assert versus_ate.ANCHORED_NOTE in block["message"]
+    unknown = versus_ate.versus_ate(0.1, domain, 1.0, **common)
+    assert "anchor_source 'effect_fold'" in unknown["message"]
+    # the kinds pass what they know: ebm_cate in a trial anchors at an ate release
+    kind = REGISTRY["ebm_cate"]
+    quoted = kind.quote(kind.Params.model_validate({"epsilon": 1.0}), domain)
+    assert quoted["anchor_source"] == "ate_release"
+    assert "anchor_source 'effect_fold'" not in quoted["versus_ate"]["message"]
+
+
+def test_a_tables_anchor_is_described_as_the_tables_own_mean() -> None:
+    from dpcurator.cli import render
+
+    table = {"shrinkage_factor": 0.0, "ate_anchor": 1.2, "anchor": "table"}
+    text = render._shrinkage(table)
+    assert "count-weighted over all rows" in text
+    assert "one fold" not in text
+    assert "one fold" in render._shrinkage({"shrinkage_factor": 0.0, "ate_anchor": 1.2})

@@ -72,6 +72,7 @@ def versus_ate_block(
     retention: Callable[[Any], float] | None = None,
     detectable: Callable[[Any], float | None] | None = None,
     cap: float | None = None,
+    anchor_source: str | None = None,
 ) -> dict[str, Any]:
     """A CATE quote's ``versus_ate``: ``noise_sd(request)`` is the kind's public per-prediction
     noise sd for a request, evaluated here at the request's epsilon and at others (the epsilon
@@ -124,6 +125,7 @@ def versus_ate_block(
         anchored=anchored,
         detectable_at=found,
         cap=cap,
+        anchor_source=anchor_source,
     )
     block["anchored"] = anchored
     return block

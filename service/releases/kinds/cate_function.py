@@ -209,6 +209,7 @@ class CateFunctionKind:
             lambda r: _noise_sd_by_rule(r, domain),
             anchored=out["shrinkage"] == "ate",
             retention=lambda r: _retention_by_rule(r, domain),
+            anchor_source="ate_release",  # the ate kind's default on all rows (proof §7)
         )
         if request.basis is None and not ebm_kind.changed_fields(request, KERNEL_DEFAULTS):
             # naming effect_columns would make this request's basis the ebm model

@@ -164,7 +164,11 @@ class CateVectorKind:
         checked = to_mechanism_params(request, domain)
         out = {"estimator": "ridge", **cate_vector.quote(domain, checked)}
         out["versus_ate"] = versus_ate_block(
-            request, domain, lambda r: _noise_sd_by_rule(r, domain), anchored=checked.anchor
+            request,
+            domain,
+            lambda r: _noise_sd_by_rule(r, domain),
+            anchored=checked.anchor,
+            anchor_source="ate_release",  # the ate kind's default on all rows
         )
         if request.estimator is None and not ebm_kind.changed_fields(request, RIDGE_DEFAULTS):
             # naming effect_columns would make this request's estimator the ebm release

@@ -287,6 +287,7 @@ def _versus_ate(request: EbmCateRequest, domain: PublicDomain) -> dict[str, Any]
         anchored=anchored,
         detectable=lambda r: detectable_sd(r, domain),
         cap=None if clip is None else ebm_cate.deviation_bound(float(clip)),
+        anchor_source=quoted.get("anchor_source"),
     )
 
 

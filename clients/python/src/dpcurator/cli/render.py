@@ -486,6 +486,16 @@ NO_ANCHOR_INTERVAL = (
     "none given (this anchor is the release's own DP ATE of one fold, without an interval); "
     "an `ate` release gives the ATE with its interval"
 )
+# An epsilon-ADUM table's anchor (``anchor: "table"``): its cells' count-weighted mean over all
+# rows (a walkthrough read the fold sentence above beside a table, where it is not true).
+NO_TABLE_ANCHOR_INTERVAL = (
+    "none given (this anchor is the table's own DP mean of its cells, count-weighted over all "
+    "rows, without an interval); an `ate` release gives the ATE with its interval"
+)
+
+
+def _no_interval(raw: dict[str, Any]) -> str:
+    return NO_TABLE_ANCHOR_INTERVAL if raw.get("anchor") == "table" else NO_ANCHOR_INTERVAL
 
 
 def anchor_interval(raw: dict[str, Any]) -> tuple[float, float, float] | None:
@@ -512,7 +522,7 @@ def _shrinkage(raw: dict[str, Any]) -> str:
         level, lower, upper = interval
         items.append((f"ate anchor {level:.0%} CI", f"[{lower:.6g}, {upper:.6g}]"))
     else:
-        items.append(("ate anchor CI", NO_ANCHOR_INTERVAL))
+        items.append(("ate anchor CI", _no_interval(raw)))
     items.append(("shrinkage factor", raw.get("shrinkage_factor")))
     if raw.get("shrinkage_factor") == 0:
         items.append(
@@ -563,7 +573,7 @@ def _function_reading(info: FunctionInfo) -> str:
         notes.append(
             "shrinkage factor 0: no heterogeneity was detectable above the noise, so every "
             "answer is the DP ATE anchor, the same for every patient"
-            + ("" if given else f"; its interval: {NO_ANCHOR_INTERVAL}")
+            + ("" if given else f"; its interval: {_no_interval(info.public)}")
         )
     if info.pointwise_noise_sd is None:
         notes.append(
