@@ -318,7 +318,6 @@ def constant_block(
     """``versus_ate`` for a release that answers one number for every patient by construction
     (module docstring): ``not_expected`` at any epsilon; ``reason`` says why it cannot vary,
     ``fix`` what to request instead."""
-    note = ANCHORED_NOTE + (EFFECT_FOLD_NOTE if anchor_source in (None, "effect_fold") else "")
     assumed = heterogeneity_sd is None
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     return {
