@@ -250,3 +250,17 @@ def test_the_quote_says_which_grid_the_table_reads_the_model_on() -> None:
     assert given["bins"] == [4, 1, 2]
     assert given["cells"] == 8
     assert "lost" in given["grid_rule"]  # coarser cells than the model's lose its variation
+
+
+def test_a_grid_that_leaves_a_declared_modifier_uncut_says_why_it_is_the_table() -> None:
+    """A trial walkthrough's cut_points on age alone (diabetes declared too) turned the
+    estimator into the epsilon-ADUM table silently; the quote now says why."""
+    dom = dataclasses.replace(domain(), design=StudyDesign.RCT, treatment_probability=0.5)
+    partial = UpliftTableKind().quote(request(cut_points={"x0": [5.0]}), dom)
+    assert partial["estimator"] == "table"
+    assert "leaves the declared effect modifier(s) x2 uncut" in partial["estimator_note"]
+    full = UpliftTableKind().quote(request(cut_points={"x0": [5.0], "x2": [0.5]}), dom)
+    assert full["estimator"] == "ebm"
+    assert "estimator_note" not in full
+    named = UpliftTableKind().quote(request(cut_points={"x0": [5.0]}, estimator="table"), dom)
+    assert "estimator_note" not in named

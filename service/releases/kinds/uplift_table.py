@@ -146,6 +146,33 @@ def estimator_for(params: UpliftTableRequest, domain: PublicDomain) -> Estimator
     return "ebm"
 
 
+def _partial_grid_note(params: UpliftTableRequest, domain: PublicDomain) -> str | None:
+    """Why an omitted estimator resolved to the epsilon-ADUM table where the schema declares
+    effect modifiers: the request's grid leaves some of them uncut (a trial walkthrough's
+    ``cut_points`` on age alone switched the estimator, and the verdict, without a word).
+    None where that is not why."""
+    if params.estimator is not None:
+        return None
+    columns = ebm_kind.effect_columns_of(None, domain)
+    if columns is None or not ebm_kind.preferred(domain, params.epsilon, params.delta):
+        return None
+    if ebm_kind.changed_fields(params, TABLE_DEFAULTS):
+        return None
+    shape = requested_shape(params, domain)
+    if shape is None:
+        return None
+    uncut = uplift.uncut_columns(shape, columns) if len(shape) == domain.q else []
+    if not uncut:
+        return None
+    names = ", ".join(domain.names[j] for j in uncut)
+    return (
+        f"estimator 'table' (epsilon-ADUM): your grid leaves the declared effect modifier(s) "
+        f"{names} uncut, and the ebm table (the DP-EBM effect model tabulated, the default "
+        "where modifiers are declared) cuts every one of them; cut them all for it, or name "
+        "estimator 'table' to keep this one"
+    )
+
+
 def cut_point_columns(
     params: UpliftTableRequest, domain: PublicDomain
 ) -> tuple[tuple[float, ...], ...] | None:
@@ -329,6 +356,9 @@ class UpliftTableKind:
                 "cell_value": "the ebm_cate model at the cell's centre",
             }
         out = {"estimator": "table", **uplift.quote(domain, to_mechanism_params(request, domain))}
+        note = _partial_grid_note(request, domain)
+        if note is not None:
+            out["estimator_note"] = note
         out = _with_coverage(out, request, domain)
         out["versus_ate"] = versus_ate_block(
             request,

@@ -260,6 +260,7 @@ def quote(q: Quote) -> str:
 _QUOTE_ACCURACY_KEYS = (
     "basis",
     "estimator",
+    "estimator_note",
     "ci_level",
     "expected_half_width",
     "min_half_width",
