@@ -120,8 +120,10 @@ def versus_ate(
     detectable: float | None = None,
     cap: float | None = None,
     anchor_source: str | None = None,
+    noise_label: str | None = None,
 ) -> dict[str, Any]:
-    """The quote's ``versus_ate`` block (module docstring); ``anchor_source``: where an
+    """The quote's ``versus_ate`` block (module docstring); ``noise_label``: what ``noise_sd``
+    is, in the message (default: the privacy noise per prediction); ``anchor_source``: where an
     anchored release's anchor comes from, where the quote knows (``effect_fold``,
     ``ate_release``, ``given``); ``cap``: the public bound G of an
     anchored release's deviations from its anchor (its predictions lie within anchor +- G);
@@ -131,6 +133,8 @@ def versus_ate(
     falls back to that ATE rather than that it is worse than it); ``detectable``: the smallest
     sd(tau) an anchored release's calibration step detects (None: not computed)."""
     note = ANCHORED_NOTE + (EFFECT_FOLD_NOTE if anchor_source in (None, "effect_fold") else "")
+    label = noise_label or "the privacy noise per prediction"
+    alone = label if noise_label else f"{label} alone"
     assumed = heterogeneity_sd is None
     h = default_heterogeneity_sd(domain) if heterogeneity_sd is None else float(heterogeneity_sd)
     shown = h if retention is None else retention * h
@@ -165,7 +169,7 @@ def versus_ate(
     )
     if verdict == "possible":
         message = (
-            f"{where} the privacy noise per prediction (sd {noise_sd:.3g}) is well below "
+            f"{where} {label} (sd {noise_sd:.3g}) is well below "
             f"{target}; whether this CATE beats the ATE then depends on how well the learner "
             "fits, which the quote cannot know."
         )
@@ -194,7 +198,7 @@ def versus_ate(
         )
         lead = "is at least" if verdict == "not_expected" else "is more than half of"
         message = (
-            f"{where} the privacy noise per prediction alone (sd {noise_sd:.3g}) {lead} "
+            f"{where} {alone} (sd {noise_sd:.3g}) {lead} "
             f"{target}, so this CATE is not expected to resolve it. {note} Expect "
             "about the accuracy of a constant ATE for a typical patient, not better: the ATE "
             f"kind spends the same budget on one number with a confidence interval; {fix}."
@@ -209,7 +213,7 @@ def versus_ate(
         )
         lead = "is at least" if verdict == "not_expected" else "is more than half of"
         message = (
-            f"{where} the privacy noise per prediction alone (sd {noise_sd:.3g}) {lead} "
+            f"{where} {alone} (sd {noise_sd:.3g}) {lead} "
             f"{target}: a constant ATE is expected to be "
             f"{'more' if verdict == 'not_expected' else 'about as'} accurate for a typical "
             f"patient; {fix}."
@@ -260,6 +264,7 @@ def quote_block(
     detectable_at: Callable[[float], float | None] | None = None,
     cap: float | None = None,
     anchor_source: str | None = None,
+    noise_label: str | None = None,
 ) -> dict[str, Any]:
     """``versus_ate`` for a kind whose public per-prediction noise sd at epsilon is
     ``noise_sd_at(epsilon)`` and whose learner keeps ``retention_at(epsilon)`` of the
@@ -304,6 +309,7 @@ def quote_block(
         detectable=detectable,
         cap=cap,
         anchor_source=anchor_source,
+        noise_label=noise_label,
     )
 
 

@@ -725,18 +725,27 @@ def test_quantile_cuts_refuse_a_categorical_covariate() -> None:
         up.plan(dom, up.UpliftParams(epsilon=1.0, quantile_cuts=(0, 2)))
 
 
-def test_the_verdict_weighs_the_tables_privacy_noise_not_the_assumed_sampling_error() -> None:
-    """versus_ate's 'privacy noise per prediction' is the Laplace part of the cell sd; the
-    quote's approx_uplift_sd_per_cell adds sampling error at the worst-case outcome sd W / 2
-    (an analyst read 1.31 as privacy noise where the table's own noise sd was about 0.17)."""
+def test_the_verdict_weighs_a_cells_privacy_noise_and_its_assumed_sampling_error() -> None:
+    """versus_ate compares the heterogeneity with a cell's error: its Laplace noise and its
+    sampling error at the assumed outcome sd (R / 12), labelled so (a trial walkthrough's 2 x 2
+    table was quoted 'possible' on privacy noise alone, 0.017, beside a sampling error of about
+    0.033). The worst-case cell sd (sampling at W / 2) stays apart, and the privacy part is
+    shown by itself (an analyst had read 1.31 as privacy noise where the table's own was 0.17)."""
     from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequest
 
     dom = domain(20000, q=2)
     quoted = up.quote(dom, up.UpliftParams(epsilon=1.0, bins=(3, 3)))
     privacy = quoted["approx_privacy_noise_sd_per_cell"]
-    assert 0.0 < privacy < quoted["approx_uplift_sd_per_cell"]
+    error = quoted["expected_cell_error_sd"]
+    assert 0.0 < privacy < error < quoted["approx_uplift_sd_per_cell"]
+    per_arm = dom.n / 9 / 2  # an RCT at p = 1/2
+    sampling = (dom.outcome_range / 12) * math.sqrt(2 / per_arm)
+    assert error**2 == pytest.approx(privacy**2 + sampling**2)
     kind = UpliftTableKind().quote(UpliftTableRequest(epsilon=1.0, bins=[3, 3]), dom)
-    assert kind["versus_ate"]["prediction_noise_sd"] == pytest.approx(privacy)
+    block = kind["versus_ate"]
+    assert block["prediction_noise_sd"] == pytest.approx(error)
+    assert block["privacy_noise_sd"] == pytest.approx(privacy)
+    assert "the error of a cell's uplift" in block["message"]
 
 
 def test_regular_edges_are_short_decimals_with_the_bounds_exact() -> None:

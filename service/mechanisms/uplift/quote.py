@@ -36,12 +36,14 @@ def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
     per_cell = domain.n / state.cells
     arms = {"treated": per_cell * p_treat, "control": per_cell * (1.0 - p_treat)}
     # delta method (adum.md §5) with |centred mean| <= W / 2 and outcome sd <= W / 2.
-    variance = privacy = 0.0
+    variance = privacy = assumed = 0.0
+    sd = ate_strict.assumed_outcome_sd(domain)
     for size in arms.values():
         size = max(size, params.min_count)
         noise = (2 * b_s**2 + (width / 2) ** 2 * 2 * b_c**2) / size**2
         privacy += noise
         variance += (width / 2) ** 2 / size + noise
+        assumed += sd**2 / size + noise
     return {
         "mode": "strict",
         "guarantee": "strict",
@@ -58,6 +60,11 @@ def quote(domain: PublicDomain, params: UpliftParams) -> dict[str, Any]:
         # versus_ate compares with the heterogeneity; the sd above adds the sampling error at
         # the worst-case outcome sd W / 2
         "approx_privacy_noise_sd_per_cell": math.sqrt(privacy),
+        # the privacy noise and the sampling error at the assumed outcome sd (R / 12, a binary
+        # outcome's R / 2): what versus_ate compares with the heterogeneity (a trial
+        # walkthrough's 2 x 2 table was quoted 'possible' on its privacy noise alone, 0.017,
+        # beside a sampling error of about 0.033 per cell)
+        "expected_cell_error_sd": math.sqrt(assumed),
         **shrinkage_fields(state),
         **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),
         "warnings": equal_width_warnings(domain, params),
@@ -106,6 +113,8 @@ def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[s
         "expected_records_per_cell": float(domain.n),
         "approx_uplift_sd_per_cell": float(inner["s_theta"]),
         "approx_privacy_noise_sd_per_cell": float(inner["s_theta"]),
+        # one cell: the ATE itself, whose expected half-width the ate quote gives
+        "expected_cell_error_sd": float(inner["expected_half_width"]) / 1.959963984540054,
         "adjusted_ate": inner,
         **shrinkage_fields(state),
         **suggested_bins(domain, state.record.epsilon, treated_share=p_treat),

@@ -73,6 +73,7 @@ def versus_ate_block(
     detectable: Callable[[Any], float | None] | None = None,
     cap: float | None = None,
     anchor_source: str | None = None,
+    noise_label: str | None = None,
 ) -> dict[str, Any]:
     """A CATE quote's ``versus_ate``: ``noise_sd(request)`` is the kind's public per-prediction
     noise sd for a request, evaluated here at the request's epsilon and at others (the epsilon
@@ -126,6 +127,7 @@ def versus_ate_block(
         detectable_at=found,
         cap=cap,
         anchor_source=anchor_source,
+        noise_label=noise_label,
     )
     block["anchored"] = anchored
     return block

@@ -364,9 +364,13 @@ class UpliftTableKind:
             request,
             domain,
             lambda r: _noise_sd(r, domain),
+            noise_label="the error of a cell's uplift (its privacy noise and its sampling error "
+            "at the assumed outcome sd)",
             anchored=out["shrinkage"] == "ate",
             constant=_one_cell(out),
         )
+        # the compared sd adds the sampling error: the privacy part by itself beside it
+        out["versus_ate"]["privacy_noise_sd"] = out["approx_privacy_noise_sd_per_cell"]
         if request.estimator is None and not ebm_kind.changed_fields(request, TABLE_DEFAULTS):
             # naming effect_columns would make this request's estimator the ebm table
             out["versus_ate"] = ebm_kind.with_modifiers_hint(
@@ -488,8 +492,8 @@ def _one_cell(quoted: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def _noise_sd(request: UpliftTableRequest, domain: PublicDomain) -> float:
-    """Public per-prediction privacy-noise sd of a request (approx_privacy_noise_sd_per_cell:
-    the table's Laplace noise alone, as versus_ate's message says; the quote's
-    approx_uplift_sd_per_cell adds the sampling error at the worst-case outcome sd)."""
+    """Public per-cell error sd of a request (expected_cell_error_sd: the table's Laplace noise
+    and the cell's sampling error at the assumed outcome sd, as versus_ate's message says; the
+    quote's approx_uplift_sd_per_cell puts the sampling error at the worst-case outcome sd)."""
     quoted = uplift.quote(domain, to_mechanism_params(request, domain))
-    return float(quoted["approx_privacy_noise_sd_per_cell"])
+    return float(quoted["expected_cell_error_sd"])
