@@ -16,7 +16,8 @@ FAILURES: dict[str, str] = {
     ),
     "rows-deleted": "the dataset's rows were deleted before the job ran; the charge is kept",
     "worker-lost": (
-        "the worker running this release stopped after it may have drawn noise; the charge is kept"
+        "the worker running this release stopped, or lost its database connection, after it "
+        "may have drawn noise; the charge is kept"
     ),
     "store-failed": "the result could not be stored; nothing was released; the charge is kept",
 }

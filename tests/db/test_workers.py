@@ -187,7 +187,7 @@ def test_two_apis_workers_killed_mid_job(
         by_id = {v["id"]: v for v in views}
         assert by_id[resumed]["status"] == "done"  # re-queued and run by another worker
         assert by_id[lost]["status"] == "failed"
-        assert "stopped after it may have drawn noise" in by_id[lost]["error"]["detail"]
+        assert "after it may have drawn noise" in by_id[lost]["error"]["detail"]
         assert by_id[lost]["result"] is None
         assert all(v["status"] == "done" for v in views if v["id"] != lost)
         assert c.poll() is None
