@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(problem)
     if settings.run_migrations_on_start:
         # Once, before the workers start, so that worker processes never race on migrations.
+        problem = preflight.newer_schema(settings.database_url)
+        if problem is not None:
+            raise SystemExit(problem)
         migrate.upgrade(settings.database_url)
     else:
         # migrations are their own step: an unmigrated database is refused, not served with

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Literal
 
 from pydantic import AliasChoices, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 DEFAULT_ADMIN_KEY = "change-me"
 # /metrics is reachable from wherever the service listens: a token short enough to guess is none.
@@ -177,14 +177,20 @@ def settings_or_exit() -> Settings:
     and exit status 1, naming the setting and the rule, never a value."""
     try:
         return get_settings()
+    except SettingsError as exc:  # a value that is not JSON where JSON is read (a list)
+        field_name = str(exc).split('"')[1] if str(exc).count('"') >= 2 else ""
+        where = f"CURATOR_{field_name.upper()}" if field_name.isidentifier() else "a setting"
+        raise SystemExit(f"configuration refused: {where}: not valid JSON") from None
     except ValidationError as exc:
         problems = []
         for error in exc.errors(include_input=False, include_url=False):
-            where = ".".join(str(part) for part in error["loc"])
-            if where == "database_url":
+            parts = [str(part) for part in error["loc"]]
+            where = ".".join(parts)
+            if parts and parts[0] == "database_url":
                 where = "DATABASE_URL"
-            elif where and where.isidentifier():
-                where = f"CURATOR_{where.upper()}"  # the variable the operator sets
+            elif parts and parts[0].isidentifier():
+                # the variable the operator sets (and the item of a list: [1])
+                where = f"CURATOR_{parts[0].upper()}" + "".join(f"[{p}]" for p in parts[1:])
             message = str(error["msg"]).removeprefix("Value error, ")
             problems.append(f"{where}: {message}" if where else message)
         raise SystemExit("configuration refused: " + "; ".join(problems)) from None

@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("service").setLevel(logging.INFO)  # job outcomes; libraries stay at WARNING
     settings = settings_or_exit()
     problem = preflight.unreachable(settings.database_url)
+    if problem is None and preflight.wait_for_schema(settings.database_url, 0.0) is not None:
+        logger.warning(
+            "the database schema is not at this version's migration yet: waiting up to %g s "
+            "for it (an API process migrates it at start, or python -m service.db.migrate)",
+            args.wait,
+        )
     if problem is None:
         problem = preflight.wait_for_schema(settings.database_url, args.wait)
     if problem is None:

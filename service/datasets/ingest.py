@@ -296,12 +296,29 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
     fmt = fmt or CsvFormat()
     wanted = [c.name for c in schema.covariates] + [schema.treatment.name, schema.outcome.name]
     header, fmt = _header(path, fmt, wanted + list(schema.drop_columns))
-    if not set(wanted) & set(header) and any(_is_number(c, fmt.decimal) for c in header):
-        # A file without a header line: its first row would be echoed as column names (an
-        # owner walkthrough's error listed a person's id, date and earnings). Say so instead.
+    if not set(wanted + list(schema.drop_columns)) & set(header):
+        # None of the schema's names: a file without a header line (its first row would be
+        # echoed as column names: an owner walkthrough's error listed a person's id, date and
+        # earnings, under any delimiter), or another file or delimiter. Never list its fields.
+        numbers = any(_is_number(c, fmt.decimal) for c in header)
+        one_column = (
+            f"the first line names none of the schema's columns and is one column with the "
+            f"delimiter {_word(fmt.delimiter)}: give the file's delimiter (csv_format "
+            "delimiter, CLI --delimiter), or add a header line if it has none"
+        )
         raise CsvError(
-            "the first line looks like data, not a header (it has numbers and none of the "
-            "schema's column names): the file needs a header line naming its columns",
+            one_column
+            if len(header) == 1
+            else (
+                "the first line looks like data, not a header (it has numbers and none of the "
+                "schema's column names): the file needs a header line naming its columns"
+            )
+            if numbers
+            else (
+                "the first line names none of the schema's columns: the file needs a header "
+                "line naming them (a file without one starts with a data row), or give its "
+                "delimiter (csv_format delimiter, CLI --delimiter) if it is not found"
+            ),
             "#/header",
         )
     # Unnamed columns at the end of the header (Excel's delimiter at the end of every line) are

@@ -47,6 +47,22 @@ def unreachable(url: str, timeout: float = 5.0) -> str | None:
     return None
 
 
+def newer_schema(url: str) -> str | None:
+    """The line to exit with where the database's schema is newer than this version's (a
+    migration would fail with a traceback), else None."""
+    try:
+        engine = make_engine(url, connect_timeout=5.0)
+        try:
+            state = migrate.schema_state(engine, url)
+        finally:
+            engine.dispose()
+    except Exception:
+        return None  # the migration itself reports what else is wrong
+    if state == "newer":
+        return f"error: database {safe_url(url)}: {migrate.NEWER_SCHEMA}"
+    return None
+
+
 def wait_for_schema(url: str, seconds: float) -> str | None:
     """Wait until the database's migrations are at head (the API migrates at start-up)."""
     deadline = time.time() + seconds
@@ -54,17 +70,20 @@ def wait_for_schema(url: str, seconds: float) -> str | None:
         try:
             engine = make_engine(url, connect_timeout=5.0)
             try:
-                if migrate.at_head(engine, url):
-                    return None
+                state = migrate.schema_state(engine, url)
             finally:
                 engine.dispose()
         except Exception as exc:
             last = _reason(exc)
         else:
+            if state == "current":
+                return None
+            if state == "newer":
+                return f"error: database {safe_url(url)} not ready: {migrate.NEWER_SCHEMA}"
             last = (
                 "its schema is not at the current migration (an API process migrates it at "
-                "start, or run `alembic upgrade head` where CURATOR_RUN_MIGRATIONS_ON_START is "
-                "false)"
+                "start, or run `python -m service.db.migrate` where "
+                "CURATOR_RUN_MIGRATIONS_ON_START is false)"
             )
         if time.time() > deadline:
             return f"error: database {safe_url(url)} not ready: {last}"

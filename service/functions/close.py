@@ -68,7 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.function_ids) == bool(args.all_exact):
         parser.error("name function ids, or --all-exact")
-    settings_or_exit()
+    from service.db import preflight
+
+    problem = preflight.unreachable(settings_or_exit().database_url)
+    if problem is not None:
+        sys.stderr.write(problem + "\n")
+        return 1
     counts = close_functions(get_sessionmaker(), ids=args.function_ids, all_exact=args.all_exact)
     sys.stdout.write(json.dumps(counts) + "\n")
     return 1 if counts["unknown"] else 0

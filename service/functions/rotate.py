@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"dp-curator {__version__}")
     parser.parse_args(argv)
 
-    problem = keys.state_key_problem(settings_or_exit().database_url)
+    from service.db import preflight
+
+    url = settings_or_exit().database_url
+    problem = preflight.unreachable(url) or keys.state_key_problem(url)
     if problem is not None:
         sys.stderr.write(problem + "\n")
         return 1

@@ -132,7 +132,7 @@ def _digest(data: bytes) -> str:
 ROW_STATE_BASES = frozenset({"exact"})
 ROWS_DELETED = (
     "the dataset's rows were deleted, and with them this exact-basis function's state (it was "
-    "built from the rows); its earlier answers stay valid where you kept them"
+    "built from the rows); any answers it gave stay valid where you kept them"
 )
 
 
@@ -711,9 +711,8 @@ def evaluate_with_key(
     key = bearer_key(authorization)
     row = read(lambda conn: _access(conn, key, function_id))
     if row.status != "open":
-        raise FunctionClosed(
-            ROWS_DELETED if row.dataset_status == "deleted" else "the function's state is closed"
-        )
+        deleted = row.dataset_status == "deleted" and row.basis in ROW_STATE_BASES
+        raise FunctionClosed(ROWS_DELETED if deleted else "the function's state is closed")
     facts = _public_facts(row.function_id, row.q, row.basis, row.batch_max, row.public_json)
     names = facts.public.get("x_names")
     points = in_schema_order(points, columns, names)

@@ -175,12 +175,10 @@ class Replay:
                 state.delta_cap = _units(details.get("delta_cap"), DELTA_SCALE)
         if kind == "settings" and "allow_paper_mode" in details:
             self.paper_mode = bool(details["allow_paper_mode"])
-        if kind == "charge" and _recorded_cost(details) not in (
-            None,
-            (entry["epsilon"], entry["delta"]),
-        ):
+        if kind == "charge" and _recorded_cost(details) != (entry["epsilon"], entry["delta"]):
             # the charged amount is its mechanism record's cost, rounded up to the ledger's unit;
             # an amount rewritten with the hashes recomputed left the record saying otherwise
+            # (a record stating no cost is no record: every charge stores its mechanism's)
             return "a charge's amount differs from the cost its mechanism record states"
         if kind == "charge" and entry["guarantee"] == "paper" and self.paper_mode is False:
             return "a paper-mode charge while the ledger has paper mode off"

@@ -100,6 +100,10 @@ def test_owner_and_analyst_workflow(run: Dpcurator, study: dict[str, str], tmp_p
     cleared = run(owner, "grant", "add", ds, study["analyst_id"], "--no-delta-cap").stdout
     assert "epsilon cap 2" in cleared
     assert "delta cap -" in cleared
+    # granting a revoked grant again keeps its caps likewise
+    run(owner, "grant", "revoke", ds, study["analyst_id"])
+    again = run(owner, "grant", "add", ds, study["analyst_id"], "--delta-cap", "1e-5").stdout
+    assert "epsilon cap 2" in again
     listed = run(owner, "grant", "list", ds).stdout
     assert study["analyst_id"] in listed
     assert study["analyst_name"] in listed  # the owner sees whom, not only an id

@@ -47,7 +47,14 @@ def _rewrite_whole_chain(dataset_id: str, seq: int, **change: Any) -> None:
         for row in rows:
             if row.seq == seq:
                 for k, v in change.items():
-                    setattr(row, k, v)
+                    if k == "details_extra":  # keep the record (its cost is checked), add to it
+                        row.details_json = json.dumps(
+                            {**json.loads(row.details_json or "{}"), **v},
+                            sort_keys=True,
+                            separators=(",", ":"),
+                        )
+                    else:
+                        setattr(row, k, v)
             row.prev_hash = prev
             row.row_hash = prev = chain.row_hash(
                 prev, {k: getattr(row, k) for k in chain.HASHED_FIELDS}
@@ -101,7 +108,7 @@ def test_local_verification_matches_the_server_and_a_checkpoint_catches_a_rewrit
 
     # the whole chain rewritten after entry 4's details changed: consistent again, so only
     # the checkpoint shows it
-    _rewrite_whole_chain(dataset_id, 4, details_json='{"rewritten":true}')
+    _rewrite_whole_chain(dataset_id, 4, details_extra={"rewritten": True})
     assert curator.verify_ledger(dataset_id).valid
     assert curator.verify_ledger_locally(dataset_id).valid
     caught = curator.verify_ledger_locally(dataset_id, checkpoint=saved)
@@ -130,7 +137,7 @@ def test_the_cli_keeps_a_checkpoint_file(api: Api, client: TestClient, tmp_path:
     assert json.loads(file.read_text())["row_hash"] == curator.verify_ledger(dataset_id).head_hash
     again = run("--checkpoint", str(file))
     assert "entry 5 unchanged" in again.stderr
-    _rewrite_whole_chain(dataset_id, 4, details_json='{"rewritten":true}')
+    _rewrite_whole_chain(dataset_id, 4, details_extra={"rewritten": True})
     broken = run("--checkpoint", str(file), code=1)
     assert "INVALID at seq 5" in broken.stdout
     assert Checkpoint.load(file) == saved  # a failed check does not move the checkpoint
@@ -247,8 +254,17 @@ def test_a_cron_check_fails_on_limits_changed_since_the_checkpoint(
     confirmed = run("--checkpoint", str(file))  # the owner's own run: they were theirs
     assert "saved to" in confirmed.stderr
     run("--checkpoint", str(file), "--fail-on-changes")
+    # a paper-mode change weakens the guarantee: it is a change to confirm too
+    paper = client.patch(
+        f"/v1/datasets/{dataset_id}", json={"allow_paper_mode": True}, headers=api.auth(key)
+    )
+    assert paper.status_code == 200, paper.text
+    assert (
+        "confirm it was yours" in run("--checkpoint", str(file), "--fail-on-changes", code=2).stderr
+    )
+    run("--checkpoint", str(file))
     usage = _verify_with_cli(client, key, dataset_id, "--fail-on-changes")
-    assert usage.exit_code == 2
+    assert usage.exit_code == 1  # not 2, what a cron job reads as changes
     assert "needs --checkpoint" in usage.stderr
 
 

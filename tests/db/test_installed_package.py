@@ -54,3 +54,18 @@ def test_an_installed_service_migrates_without_the_repository(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+    # the migration step of a deployment that migrates on its own, from the installed copy
+    step = subprocess.run(
+        [sys.executable, "-m", "service.db.migrate"],
+        cwd=tmp_path,
+        env={
+            "PYTHONPATH": str(site),
+            "PATH": "/usr/bin:/bin",
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'step.sqlite3'}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert step.returncode == 0, step.stderr[-2000:]
+    assert "migrated" in step.stderr

@@ -277,3 +277,20 @@ def test_a_parquet_file_is_named(tmp_path: Path) -> None:
     path.write_bytes(b"PAR1\x15\x04\x15\x00" + bytes(64))
     with pytest.raises(CsvError, match="Parquet"):
         ingest(path, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "64;30,5;1;1;4,25;Mueller",  # another delimiter: the fallback split is one field
+        "64\t30.5\t1\t1\t4.25\tMueller",
+        "MRN-0042,Jane Smith,1980-03-02,F,yes,high",  # no bare number at all
+    ],
+)
+def test_a_first_line_with_none_of_the_schemas_names_is_never_echoed(
+    tmp_path: Path, first: str
+) -> None:
+    with pytest.raises(CsvError, match="none of the schema's column") as info:
+        ingest(write(tmp_path, first + "\n" + first + "\n"), SCHEMA)
+    for value in ("Mueller", "Jane", "1980", "MRN"):
+        assert value not in str(info.value)

@@ -11,11 +11,14 @@ import pytest
 
 from service import __main__ as serve
 from service import __version__, worker
+from service.db import migrate as migrate_step
 from service.db.preflight import safe_url
 from service.functions import close, rotate
 
 
-@pytest.mark.parametrize("main", [serve.main, worker.main, rotate.main, close.main])
+@pytest.mark.parametrize(
+    "main", [serve.main, worker.main, rotate.main, close.main, migrate_step.main]
+)
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_touch_nothing(
     main: Callable[..., Any],
@@ -82,4 +85,76 @@ def test_an_api_that_does_not_migrate_refuses_an_unmigrated_database(
     finally:
         get_settings.cache_clear()
     assert "not at the current migration" in str(refused.value)
-    assert "alembic upgrade head" in str(refused.value)
+    assert "python -m service.db.migrate" in str(refused.value)
+
+
+def test_a_schema_from_a_newer_version_is_refused_in_one_line(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migrating a database a newer version migrated raised alembic's traceback; waiting for it
+    advised to migrate. Both now say what it is, in one line."""
+    from sqlalchemy import create_engine, text
+
+    from service.config import get_settings
+    from service.db import migrate
+
+    url = f"sqlite:///{tmp_path / 'newer.sqlite3'}"
+    migrate.upgrade(url)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'from_the_future'"))
+    engine.dispose()
+    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.setattr(serve.uvicorn, "run", lambda *a, **k: pytest.fail("it served"))
+    for migrating in ("true", "false"):
+        monkeypatch.setenv("CURATOR_RUN_MIGRATIONS_ON_START", migrating)
+        get_settings.cache_clear()
+        try:
+            with pytest.raises(SystemExit) as refused:
+                serve.main([])
+        finally:
+            get_settings.cache_clear()
+        assert "a newer version of the service migrated it" in str(refused.value)
+    assert migrate.main([]) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ('[1, "x"]', "CURATOR_LATENCY_BUCKETS[1]: "),
+        ("notjson", "CURATOR_LATENCY_BUCKETS: not valid JSON"),
+    ],
+)
+def test_a_list_setting_is_refused_in_one_line(
+    value: str, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.config import get_settings, settings_or_exit
+
+    monkeypatch.setenv("CURATOR_LATENCY_BUCKETS", value)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(SystemExit) as refused:
+            settings_or_exit()
+    finally:
+        get_settings.cache_clear()
+    assert said in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("main", [rotate.main, close.main])
+def test_the_function_tools_say_an_unreachable_database_in_one_line(
+    main: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.config import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://u:pw@127.0.0.1:1/nowhere")
+    get_settings.cache_clear()
+    try:
+        args = [] if main is rotate.main else ["--all-exact"]
+        assert main(args) == 1
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot reach the database")
+    assert "Traceback" not in err
+    assert "pw@" not in err

@@ -251,10 +251,8 @@ class _Replay:
                 state[2] = False
         if kind == "settings" and "allow_paper_mode" in details:
             self.paper_mode = bool(details["allow_paper_mode"])
-        if kind == "charge" and _recorded_cost(details) not in (
-            None,
-            (fields["epsilon"], fields["delta"]),
-        ):
+        if kind == "charge" and _recorded_cost(details) != (fields["epsilon"], fields["delta"]):
+            # (a record stating no cost is no record: every charge stores its mechanism's)
             return "a charge's amount differs from the cost its mechanism record states"
         if kind == "charge" and fields["guarantee"] == "paper" and self.paper_mode is False:
             return "a paper-mode charge while the ledger has paper mode off"
@@ -285,7 +283,10 @@ class _Replay:
                     None if state[1] is None else state[1] / DELTA_SCALE,
                 )
                 if (row.epsilon_cap, row.delta_cap, row.revoked) != (*caps, state[2]):
-                    return "a grant's caps or revocation differ from the ledger's grant entries"
+                    return (
+                        f"principal {grantee}'s grant: its caps or revocation differ from the "
+                        "ledger's grant entries"
+                    )
         if roles is not None:
             for grantee, state in self.grants.items():
                 charged = state[3] or state[4]

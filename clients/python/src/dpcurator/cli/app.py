@@ -605,13 +605,9 @@ def grant_add(
     # The API replaces both caps (PUT): keep the ones not given (an owner's --delta-cap had
     # silently removed an epsilon cap of 2).
     current = next(
-        (
-            g
-            for g in state.client.list_grants(dataset_id)
-            if g.principal_id == principal_id and not g.revoked
-        ),
+        (g for g in state.client.list_grants(dataset_id) if g.principal_id == principal_id),
         None,
-    )
+    )  # a revoked grant's caps too: granting again keeps them unless removed
     if current is not None:
         if epsilon_cap is None and not no_epsilon_cap:
             epsilon_cap = current.epsilon_cap
@@ -740,7 +736,8 @@ def ledger_export(state: State, dataset_id: str, output: Path | None, fmt: str) 
     "--fail-on-changes",
     is_flag=True,
     help="With --checkpoint (a cron job): exit status 2, and keep the checkpoint where it is, "
-    "when budget or grant entries were added since it; confirm them by running without this.",
+    "when budget, grant or settings (paper mode) entries were added since it; confirm them by "
+    "running without this.",
 )
 @pass_state
 def ledger_verify(
@@ -749,7 +746,8 @@ def ledger_verify(
     """Verify the hash chain; exit status 1 if it is broken (2: --fail-on-changes found limits
     changed since the checkpoint)."""
     if fail_on_changes and checkpoint is None:
-        raise click.UsageError("--fail-on-changes needs --checkpoint FILE")
+        # exit 1, not click's usage status 2: a cron job reads 2 as "changes to confirm"
+        raise click.ClickException("--fail-on-changes needs --checkpoint FILE")
     if checkpoint is None and not local:
         _emit_verification(state, state.client.verify_ledger(dataset_id))
         return
@@ -768,7 +766,7 @@ def ledger_verify(
             changes = [
                 e
                 for e in state.client.ledger(dataset_id)[saved.seq :]
-                if e.entry_type in ("budget", "grant")
+                if e.entry_type in ("budget", "grant", "settings")  # paper mode too
             ]
             for e in changes:
                 click.echo(
@@ -780,8 +778,9 @@ def ledger_verify(
                 # an insider's forged grant passes every check; only the owner knows its own
                 # limits, so a cron job must not move past them unconfirmed
                 click.echo(
-                    f"checkpoint: kept at entry {saved.seq}: {len(changes)} budget or grant "
-                    "entries to confirm (run without --fail-on-changes once they are yours)",
+                    f"checkpoint: kept at entry {saved.seq}: {len(changes)} budget, grant or "
+                    "settings entries to confirm (run without --fail-on-changes once they are "
+                    "yours)",
                     err=True,
                 )
                 _emit_verification(state, v)
