@@ -783,3 +783,15 @@ def test_a_given_anchor_is_refused_where_it_cannot_apply(
 ) -> None:
     with pytest.raises(InvalidParameters, match=message):
         ec.plan(domain(8000), params)
+
+
+def test_a_small_trials_anchor_takes_the_large_share_whatever_the_effect_models_width() -> None:
+    """A trial walkthrough (n 3000, eps 1, two declared modifiers, 1500 per covariate) got the
+    useful share 0.35: nothing was detected and every patient got an anchor 1.2-2.1x as bad as
+    the ate release. Below n eps 10^4 the anchor takes the shared rule's large share."""
+    from service.mechanisms.ebm_cate.rules import RCT_USEFUL_ANCHOR_SHARE, rct_anchor_share
+
+    small = domain(3000, rct=True)
+    assert rct_anchor_share(small, 1.0, 1e-5, width=2) == 0.95
+    large = domain(20_000, rct=True)
+    assert rct_anchor_share(large, 1.0, 1e-5, width=2) == RCT_USEFUL_ANCHOR_SHARE
