@@ -4,9 +4,9 @@
 
 The owner uploads the trial with its public schema (design "rct", assignment probability 0.5),
 sets a budget and grants the analyst a capped share. The analyst compares quotes, then releases
-the ATE with the RCT design's estimator: ``nuisance="none"`` uses the known assignment
-probability and no outcome model, so all of n estimates the effect; the full run adds the
-DP-EBM outcome-model variant. Then the analyst releases an uplift table (epsilon-ADUM) on a
+the ATE at the trial defaults: at this n * epsilon the service picks the DP difference in
+means (``rct_difference``: all of n, pure epsilon, valid by the randomisation alone); the
+full run adds the ``aipw`` estimator with a DP-EBM outcome model for comparison. Then the analyst releases an uplift table (epsilon-ADUM) on a
 public grid over severity, to see how the effect varies, and scores new patients against it by
 free lookups. The owner audits the ledger. The trial is synthetic with a true ATE of 1.0 and a
 true effect of 0.5 + severity (examples/data/README.md).
@@ -35,9 +35,9 @@ def main() -> None:
     owner.grant(dataset.id, people.analyst_id, epsilon_cap=2.5)
 
     # Analyst: quotes are free and read no data.
-    designs = [("no outcome model", {"epsilon": 0.5, "nuisance": "none"})]
+    designs = [("the trial default", {"epsilon": 0.5})]
     if not args.quick:
-        designs.append(("DP-EBM outcome model", {"epsilon": 1.0, "nuisance": "dp_ebm"}))
+        designs.append(("aipw, DP-EBM outcome model", {"epsilon": 1.0, "nuisance": "dp_ebm"}))
     for label, params in designs:
         quote = analyst.quote(dataset.id, "ate", params)
         print(
@@ -55,7 +55,7 @@ def main() -> None:
         results.append(ate)
         print(
             f"  ATE = {ate.estimate:.3f}, {ate.ci_level:.0%} CI [{ate.ci_lower:.3f}, "
-            f"{ate.ci_upper:.3f}] ({ate.guarantee}, epsilon {ate.epsilon:g})"
+            f"{ate.ci_upper:.3f}] ({ate.estimator}, {ate.guarantee}, epsilon {ate.epsilon:g})"
         )
 
     # Analyst: an uplift table on a public 4-cell grid over severity (age and sex: one cell).

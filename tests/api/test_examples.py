@@ -53,6 +53,7 @@ def run_example(name: str, base: str, out: Path) -> str:
 def test_rct_example(live_url: str, tmp_path: Path) -> None:
     out = run_example("ate_rct.py", live_url, tmp_path)
     assert "ATE = " in out
+    assert "(rct_difference, strict" in out  # the trial default at this n * epsilon
     assert "chain valid: True" in out
     for png in ("rct_ate.png", "rct_budget.png"):
         assert (tmp_path / png).read_bytes()[:8] == PNG_MAGIC

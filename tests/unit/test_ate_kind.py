@@ -451,6 +451,9 @@ def test_the_trial_estimator_rule() -> None:
     assert kind.quote(params, RCT)["estimator"] == "rct_difference"
     assert kind.record(params, RCT).mechanism == "ate_rct_difference"
     assert kind.record(params, RCT).delta == 0.0
-    # an rct_difference field without the estimator named is refused by name
-    with pytest.raises(pydantic.ValidationError, match="estimator omitted"):
-        AteParams.model_validate({"epsilon": 1.0, "variance": "public_bound"})
+    # rct_difference's own field asks for it (a re-test had it refused, against the rule)
+    public_bound = AteParams.model_validate({"epsilon": 1.0, "variance": "public_bound"})
+    assert resolved_estimator(public_bound, RCT) == "rct_difference"
+    # with an aipw field besides, the request is refused by name
+    with pytest.raises(pydantic.ValidationError, match="name the estimator that takes it"):
+        AteParams.model_validate({"epsilon": 1.0, "variance": "public_bound", "nuisance": "none"})

@@ -118,3 +118,11 @@ def test_the_quote_predicts_a_binary_trials_half_width(estimator: str) -> None:
     general = kind.quote(params, _domain(n, False))["expected_half_width"]
     assert general / float(np.mean(halves)) < 0.6
     assert math.isfinite(quoted)
+
+
+def test_an_undeclared_zero_one_outcome_gets_a_hint() -> None:
+    params = AteParams.model_validate({"epsilon": 1.0})
+    hinted = AteKind().quote(params, _domain(3000, False))
+    assert any("type 'binary'" in w for w in hinted["warnings"])
+    declared = AteKind().quote(params, _domain(3000, True))
+    assert not any("type 'binary'" in w for w in declared.get("warnings", []))

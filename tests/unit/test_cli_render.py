@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpcurator.cli import render
-from dpcurator.results import CateVectorResult, UpliftTable
+from dpcurator.results import AteResult, CateVectorResult, UpliftTable
 
 
 def _uplift(cells: int) -> dict[str, Any]:
@@ -232,3 +232,24 @@ def test_ebm_features_are_labelled_with_their_column_names() -> None:
     assert render.feature_label("x7", names) == "x7"  # not a column: as the server says
     assert render.feature_label("x1 & x2", names) == "x1 & x2"
     assert render.feature_label("x1", None) == "x1"
+
+
+def test_an_ate_result_says_which_estimator_ran() -> None:
+    """A trial re-test: release show gave no estimator, where a public rule now chooses it."""
+    base = {
+        "estimate": -0.08,
+        "ci_lower": -0.11,
+        "ci_upper": -0.05,
+        "guarantee": "strict",
+        "epsilon": 1.0,
+        "delta": 0.0,
+    }
+    parsed = AteResult.from_result({**base, "estimator": "rct_difference"})
+    assert parsed.estimator == "rct_difference"
+    assert parsed.nuisance is None
+    text = render.result(parsed)
+    assert "rct_difference" in text
+    assert "nuisance" not in text
+    aipw = AteResult.from_result({**base, "estimator": "aipw", "nuisance": "dp_linear"})
+    assert "dp_linear" in render.result(aipw)
+    assert AteResult.from_result(base).estimator is None  # an older server's result

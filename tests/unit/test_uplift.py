@@ -782,3 +782,18 @@ def test_a_one_cell_observational_table_states_what_its_interval_covers() -> Non
         progress=lambda f, s: None,
     )
     assert released["adjusted_ate"]["coverage"] == coverage
+
+
+def test_a_tables_verdict_names_its_own_anchor_and_two_cells_are_not_a_detection() -> None:
+    """A trial re-test: the epsilon-ADUM table's message spoke of an anchor bought from part of
+    the rows (its anchor is its cells' mean over all rows), and its 2-cell tables were quoted
+    as falling back to the anchor though their factor is a fixed prior ratio (0.92-0.99)."""
+    from service.releases.kinds.uplift_table import UpliftTableKind, UpliftTableRequest
+
+    dom = domain(3000, q=2)
+    four = UpliftTableKind().quote(UpliftTableRequest(epsilon=2.0, bins=[2, 2]), dom)
+    assert four["versus_ate"]["anchored"] is True
+    assert "anchor_source 'effect_fold'" not in four["versus_ate"]["message"]
+    two = UpliftTableKind().quote(UpliftTableRequest(epsilon=2.0, bins=[2, 1]), dom)
+    assert two["versus_ate"]["anchored"] is False
+    assert "shrunk towards its own DP ATE" not in two["versus_ate"]["message"]

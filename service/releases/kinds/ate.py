@@ -173,8 +173,9 @@ class AteParams(KindParams):
 
     @model_validator(mode="after")
     def _check_combination(self) -> AteParams:
-        # an omitted estimator takes aipw's fields (naming one keeps aipw: the rule)
-        combination = (self.mode, self.estimator or "aipw")
+        # an omitted estimator takes aipw's fields (naming one keeps aipw: the rule), or
+        # rct_difference's where its own field (variance) is named
+        combination = (self.mode, self.estimator or _implied_estimator(self))
         if combination == ("paper", "ipw"):
             raise ValueError(
                 "estimator='ipw' is not available with mode='paper': Lee et al.'s release is "
@@ -197,8 +198,9 @@ class AteParams(KindParams):
                 continue  # stored before the default became None (public rule)
             if self.estimator is None:
                 raise ValueError(
-                    f"field '{name}' is not used by mode='{self.mode}' with the estimator "
-                    f"omitted (aipw's fields); name the estimator that takes it"
+                    f"field '{name}' is not used together with the other fields given (with the "
+                    "estimator omitted, an aipw field asks for aipw and variance for "
+                    "rct_difference); name the estimator that takes it"
                 )
             raise ValueError(
                 f"field '{name}' is not used by mode='{self.mode}', estimator='{self.estimator}'"
@@ -238,6 +240,12 @@ def adjustment_columns(
     return ate_strict.default_adjustment_columns(domain, nuisance)
 
 
+def _implied_estimator(params: AteParams) -> Estimator:
+    """The estimator an omitted one's fields ask for: rct_difference where its own field
+    (``variance``) is named, else aipw (whose fields the rest are)."""
+    return "rct_difference" if params.variance != "dp_second_moment" else "aipw"
+
+
 def resolved_estimator(params: AteParams, domain: PublicDomain) -> Estimator:
     """The request's estimator, or the public rule's where it is omitted: ``rct_difference`` on
     a randomised trial (strict mode) below ``RCT_DIFFERENCE_BELOW_N_EPSILON`` where the request
@@ -245,6 +253,8 @@ def resolved_estimator(params: AteParams, domain: PublicDomain) -> Estimator:
     the request)."""
     if params.estimator is not None:
         return params.estimator
+    if params.mode == "strict" and _implied_estimator(params) == "rct_difference":
+        return "rct_difference"  # on an observational design the mechanism refuses it, saying why
     named = any(
         getattr(params, name) != AteParams.model_fields[name].default for name in _AIPW_ONLY
     )
@@ -378,6 +388,14 @@ class AteKind:
                 # the request's omitted parameters follow their public rules at each epsilon
                 out["epsilon_for_target_half_width"] = _epsilon_for_target(checked, domain, target)
         out["coverage"] = _coverage(domain, checked, mechanism)
+        if (domain.y_lower, domain.y_upper) == (0.0, 1.0) and not domain.y_binary:
+            # the general scale assumption (sd(Y) = R_Y / 12) is a sixth of a yes/no outcome's:
+            # a re-test's undeclared 0/1 outcome was quoted at 0.39 of the realised width
+            out.setdefault("warnings", []).append(
+                "the outcome is declared on [0, 1] as numeric: if it is a yes/no outcome, have "
+                "the owner declare it type 'binary'; the quote then assumes its own scale "
+                "(sd up to 1/2, not 1/12) and predicts a wider, truer interval"
+            )
         if target is not None:
             out.update(_target_verdict(out, checked.epsilon, target))
         return out

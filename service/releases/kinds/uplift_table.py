@@ -366,8 +366,12 @@ class UpliftTableKind:
             lambda r: _noise_sd(r, domain),
             noise_label="the error of a cell's uplift (its privacy noise and its sampling error "
             "at the assumed outcome sd)",
-            anchored=out["shrinkage"] == "ate",
+            # with 2 cells the factor is a fixed prior ratio, not a detection (anchor
+            # .james_stein_factor): such a table behaves as unshrunk, and is quoted so
+            anchored=out["shrinkage"] == "ate" and int(out["cells"]) >= 3,
             constant=_one_cell(out),
+            # its anchor is its own cells' count-weighted DP mean over all rows, not a fold's
+            anchor_source="table",
         )
         # the compared sd adds the sampling error: the privacy part by itself beside it
         out["versus_ate"]["privacy_noise_sd"] = out["approx_privacy_noise_sd_per_cell"]

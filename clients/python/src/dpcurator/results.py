@@ -68,6 +68,19 @@ class AteResult:
     # What the interval covers (the service's ``coverage.message``); None from older servers.
     coverage_note: str | None = None
 
+    @property
+    def estimator(self) -> str | None:
+        """Which estimator ran (``aipw``, ``ipw``, ``rct_difference``; on a trial an omitted
+        one is chosen by a public rule), None where the result does not say."""
+        value = self.raw.get("estimator")
+        return None if value is None else str(value)
+
+    @property
+    def nuisance(self) -> str | None:
+        """The ``aipw`` release's nuisance models (``dp_linear``, ``dp_ebm``, ``none``)."""
+        value = self.raw.get("nuisance")
+        return None if value is None else str(value)
+
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> AteResult:
         coverage = result.get("coverage")

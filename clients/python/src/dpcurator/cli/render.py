@@ -413,6 +413,8 @@ def result(
                 ("estimate", parsed.estimate),
                 (f"{parsed.ci_level:.0%} CI", f"[{parsed.ci_lower:.6g}, {parsed.ci_upper:.6g}]"),
                 ("half width", parsed.half_width),
+                *([("estimator", parsed.estimator)] if parsed.estimator else []),
+                *([("nuisance models", parsed.nuisance)] if parsed.nuisance else []),
                 ("guarantee", parsed.guarantee),
                 ("design", parsed.design),
                 ("epsilon", parsed.epsilon),
