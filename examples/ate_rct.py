@@ -8,8 +8,9 @@ the ATE at the trial defaults: at this n * epsilon the service picks the DP diff
 means (``rct_difference``: all of n, pure epsilon, valid by the randomisation alone); the
 full run adds the ``aipw`` estimator with a DP-EBM outcome model for comparison. Then the
 analyst releases an uplift table (epsilon-ADUM) on a public grid over severity, to see how the
-effect varies, and scores new patients against it by free lookups. The owner audits the ledger. The trial is synthetic with a true ATE of 1.0 and a
-true effect of 0.5 + severity (examples/data/README.md).
+effect varies, and scores new patients against it by free lookups. The owner audits the
+ledger. The trial is synthetic with a true ATE of 1.0 and a true effect of 0.5 + severity
+(examples/data/README.md).
 """
 
 # ruff: noqa: T201  (examples report to the terminal)
