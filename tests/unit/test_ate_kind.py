@@ -451,6 +451,14 @@ def test_the_trial_estimator_rule() -> None:
     assert kind.quote(params, RCT)["estimator"] == "rct_difference"
     assert kind.record(params, RCT).mechanism == "ate_rct_difference"
     assert kind.record(params, RCT).delta == 0.0
+    # fields that change nothing on a trial do not ask for aipw, and the quote says they are
+    # unused (a re-test's propensity_clip 0.3 had run aipw, ignoring it and charging a delta)
+    for unused in ({"propensity_clip": 0.3}, {"quantile_bins": False}, {"outcome_range": False}):
+        request = AteParams.model_validate({"epsilon": 1.0, **unused})
+        assert resolved_estimator(request, RCT) == "rct_difference", unused
+        warned = AteKind().quote(request, RCT)["warnings"]
+        assert any(w.startswith("unused on a randomised design") for w in warned)
+    assert resolved_estimator(AteParams(epsilon=1.0, quantile_bins=True), RCT) == "aipw"
     # rct_difference's own field asks for it (a re-test had it refused, against the rule)
     public_bound = AteParams.model_validate({"epsilon": 1.0, "variance": "public_bound"})
     assert resolved_estimator(public_bound, RCT) == "rct_difference"

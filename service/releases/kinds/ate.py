@@ -256,7 +256,8 @@ def resolved_estimator(params: AteParams, domain: PublicDomain) -> Estimator:
     if params.mode == "strict" and _implied_estimator(params) == "rct_difference":
         return "rct_difference"  # on an observational design the mechanism refuses it, saying why
     named = any(
-        getattr(params, name) != AteParams.model_fields[name].default for name in _AIPW_ONLY
+        getattr(params, name) != AteParams.model_fields[name].default
+        for name in _AIPW_ONLY - unused_on_trials(params)
     )
     if (
         params.mode == "strict"
@@ -266,6 +267,20 @@ def resolved_estimator(params: AteParams, domain: PublicDomain) -> Estimator:
     ):
         return "rct_difference"
     return "aipw"
+
+
+def unused_on_trials(params: AteParams) -> frozenset[str]:
+    """The aipw fields of a request that change nothing on a randomised design, so they do not
+    ask for aipw there (a trial re-test's propensity_clip 0.3 turned the estimator into aipw,
+    which then ignored it and charged a delta): the propensity clip (the declared probability
+    is the propensity), and quantile_bins / outcome_range set false (options of the DP-EBM
+    preset, off unless asked for)."""
+    unused = {"propensity_clip"}
+    if params.quantile_bins is False:
+        unused.add("quantile_bins")
+    if params.outcome_range is False:
+        unused.add("outcome_range")
+    return frozenset(unused)
 
 
 def to_mechanism_params(
@@ -388,6 +403,16 @@ class AteKind:
                 # the request's omitted parameters follow their public rules at each epsilon
                 out["epsilon_for_target_half_width"] = _epsilon_for_target(checked, domain, target)
         out["coverage"] = _coverage(domain, checked, mechanism)
+        ignored = sorted(
+            name
+            for name in unused_on_trials(checked)
+            if getattr(checked, name) != AteParams.model_fields[name].default
+        )
+        if domain.design == StudyDesign.RCT and ignored:
+            out.setdefault("warnings", []).append(
+                f"unused on a randomised design: {', '.join(ignored)} (the declared assignment "
+                "probability is the propensity; the DP-EBM options are off unless set true)"
+            )
         if (domain.y_lower, domain.y_upper) == (0.0, 1.0) and not domain.y_binary:
             # the general scale assumption (sd(Y) = R_Y / 12) is a sixth of a yes/no outcome's:
             # a re-test's undeclared 0/1 outcome was quoted at 0.39 of the realised width
