@@ -148,45 +148,31 @@ def store(session: Session, *, release_id: str, dataset_id: str, secret: Functio
         ).scalar_one()
         == "deleted"
     )
-    if deleted and secret.basis in ROW_STATE_BASES:
-        session.add(
-            CateFunction(
-                id=release_id,
-                dataset_id=dataset_id,
-                status="closed",
-                basis=secret.basis,
-                q=secret.q,
-                t_max=secret.t_max,
-                points_per_principal=secret.points_per_principal,
-                batch_max=secret.batch_max,
-                jitter=secret.jitter,
-                t=0,
-                version=0,
-                public_json=json.dumps(secret.public, allow_nan=False),
-                created_at=_now_iso(),
-                closed_at=_now_iso(),
-            )
-        )
-        session.flush()
-        return
-    payload = seal(secret.fitted.to_bytes(), context=f"{release_id}:fitted")
+    closed = deleted and secret.basis in ROW_STATE_BASES
+    first_batch = None if closed else secret.initial  # the reference points' draws
+    now = _now_iso()
     session.add(
         CateFunction(
             id=release_id,
             dataset_id=dataset_id,
-            status="open",
+            status="closed" if closed else "open",
             basis=secret.basis,
             q=secret.q,
             t_max=secret.t_max,
             points_per_principal=secret.points_per_principal,
             batch_max=secret.batch_max,
             jitter=secret.jitter,
-            t=0 if secret.initial is None else int(secret.initial.values.size),
-            version=0 if secret.initial is None else 1,
+            t=0 if first_batch is None else int(first_batch.values.size),
+            version=0 if first_batch is None else 1,
             public_json=json.dumps(secret.public, allow_nan=False),
-            created_at=_now_iso(),
+            created_at=now,
+            closed_at=now if closed else None,
         )
     )
+    if closed:
+        session.flush()
+        return
+    payload = seal(secret.fitted.to_bytes(), context=f"{release_id}:fitted")
     session.flush()
     session.add(
         CateFunctionSecret(function_id=release_id, payload=payload, digest=_digest(payload))

@@ -89,26 +89,8 @@ MIN_ALPHA = 1e-12
 # outcome models' adjustment gains less than their budget share and fold cost (realistic trials,
 # 200 releases a cell: bench/README.md "The trial estimator rule"), else ``aipw``.
 RCT_DIFFERENCE_BELOW_N_EPSILON = 50_000.0
-# The aipw-only fields: naming one asks for the outcome-model estimator.
-_AIPW_ONLY = frozenset(
-    {
-        "delta",
-        "propensity_clip",
-        "pseudo_outcome_clip",
-        "fold_fractions",
-        "mean_share",
-        "variance_inflation",
-        "alpha_v",
-        "nuisance",
-        "cross_fit",
-        "nuisance_share",
-        "regularization",
-        "clip",
-        "quantile_bins",
-        "adjustment_columns",
-        "outcome_range",
-    }
-)
+# The aipw-only fields (its combination's): naming one asks for the outcome-model estimator.
+_AIPW_ONLY = _FIELDS[("strict", "aipw")]
 
 
 class AteParams(KindParams):
