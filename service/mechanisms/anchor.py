@@ -14,7 +14,8 @@ towards zero: a row-wise map with a DP constant, adaptive sequential composition
    §13 there).
 2. the whole-data anchor (``AteAnchorPlan``, ``plan_ate_anchor`` / ``draw_ate_anchor``): the
    strict ``ate`` kind's default release on all n rows at the public share ``ate_anchor_share``
-   of (epsilon, delta), composed sequentially with the CATE's own folds; used by
+   of (epsilon, delta) (on a trial below ``ate_rct.DEFAULT_BELOW_N_EPSILON`` the DP difference
+   in means, pure epsilon), composed sequentially with the CATE's own folds; used by
    ``cate_vector`` and ``cate_function`` (docs/proofs/cate_vector.md step 7,
    docs/proofs/cate_function.md §7, where the share rule is stated) and by ``ebm_cate`` in
    randomised designs (its step 6.1).
@@ -35,7 +36,7 @@ from numpy.typing import NDArray
 from scipy.special import ndtri
 from scipy.stats import chi2
 
-from service.mechanisms import ate_strict
+from service.mechanisms import ate_rct, ate_strict
 from service.mechanisms.ate_strict import pseudo_outcomes
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
@@ -167,16 +168,21 @@ def james_stein_factor(
 # ---- the whole-data anchor: the strict ``ate`` default on all n rows ---------------------------
 
 
+AnchorParams = ate_strict.AteStrictParams | ate_rct.AteRctParams
+
+
 @dataclass(frozen=True)
 class AteAnchorPlan:
     """A whole-data anchor (docs/proofs/cate_function.md §7): the strict ``ate`` kind's default
-    release (``ate_strict.default_params``) at ``(epsilon, delta)`` on all n rows, run before the
-    CATE's own folds and composed sequentially with them. Its estimate is as good as an ``ate``
-    release at that budget: the estimation-fold anchor above reads one fold at a share of the
-    fold's budget with the CATE's own nuisances, and was 1.5-14x worse than the constant DP ATE
-    on the realistic studies where the CATE is mostly its anchor (bench/README.md)."""
+    release (``ate_anchor_params``: ``ate_strict.default_params``, or on a trial below
+    ``ate_rct.DEFAULT_BELOW_N_EPSILON`` the DP difference in means) at ``(epsilon, delta)`` on
+    all n rows, run before the CATE's own folds and composed sequentially with them. Its
+    estimate is as good as an ``ate`` release at that budget: the estimation-fold anchor above
+    reads one fold at a share of the fold's budget with the CATE's own nuisances, and was
+    1.5-14x worse than the constant DP ATE on the realistic studies where the CATE is mostly its
+    anchor (bench/README.md)."""
 
-    params: ate_strict.AteStrictParams
+    params: AnchorParams
     record: MechanismRecord
     n2: int  # the rows the anchor's DP mean averages (public)
 
@@ -222,9 +228,19 @@ class AteAnchorPlan:
     def public(self) -> dict[str, object]:
         """Public description (for the release's parameters)."""
         params = self.params
+        if isinstance(params, ate_rct.AteRctParams):
+            return {
+                "kind": "ate",
+                "mechanism": self.record.mechanism,
+                "estimator": "rct_difference",
+                "nuisance": "none",
+                "epsilon": self.epsilon,
+                "delta": self.delta,
+            }
         return {
             "kind": "ate",
             "mechanism": self.record.mechanism,
+            "estimator": "aipw",
             "nuisance": params.nuisance,
             "cross_fit": params.cross_fit,
             "clip": "adaptive" if params.adaptive_clip else "declared",
@@ -264,27 +280,48 @@ ANCHOR_MEAN_SHARE = 0.98
 ANCHOR_INTERVAL_ALPHA_V = 0.05
 
 
+def ate_default_params(
+    domain: PublicDomain, epsilon: float, delta: float | None = None
+) -> AnchorParams:
+    """The ``ate`` kind's default release at ``(epsilon, delta)`` (its estimator rule, public
+    inputs only): the DP difference in means on a trial below
+    ``ate_rct.DEFAULT_BELOW_N_EPSILON`` (pure epsilon: ``delta`` is not spent), else
+    ``ate_strict.default_params``."""
+    if ate_rct.is_trial_default(domain, epsilon):
+        return ate_rct.AteRctParams(epsilon=epsilon)
+    return ate_strict.default_params(domain, epsilon, delta)
+
+
 def ate_anchor_params(
     domain: PublicDomain, epsilon: float, delta: float | None, whole_epsilon: float | None = None
-) -> ate_strict.AteStrictParams:
+) -> AnchorParams:
     """The anchor release's public parameters: the ``ate`` kind's default at ``(epsilon,
-    delta)`` (``ate_strict.default_params``) with mean share ``ANCHOR_MEAN_SHARE`` and the
+    delta)``. On a trial below n epsilon = ``ate_rct.DEFAULT_BELOW_N_EPSILON`` (the anchor's own
+    epsilon) that is the DP difference in means, pure epsilon (the ``ate`` default there since
+    its estimator rule; the anchor had stayed ``aipw``, and an ``ebm_cate`` release that was its
+    anchor had 1.4-1.8x the constant DP ATE's PEHE on trials of n 3000-5000 at eps 1).
+    Otherwise ``ate_strict.default_params`` with mean share ``ANCHOR_MEAN_SHARE`` and the
     nuisance class the ``ate`` default picks at ``whole_epsilon``, the CATE's whole budget (the
     anchor stands in for that release: on observational designs at 95 % of it, and a 5 % step
     must not cross the rule's switch from DP linear to DP-EBM models: at n 5000, eps 4 on the
     realistic studies it did, and the anchor's RMSE was 1.50x the whole-budget release's, 1.32x
     with this rule; bench/README.md, "The anchor's interval"). Its cross-fitting, clip, folds
     and outcome-range rules follow its own share."""
+    if ate_rct.is_trial_default(domain, epsilon):
+        return ate_rct.AteRctParams(epsilon=epsilon)
     params = ate_strict.default_params(domain, epsilon, delta, nuisance_epsilon=whole_epsilon)
     return replace(params, mean_share=ANCHOR_MEAN_SHARE)
 
 
-def ate_anchor_error_sd(domain: PublicDomain, params: ate_strict.AteStrictParams) -> float:
+def ate_anchor_error_sd(domain: PublicDomain, params: AnchorParams) -> float:
     """The expected error sd of a strict ATE release with these parameters:
     ``sqrt(sd^2 / n2 + s_theta^2)`` with ``sd`` the quote's public pseudo-outcome scale
     assumption (R / 6) and ``s_theta`` the privacy-noise sd of the mean (with the adaptive clip:
     at the clip that scale assumption gives, ``ate_strict.assumed_clip``; the quote's exact law
-    of the DP quantile is too slow for a rule evaluated on every plan). Public inputs only."""
+    of the DP quantile is too slow for a rule evaluated on every plan); the difference in means,
+    ``ate_rct.expected_error_sd`` (the same sampling assumption per arm). Public inputs only."""
+    if isinstance(params, ate_rct.AteRctParams):
+        return ate_rct.expected_error_sd(domain, params)
     state = ate_strict.make_plan(domain, params)
     if state.quantile_epsilon is not None:
         clip = ate_strict.assumed_clip(domain, state)
@@ -315,7 +352,7 @@ def ate_anchor_share(domain: PublicDomain, epsilon: float, delta: float) -> floa
         return None
     if domain.n * epsilon < ANCHOR_ALL_IN_N_EPSILON or domain.design != StudyDesign.RCT:
         return ATE_ANCHOR_SHARES[-1]
-    whole = ate_anchor_error_sd(domain, ate_strict.default_params(domain, epsilon))
+    whole = ate_anchor_error_sd(domain, ate_default_params(domain, epsilon))
     for share in ATE_ANCHOR_SHARES:
         epsilon_a = ate_strict.split_share(epsilon, share)[0]
         if epsilon_a < ate_strict.MIN_EPSILON:
@@ -337,6 +374,7 @@ def plan_ate_anchor(
 ) -> AteAnchorPlan:
     """The whole-data anchor's plan at ``(epsilon, delta)``, its nuisance class that of the
     ``ate`` default at the CATE's ``whole_epsilon`` (``ate_anchor_params``; public inputs only).
+    A difference-in-means anchor's record spends no delta.
 
     Raises:
         InvalidParameters: the anchor's share of delta is not valid for the ``ate`` default's
@@ -344,6 +382,8 @@ def plan_ate_anchor(
     """
     params = ate_anchor_params(domain, epsilon, delta, whole_epsilon)
     try:
+        if isinstance(params, ate_rct.AteRctParams):
+            return AteAnchorPlan(params=params, record=ate_rct.plan(domain, params), n2=domain.n)
         state = ate_strict.make_plan(domain, params)
     except InvalidParameters as error:
         raise InvalidParameters(
@@ -352,6 +392,21 @@ def plan_ate_anchor(
             "given anchor"
         ) from None
     return AteAnchorPlan(params=params, record=state.record, n2=state.n2)
+
+
+def split_for_anchor(
+    domain: PublicDomain, epsilon: float, delta: float, share: float
+) -> tuple[AteAnchorPlan, float, float]:
+    """The whole-data anchor at the public ``share`` of ``(epsilon, delta)`` and the rest
+    ``(epsilon_rest, delta_rest)`` the CATE's own modules spend (exact splits, ``split_share``):
+    the anchor plus the rest is the request exactly. A difference-in-means anchor is pure
+    epsilon, so the rest keeps the whole delta."""
+    epsilon_anchor, epsilon_rest = ate_strict.split_share(epsilon, share)
+    delta_anchor, delta_rest = ate_strict.split_share(delta, share)
+    anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor, epsilon)
+    if anchor.delta == 0.0:
+        delta_rest = delta
+    return anchor, epsilon_rest, delta_rest
 
 
 def anchor_interval(out: Mapping[str, float], *, bound: float) -> dict[str, float]:
@@ -388,7 +443,17 @@ def draw_ate_anchor(
     """Run the anchor release on all rows (after the charge): its DP estimate clipped to the
     public CATE range ``[-R_Y, R_Y]`` and its interval (``anchor_interval``), both
     post-processing. Nothing else of it is kept."""
-    out = ate_strict.run(arrays, domain, anchor.params, rng=rng, noise=noise, progress=progress)
     bound = domain.outcome_range
+    if isinstance(anchor.params, ate_rct.AteRctParams):
+        # its own delta-method interval (docs/proofs/ate_rct.md), ends clipped to [-R, R]
+        out = ate_rct.run(arrays, domain, anchor.params, rng=rng, noise=noise, progress=progress)
+        interval = {
+            "lower": float(np.clip(float(out["ci_lower"]), -bound, bound)),
+            "upper": float(np.clip(float(out["ci_upper"]), -bound, bound)),
+            "level": float(out["ci_level"]),
+        }
+    else:
+        out = ate_strict.run(arrays, domain, anchor.params, rng=rng, noise=noise, progress=progress)
+        interval = anchor_interval(out, bound=bound)
     estimate = float(np.clip(float(out["estimate"]), -bound, bound))
-    return estimate, anchor_interval(out, bound=bound)
+    return estimate, interval

@@ -72,6 +72,11 @@ MIN_N = 20
 # Post-processing floor on noisy counts (adum.md §5, c_min >= 1).
 MIN_COUNT = 1.0
 _FLOAT_SLACK_BITS = 50
+# The trial estimator rule (``is_trial_default``): the ``ate`` kind's default on a randomised
+# design below this n * epsilon, where the outcome models' adjustment gains less than their
+# budget share and fold cost (realistic trials, 200 releases a cell: bench/README.md "The trial
+# estimator rule"); also the CATE kinds' whole-data anchor there (``anchor.ate_anchor_params``).
+DEFAULT_BELOW_N_EPSILON = 50_000.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,12 @@ def check_rct(domain: PublicDomain) -> float:
     if p is None or not (isinstance(p, int | float) and 0.0 < float(p) < 1.0):
         raise InvalidParameters("an RCT needs a declared treatment_probability in (0, 1)")
     return float(p)
+
+
+def is_trial_default(domain: PublicDomain, epsilon: float) -> bool:
+    """Whether the difference in means is the public default ATE estimator at ``epsilon``: a
+    randomised design below n epsilon = ``DEFAULT_BELOW_N_EPSILON`` (public inputs only)."""
+    return domain.design == StudyDesign.RCT and domain.n * epsilon < DEFAULT_BELOW_N_EPSILON
 
 
 def _slack(nominal: float, n: int) -> float:
@@ -292,6 +303,16 @@ def _expected_half_width(domain: PublicDomain, state: _Plan, *, sampling: Sampli
         ) / count**2
         total += noise + sd**2 / count
     return float(ndtri(1.0 - state.params.alpha / 2.0)) * math.sqrt(total)
+
+
+def expected_error_sd(domain: PublicDomain, params: AteRctParams) -> float:
+    """The release's expected error sd (privacy noise and the sampling error at the assumed
+    outcome sd, as the quote's ``expected_half_width`` without its normal quantile). Public
+    inputs only."""
+    state = _make_plan(domain, params)
+    return _expected_half_width(domain, state, sampling="assumed") / float(
+        ndtri(1.0 - params.alpha / 2.0)
+    )
 
 
 def quote(

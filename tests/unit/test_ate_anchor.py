@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.mechanisms import anchor, ate_strict
-from service.mechanisms.domain import PublicDomain, StudyDesign
+from service.mechanisms import anchor, ate_rct, ate_strict
+from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
 from service.mechanisms.noise import SeededSampler
 from service.releases.kinds.ate import AteParams, to_mechanism_params
@@ -34,7 +34,7 @@ def test_the_share_is_the_smallest_whose_anchor_is_about_as_good_as_the_whole_bu
     domain = _domain(n, design)
     share = anchor.ate_anchor_share(domain, epsilon, 1e-6)
     assert share in anchor.ATE_ANCHOR_SHARES
-    whole = anchor.ate_anchor_error_sd(domain, ate_strict.default_params(domain, epsilon))
+    whole = anchor.ate_anchor_error_sd(domain, anchor.ate_default_params(domain, epsilon))
 
     def error(s: float) -> float:
         eps_a, delta_a = ate_strict.split_share(epsilon, s)[0], ate_strict.split_share(1e-6, s)[0]
@@ -58,15 +58,62 @@ def test_small_budgets_give_the_anchor_most_of_it_and_large_ones_leave_room() ->
 
 
 def test_the_anchor_plan_is_the_ate_default_and_reports_what_cannot_run() -> None:
-    domain = _domain(5000, StudyDesign.RCT)
+    domain = _domain(100_000, StudyDesign.RCT)  # n epsilon 8 * 10^4: aipw, as the ate default
     plan = anchor.plan_ate_anchor(domain, 0.8, 8e-7)
     assert plan.params == anchor.ate_anchor_params(domain, 0.8, 8e-7)
+    assert isinstance(plan.params, ate_strict.AteStrictParams)
     assert plan.params.mean_share == anchor.ANCHOR_MEAN_SHARE  # only the estimate is used
     assert (plan.epsilon, plan.delta) == (0.8, 8e-7)
     assert all(e.module.startswith("anchor/") for e in plan.events())
-    assert sum(plan.fold_sizes().values()) == 5000
+    assert sum(plan.fold_sizes().values()) == 100_000
+    assert plan.public()["estimator"] == "aipw"
     with pytest.raises(InvalidParameters, match="anchor"):
         anchor.plan_ate_anchor(domain, 0.8, 0.5)  # delta far above 1 / n
+
+
+@pytest.mark.parametrize(("n", "epsilon"), [(5000, 0.8), (20000, 2.4), (1000, 4.0)])
+def test_a_trial_anchor_below_the_rule_is_the_difference_in_means_and_spends_no_delta(
+    n: int, epsilon: float
+) -> None:
+    """Below n epsilon = 5 * 10^4 (the anchor's own epsilon) a trial's anchor is the ate
+    default there, the DP difference in means: pure epsilon, so the CATE's own modules keep the
+    whole delta and anchor plus rest is the request exactly."""
+    domain = _domain(n, StudyDesign.RCT)
+    share = anchor.ate_anchor_share(domain, epsilon, 1e-6)
+    assert share is not None
+    plan, epsilon_rest, delta_rest = anchor.split_for_anchor(domain, epsilon, 1e-6, share)
+    assert isinstance(plan.params, ate_rct.AteRctParams)
+    assert plan.params == anchor.ate_default_params(domain, plan.epsilon)
+    assert plan.delta == 0.0 and delta_rest == 1e-6
+    assert plan.epsilon + epsilon_rest == epsilon
+    assert plan.epsilon == ate_strict.split_share(epsilon, share)[0]
+    assert [e.type for e in plan.events()] == ["laplace"] * 3
+    assert plan.n2 == n and sum(plan.fold_sizes().values()) == n
+    assert plan.public()["estimator"] == "rct_difference"
+    # observational designs keep aipw at every size, and split delta with the anchor
+    obs = _domain(n, StudyDesign.OBSERVATIONAL)
+    plan, _, delta_rest = anchor.split_for_anchor(obs, epsilon, 1e-6, 0.95)
+    assert isinstance(plan.params, ate_strict.AteStrictParams)
+    assert plan.delta + delta_rest == 1e-6 and plan.delta > 0.0
+
+
+def test_the_trial_anchor_runs_the_difference_in_means_and_releases_its_interval() -> None:
+    """draw_ate_anchor on a trial below the rule: the ate_rct release's estimate and its own
+    interval (both post-processing), on a sample with a known effect."""
+    rng = np.random.default_rng(11)
+    n = 4000
+    x = rng.uniform(0.0, 1.0, size=(n, 10))
+    a = (rng.uniform(size=n) < 0.5).astype(float)
+    y = np.clip(20.0 + 5.0 * a + rng.normal(0.0, 4.0, size=n), 0.0, 60.0)
+    domain = _domain(n, StudyDesign.RCT)
+    plan = anchor.plan_ate_anchor(domain, 4.0, 1e-6)
+    estimate, interval = anchor.draw_ate_anchor(
+        Arrays(x, a, y), domain, plan, rng=rng, noise=SeededSampler(rng), progress=lambda *_: None
+    )
+    assert abs(estimate - 5.0) < 0.6
+    assert interval["lower"] < estimate < interval["upper"]
+    assert interval["upper"] - interval["lower"] < 1.5
+    assert interval["level"] == 0.95
 
 
 def test_the_effect_fold_anchors_quantile_event_states_its_own_share_and_epsilon() -> None:

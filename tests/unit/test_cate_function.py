@@ -352,8 +352,10 @@ def test_a_given_anchor_costs_nothing_and_is_the_released_anchor() -> None:
     assert [e.type for e in state.record.events] == ["gaussian_process"]
     assert state.record.events[0].epsilon == 1.0
     bought = mech.plan(_domain(n), base)
-    assert "exponential_quantile" in [e.type for e in bought.record.events]
+    # the bought anchor: the trial's DP difference in means (n epsilon 1200), pure epsilon
+    assert [e.type for e in bought.record.events] == ["laplace"] * 3 + ["gaussian_process"]
     assert all(e.module.startswith("anchor/") for e in bought.record.events[:-1])
+    assert bought.record.events[-1].delta == 1e-5
     assert state.scale.r0 < bought.scale.r0 or state.scale.lambda0 < bought.scale.lambda0
     result, fitted = mech.run(
         Arrays(x, a, y),
@@ -384,7 +386,7 @@ def test_the_bought_anchor_is_the_strict_ate_default_on_all_rows(
     (epsilon, delta) on all n rows; it composes sequentially with the function's folds, whose
     own events compose by the Theorem 6 max, so the record's cost is exactly (epsilon, delta)."""
     from service.mechanisms import anchor as anchor_lib
-    from service.mechanisms import ate_strict
+    from service.mechanisms import ate_rct, ate_strict
     from service.mechanisms.records import Composition
 
     n = 6000
@@ -397,9 +399,15 @@ def test_the_bought_anchor_is_the_strict_ate_default_on_all_rows(
     assert state.anchor is not None
     share = state.anchor_share
     eps_a, eps_g = ate_strict.split_share(epsilon, share)
-    delta_a, delta_g = ate_strict.split_share(1e-6, share)
+    delta_a = ate_strict.split_share(1e-6, share)[0]
     assert state.anchor.params == anchor_lib.ate_anchor_params(domain, eps_a, delta_a)
-    assert (state.anchor.epsilon, state.anchor.delta) == (eps_a, delta_a)
+    if design == StudyDesign.RCT:
+        # n epsilon 3000 / 24 000: the ate default there, the DP difference in means (pure
+        # epsilon: the function keeps the whole delta)
+        assert isinstance(state.anchor.params, ate_rct.AteRctParams)
+        assert (state.anchor.epsilon, state.anchor.delta) == (eps_a, 0.0)
+    else:
+        assert (state.anchor.epsilon, state.anchor.delta) == (eps_a, delta_a)
     record = state.record
     assert record.composition == Composition.ANCHOR_THEN_THEOREM6_MAX
     anchor_events = [e for e in record.events if e.module.startswith("anchor/")]
@@ -418,7 +426,13 @@ def test_the_bought_anchor_is_the_strict_ate_default_on_all_rows(
         assert math.fsum(spent) == pytest.approx(eps_g, rel=1e-12)
     assert state.anchor.epsilon + eps_g == pytest.approx(record.epsilon, rel=1e-12)
     assert (record.epsilon, record.delta) == (epsilon, 1e-6)
-    assert delta_a + delta_g == pytest.approx(1e-6, rel=1e-12)
+    # each function module spends the rest of delta (all of it after a pure-epsilon anchor)
+    spent_delta: dict[str, float] = {}
+    for event in record.events:
+        if not event.module.startswith("anchor/"):
+            spent_delta[event.module] = spent_delta.get(event.module, 0.0) + event.delta
+    for value in spent_delta.values():
+        assert state.anchor.delta + value == pytest.approx(1e-6, rel=1e-12)
     # the anchor's rows are all n: its folds are listed beside the function's
     anchor_rows = sum(v for k, v in record.fold_sizes.items() if k.startswith("anchor/"))
     assert anchor_rows == n

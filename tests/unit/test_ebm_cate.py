@@ -65,9 +65,9 @@ def test_rct_and_s_learner_folds() -> None:
     rct = ec.plan(domain(rct=True), ec.EbmCateParams(epsilon=1.0, delta=1e-5, shrinkage="none"))
     assert [e.module for e in rct.events] == ["outcome", "effect"]
     anchored = ec.plan(domain(rct=True), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
-    # proof step 6.1 (RCT): the anchor is the strict ATE release on all n (split: n eps <= 10^4)
+    # proof step 6.1 (RCT): the anchor is the ate default on all n: below n eps = 5 * 10^4 the
+    # DP difference in means (three Laplace statistics, pure epsilon)
     assert [e.module for e in anchored.events] == [
-        "anchor/outcome",
         "anchor/estimation",
         "anchor/estimation",
         "anchor/estimation",
@@ -75,9 +75,9 @@ def test_rct_and_s_learner_folds() -> None:
         "effect",
         "calibration",
     ]
+    assert [e.delta for e in anchored.events[:3]] == [0.0] * 3
     assert anchored.fold_sizes == {
-        "anchor/outcome": 2000,
-        "anchor/estimation": 2000,
+        "anchor/estimation": 4000,
         "outcome": 2000,
         "effect": 1600,
         "calibration": 400,
@@ -361,13 +361,16 @@ def test_anchored_plan_spends_exactly_the_request() -> None:
     assert record.fold_sizes["calibration"] == 400  # 20 % of the effect fold (2000 records)
 
 
-@pytest.mark.parametrize(("n", "epsilon"), [(4000, 1.3), (4000, 4.0), (20000, 4.0)])
+@pytest.mark.parametrize(
+    ("n", "epsilon"), [(4000, 1.3), (4000, 4.0), (20000, 4.0), (100_000, 4.0)]
+)
 def test_rct_anchored_plan_spends_exactly_the_request(n: int, epsilon: float) -> None:
-    """proof step 6.1 (RCT): the anchor release (ate_strict's RCT default: split at
-    n eps <= 10^4, cross-fitted above) takes the public share of the request on all n and every
-    DR module the rest; sequential composition, so the sum is exactly the request."""
+    """proof step 6.1 (RCT): the anchor release (the ate default at the anchor's epsilon: the DP
+    difference in means below n eps_a = 5 * 10^4, pure epsilon; above it ate_strict's RCT
+    default, cross-fitted) takes the public share of the request on all n and every DR module
+    the rest; sequential composition, so the sum is exactly the request."""
     from service.mechanisms import anchor as anchor_lib
-    from service.mechanisms import ate_strict
+    from service.mechanisms import ate_rct, ate_strict
     from service.mechanisms.records import Composition
 
     delta = 1e-5
@@ -378,20 +381,33 @@ def test_rct_anchored_plan_spends_exactly_the_request(n: int, epsilon: float) ->
     share = ec.rct_anchor_share(dom, epsilon, delta)
     assert share is not None
     eps_a, eps_rest = ate_strict.split_share(epsilon, share)
-    delta_a, _ = ate_strict.split_share(delta, share)
-    anchor_plan = ate_strict.make_plan(dom, anchor_lib.ate_anchor_params(dom, eps_a, delta_a))
-    assert anchor_plan.params.cross_fit == ate_strict.default_cross_fit(
-        dom, "dp_linear", None, eps_a
-    )
-    assert anchor_plan.params.mean_share == anchor_lib.ANCHOR_MEAN_SHARE
+    delta_a, delta_rest = ate_strict.split_share(delta, share)
+    params = anchor_lib.ate_anchor_params(dom, eps_a, delta_a, epsilon)
     anchor = [e for e in record.events if e.module.startswith("anchor/")]
     rest = [e for e in record.events if not e.module.startswith("anchor/")]
-    assert {e.type for e in anchor} >= {"exponential_quantile", "gaussian"}
-    assert any(e.params.get("statistic") == "per_arm_ridge_sufficient_statistics" for e in anchor)
+    if n * eps_a < ate_rct.DEFAULT_BELOW_N_EPSILON:
+        assert isinstance(params, ate_rct.AteRctParams)
+        anchor_record = ate_rct.plan(dom, params)
+        assert {e.type for e in anchor} == {"laplace"}
+        assert math.fsum(e.epsilon for e in anchor) == eps_a
+        delta_rest = delta  # pure epsilon: the DR modules keep the whole delta
+    else:
+        assert isinstance(params, ate_strict.AteStrictParams)
+        anchor_plan = ate_strict.make_plan(dom, params)
+        assert anchor_plan.params.cross_fit == ate_strict.default_cross_fit(
+            dom, "dp_linear", None, eps_a
+        )
+        assert anchor_plan.params.mean_share == anchor_lib.ANCHOR_MEAN_SHARE
+        assert {e.type for e in anchor} >= {"exponential_quantile", "gaussian"}
+        assert any(
+            e.params.get("statistic") == "per_arm_ridge_sufficient_statistics" for e in anchor
+        )
+        anchor_record = anchor_plan.record
     assert [e.params for e in anchor] == [
-        {**e.params, "anchor_composition": str(anchor_plan.record.composition)}
-        for e in anchor_plan.record.events
+        {**e.params, "anchor_composition": str(anchor_record.composition)}
+        for e in anchor_record.events
     ]
+    assert math.fsum(e.delta for e in anchor) + delta_rest == pytest.approx(delta, rel=1e-12)
     # every DR module (outcome, effect, calibration) runs at the rest of the budget: the
     # outcome module's range (from n eps = 2 * 10^4, step 10) and model add up to it exactly
     modules = ("outcome", "effect", "calibration")
@@ -435,9 +451,12 @@ def test_anchor_share_rule() -> None:
     assert quantile.epsilon + mean.epsilon == pytest.approx(0.8)
     assert float(mean.params["bound_max"]) == pytest.approx(7.0)  # observational: the learner's K
     rct = ec.plan(domain(20000, rct=True), ec.EbmCateParams(epsilon=4.0, delta=1e-5))
-    (rct_mean,) = (e for e in rct.events if e.params.get("statistic") == "mean_pseudo_outcome")
-    assert float(rct_mean.params["bound_max"]) == pytest.approx(7.0 / 0.5)  # RCT: R_Y / c
-    assert rct_mean.module.startswith("anchor/")
+    # RCT: the anchor at eps_a = 0.35 * 4 (n eps_a 28 000) is the DP difference in means: its
+    # centred sums have sensitivity R_Y
+    (rct_sums,) = (e for e in rct.events if e.params.get("statistic") == "arm_centred_sums")
+    assert float(rct_sums.params["sensitivity_l1_nominal"]) == pytest.approx(7.0)
+    assert rct_sums.module.startswith("anchor/")
+    assert rct_sums.epsilon == pytest.approx(0.35 * 4.0 / 3.0)
 
 
 def test_calibration_sensitivity_covers_every_row_change() -> None:

@@ -18,7 +18,7 @@ from service.mechanisms.anchor import (
     AteAnchorPlan,
     ate_anchor_share,
     no_room_for_anchor,
-    plan_ate_anchor,
+    split_for_anchor,
 )
 from service.mechanisms.calibration import (
     analytic_gaussian_multiplier,
@@ -50,8 +50,10 @@ Shrinkage = Literal["ate", "none"]
 MECHANISM = "cate_function_gp"
 # 3: the anchor is the strict ate default on all rows (proof §7); 4: the strict DP-EBM
 # nuisances adjust for the schema's declared adjustment set (proof §8); 5: the anchor's
-# nuisance class is the ate default's at the whole epsilon, its interval released (§7 step 1)
-VERSION = "5"
+# nuisance class is the ate default's at the whole epsilon, its interval released (§7 step 1);
+# 6: on a trial below n epsilon = 5 * 10^4 the anchor is the DP difference in means (the ate
+# default there), pure epsilon
+VERSION = "6"
 # proof §7: public reference points (the first Sobol points of the scaled box) at which the
 # released function's deviation from the anchor is read to set the shrinkage factor; an exact
 # function's GP path is drawn there at release time and answers them like any other point.
@@ -422,9 +424,7 @@ def _plan(
         try:
             if chosen is None:
                 raise no_room_for_anchor()
-            epsilon_anchor, epsilon_gp = ate_strict.split_share(epsilon, chosen)
-            delta_anchor, delta_gp = ate_strict.split_share(delta, chosen)
-            anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor, epsilon)
+            anchor, epsilon_gp, delta_gp = split_for_anchor(domain, epsilon, delta, chosen)
             share = chosen
         except InvalidParameters:
             if params.shrinkage is not None:

@@ -15,12 +15,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from service.mechanisms import ate_strict
 from service.mechanisms.anchor import (
     AteAnchorPlan,
     ate_anchor_share,
     no_room_for_anchor,
-    plan_ate_anchor,
+    split_for_anchor,
 )
 from service.mechanisms.calibration import (
     default_delta,
@@ -47,8 +46,10 @@ from service.mechanisms.records import Composition, Guarantee, MechanismRecord, 
 
 MECHANISM = "cate_vector"
 # 2: the anchor is the strict ate default on all rows (proof step 7); 3: its nuisance class is
-# the ate default's at the whole epsilon, and its interval is released (ate_anchor_interval)
-VERSION = "3"
+# the ate default's at the whole epsilon, and its interval is released (ate_anchor_interval);
+# 4: on a trial below n epsilon = 5 * 10^4 the anchor is the DP difference in means (the ate
+# default there), pure epsilon
+VERSION = "4"
 
 Learner = Literal["r", "dr"]
 Mode = Literal["strict", "paper"]
@@ -238,9 +239,7 @@ def make_plan(domain: PublicDomain, params: CateVectorParams) -> Plan:
         share = ate_anchor_share(domain, epsilon, delta)
         if share is None:
             raise no_room_for_anchor()
-        epsilon_anchor, epsilon_rest = ate_strict.split_share(epsilon, share)
-        delta_anchor, delta_rest = ate_strict.split_share(delta, share)
-        anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor, epsilon)
+        anchor, epsilon_rest, delta_rest = split_for_anchor(domain, epsilon, delta, share)
     if params.mode == "strict":
         guarantee = Guarantee.STRICT
         accounting = solve_dp_ebm_epsilon_p(epsilon_rest, delta_rest)

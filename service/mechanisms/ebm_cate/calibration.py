@@ -16,7 +16,7 @@ from service.mechanisms.anchor import (
     AteAnchorPlan,
     no_room_for_anchor,
     plan_anchor,
-    plan_ate_anchor,
+    split_for_anchor,
 )
 from service.mechanisms.ate_strict.calibration import (
     measured_range_nuisance_event,
@@ -226,9 +226,7 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         if chosen is None:
             raise no_room_for_anchor()
         share = chosen
-        epsilon_anchor, effect_epsilon = ate_strict.split_share(epsilon, share)
-        delta_anchor, effect_delta = ate_strict.split_share(delta, share)
-        rct_anchor = plan_ate_anchor(domain, epsilon_anchor, delta_anchor, epsilon)
+        rct_anchor, effect_epsilon, effect_delta = split_for_anchor(domain, epsilon, delta, share)
         # every DR module runs at the rest (sequential composition with the anchor)
         epsilon, delta = effect_epsilon, effect_delta
         accounting = solve_dp_ebm_epsilon_p(effect_epsilon, effect_delta)

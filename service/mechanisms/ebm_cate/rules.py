@@ -37,8 +37,9 @@ MECHANISM = "ebm_cate"
 # spends a public share of the effect model's budget on a DP choice of the covariates it fits;
 # 7: the DR learner's outcome model on its measured range (step 10, ate_strict proof §16);
 # 8: a trial's anchor keeps the large share below anchor.ANCHOR_ALL_IN_N_EPSILON whatever the
-# effect model's width (rct_anchor_share)
-VERSION = "8"
+# effect model's width (rct_anchor_share); 9: a trial's anchor is the ate default at its
+# epsilon, the DP difference in means below n epsilon = 5 * 10^4 (step 6.1)
+VERSION = "9"
 
 Learner = Literal["dr", "r", "s"]
 Shrinkage = Literal["ate", "none"]

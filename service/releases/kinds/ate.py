@@ -85,10 +85,9 @@ MIN_ALPHA = 1e-12
 
 
 # The estimator rule (``resolved_estimator``): an omitted estimator on a randomised trial is the
-# DP difference in means (``ate_rct``: all rows, pure epsilon) below this n * epsilon, where the
-# outcome models' adjustment gains less than their budget share and fold cost (realistic trials,
-# 200 releases a cell: bench/README.md "The trial estimator rule"), else ``aipw``.
-RCT_DIFFERENCE_BELOW_N_EPSILON = 50_000.0
+# DP difference in means (``ate_rct``: all rows, pure epsilon) below this n * epsilon
+# (``ate_rct.is_trial_default``), else ``aipw``.
+RCT_DIFFERENCE_BELOW_N_EPSILON = ate_rct.DEFAULT_BELOW_N_EPSILON
 # The aipw-only fields (its combination's): naming one asks for the outcome-model estimator.
 _AIPW_ONLY = _FIELDS[("strict", "aipw")]
 
@@ -241,12 +240,7 @@ def resolved_estimator(params: AteParams, domain: PublicDomain) -> Estimator:
         getattr(params, name) != AteParams.model_fields[name].default
         for name in _AIPW_ONLY - unused_on_trials(params)
     )
-    if (
-        params.mode == "strict"
-        and domain.design == StudyDesign.RCT
-        and not named
-        and domain.n * params.epsilon < RCT_DIFFERENCE_BELOW_N_EPSILON
-    ):
+    if params.mode == "strict" and not named and ate_rct.is_trial_default(domain, params.epsilon):
         return "rct_difference"
     return "aipw"
 
