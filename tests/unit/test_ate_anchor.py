@@ -84,17 +84,20 @@ def test_a_trial_anchor_below_the_rule_is_the_difference_in_means_and_spends_no_
     plan, epsilon_rest, delta_rest = anchor.split_for_anchor(domain, epsilon, 1e-6, share)
     assert isinstance(plan.params, ate_rct.AteRctParams)
     assert plan.params == anchor.ate_default_params(domain, plan.epsilon)
-    assert plan.delta == 0.0 and delta_rest == 1e-6
+    assert plan.delta == 0.0
+    assert delta_rest == 1e-6
     assert plan.epsilon + epsilon_rest == epsilon
     assert plan.epsilon == ate_strict.split_share(epsilon, share)[0]
     assert [e.type for e in plan.events()] == ["laplace"] * 3
-    assert plan.n2 == n and sum(plan.fold_sizes().values()) == n
+    assert plan.n2 == n
+    assert sum(plan.fold_sizes().values()) == n
     assert plan.public()["estimator"] == "rct_difference"
     # observational designs keep aipw at every size, and split delta with the anchor
     obs = _domain(n, StudyDesign.OBSERVATIONAL)
     plan, _, delta_rest = anchor.split_for_anchor(obs, epsilon, 1e-6, 0.95)
     assert isinstance(plan.params, ate_strict.AteStrictParams)
-    assert plan.delta + delta_rest == 1e-6 and plan.delta > 0.0
+    assert plan.delta + delta_rest == 1e-6
+    assert plan.delta > 0.0
 
 
 def test_the_trial_anchor_runs_the_difference_in_means_and_releases_its_interval() -> None:

@@ -361,9 +361,7 @@ def test_anchored_plan_spends_exactly_the_request() -> None:
     assert record.fold_sizes["calibration"] == 400  # 20 % of the effect fold (2000 records)
 
 
-@pytest.mark.parametrize(
-    ("n", "epsilon"), [(4000, 1.3), (4000, 4.0), (20000, 4.0), (100_000, 4.0)]
-)
+@pytest.mark.parametrize(("n", "epsilon"), [(4000, 1.3), (4000, 4.0), (20000, 4.0), (100_000, 4.0)])
 def test_rct_anchored_plan_spends_exactly_the_request(n: int, epsilon: float) -> None:
     """proof step 6.1 (RCT): the anchor release (the ate default at the anchor's epsilon: the DP
     difference in means below n eps_a = 5 * 10^4, pure epsilon; above it ate_strict's RCT
