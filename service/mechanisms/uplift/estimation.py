@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.special import ndtri
 
 from service.mechanisms import ate_strict, versus_ate
-from service.mechanisms.anchor import james_stein_factor
+from service.mechanisms.anchor import heterogeneity_factor, james_stein_factor
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.errors import ReleaseFailed
 from service.mechanisms.noise import NoiseSampler
@@ -34,6 +35,10 @@ from service.mechanisms.uplift.rules import (
     quantile_candidates,
     quantile_levels,
 )
+
+# The arms' variances in the factor are read at this upper confidence level of their noisy
+# second moments (proof step 5, item 3).
+SECOND_MOMENT_UPPER_LEVEL = 0.95
 
 
 def aggregates(
@@ -145,15 +150,19 @@ def shrink_to_anchor(
     *,
     count_scale: float,
     sum_scale: float,
+    second_scale: float = 0.0,
 ) -> dict[str, Any]:
     """proof step 5 (post-processing of the DP counts, sums and second moments): the anchor
     ``a = sum_k w_k u_k`` with ``w_k`` the cells' shares of the noisy counts, and the released
-    uplifts ``a + lambda (u_k - a)``, lambda the positive-part James–Stein factor of
-    ``anchor.james_stein_factor`` on the count-weighted deviations ``sqrt(w_k) (u_k - a)``
-    against their covariance under no heterogeneity: ``W^1/2 (I - 1 w') V (I - w 1') W^1/2``,
-    ``V = diag(v_k)``, ``v_k`` the cell's privacy-noise variance (delta method, as
-    ``uplift_noise_sd``) plus its sampling variance ``s_1^2 / c_k1 + s_0^2 / c_k0`` with ``s_t^2``
-    the arm's variance from the DP second moment (an upper bound of the within-cell variance).
+    uplifts ``a + lambda (u_k - a)``. With ``v_k`` the cell's variance under no heterogeneity,
+    its privacy-noise variance (delta method, as ``uplift_noise_sd``) plus its sampling variance
+    ``s_1^2 / c_k1 + s_0^2 / c_k0``, ``s_t^2`` the arm's marginal variance from the DP second
+    moment (in expectation at least the average within-cell variance) raised by
+    ``z_0.95`` times that estimate's noise sd (``second_scale``: the Laplace noise of the second
+    moments can take it to 0, and a variance read too small would detect noise): from 3 cells
+    lambda is ``anchor.heterogeneity_factor`` (Cochran's Q, each cell at its own precision); with
+    2 the prior form of ``anchor.james_stein_factor`` on the count-weighted deviations
+    ``sqrt(w_k) (u_k - a)`` and their covariance ``W^1/2 (I - 1 w') V (I - w 1') W^1/2``.
     One cell: the release is its own uplift, the anchor (lambda = 0)."""
     width = domain.outcome_range
     midpoint = (domain.y_lower + domain.y_upper) / 2.0
@@ -170,8 +179,13 @@ def shrink_to_anchor(
         sums = noisy_sums.reshape(-1, 2)
         arm_counts = np.maximum(counts.sum(axis=0), params.min_count)
         arm_means = np.clip(sums.sum(axis=0) / arm_counts, -width / 2.0, width / 2.0)
+        raise_by = float(ndtri(SECOND_MOMENT_UPPER_LEVEL)) * math.sqrt(2.0) * second_scale
         variances = [
-            float(np.clip(noisy_second[t] / arm_counts[t] - arm_means[t] ** 2, 0.0, width**2 / 4))
+            min(
+                float(np.clip(noisy_second[t] / arm_counts[t] - arm_means[t] ** 2, 0.0, None))
+                + raise_by / float(arm_counts[t]),
+                width**2 / 4,
+            )
             for t in (0, 1)
         ]
         means = np.column_stack(
@@ -181,11 +195,14 @@ def shrink_to_anchor(
         privacy = (2 * sum_scale**2 + centred**2 * 2 * count_scale**2) / floor**2
         sampling = np.column_stack([variances[0] / floor[:, 0], variances[1] / floor[:, 1]])
         v = (privacy + sampling).sum(axis=1)
-        trace, trace_squared = _deviation_traces(weights, v)
-        prior = width / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
-        factor = james_stein_factor(
-            np.sqrt(weights) * (uplift - anchor), trace, trace_squared, prior
-        )
+        if uplift.size >= 3:
+            factor = heterogeneity_factor(uplift, v)
+        else:
+            trace, trace_squared = _deviation_traces(weights, v)
+            prior = width / versus_ate.DEFAULT_HETEROGENEITY_RANGE_RATIO
+            factor = james_stein_factor(
+                np.sqrt(weights) * (uplift - anchor), trace, trace_squared, prior
+            )
     shrunk = np.clip(anchor + factor * (uplift - anchor), -width, width)
     anchor_sd, released_sd = released_noise_sds(
         np.asarray(released["uplift_noise_sd"], dtype=np.float64), weights, factor, width
@@ -447,6 +464,7 @@ def _run(
             params,
             count_scale=state.counts.scale,
             sum_scale=state.sums.scale,
+            second_scale=0.0 if state.second_moments is None else state.second_moments.scale,
         )
     progress(1.0, "done")
     return {

@@ -20,8 +20,10 @@ from service.mechanisms.errors import InvalidParameters
 MECHANISM = "uplift_table"
 # 2: shrinkage "ate" (the default, proof step 5); 3: its one-cell observational release is the
 # adjusted DP ATE (proof step 6); 4: the ebm estimator (the ebm_cate release read at the cell
-# centres of a grid over the effect columns, proof step 7)
-VERSION = "4"
+# centres of a grid over the effect columns, proof step 7); 5: from 3 cells the factor is
+# Cochran's Q at each cell's own precision, the arms' variances read at an upper confidence
+# level (proof step 5)
+VERSION = "5"
 Progress = Callable[[float, str], None]
 
 MIN_EPSILON = 0.01
