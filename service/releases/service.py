@@ -37,7 +37,7 @@ from service.problems import (
     validation_summary,
 )
 from service.releases.kinds import REGISTRY
-from service.releases.kinds.base import KindParams, ReleaseKind
+from service.releases.kinds.base import KindParams, ReleaseKind, release_params
 from service.releases.schemas import (
     QuoteCreate,
     QuoteRead,
@@ -122,6 +122,7 @@ def create(
     if dataset.status != "ready":
         raise DatasetUnavailable("the dataset's rows were deleted")
     kind, params, _domain, record = _plan(dataset, body.kind, body.params)
+    params = release_params(params)  # a quote's target does not make another release
     digest = request_hash(dataset, body.kind, params)
     stored_params = {"params": params.model_dump(mode="json"), "fresh": body.fresh}
 

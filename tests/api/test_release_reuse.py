@@ -73,6 +73,36 @@ def test_identical_request_is_reused_and_charges_nothing(
     assert len(_charges(client, owner, dataset)) == 3
 
 
+def test_a_quote_only_field_does_not_make_another_release(
+    api: Api, client: TestClient, setup: Any
+) -> None:
+    """target_half_width (ate) and expected_heterogeneity_sd (CATE kinds) shape only a quote: a
+    release with them is the release without them (its stored parameters drop them), reused at
+    no charge. An observational walkthrough quoted with a target and released with the same
+    dict: three targets, three charges of the same release."""
+    owner, analyst = setup
+    dataset = _dataset(api, owner, analyst, 10.0)
+    a = post_release(client, analyst["api_key"], dataset, {**FAST, "target_half_width": 1e-9})
+    b = post_release(client, analyst["api_key"], dataset, {**FAST, "target_half_width": 2.0})
+    c = post_release(client, analyst["api_key"], dataset, FAST)
+    assert (a.status_code, b.status_code, c.status_code) == (202, 200, 200)
+    assert a.json()["id"] == b.json()["id"] == c.json()["id"]
+    assert "target_half_width" not in {k for k, v in a.json()["params"].items() if v is not None}
+    assert _charges(client, owner, dataset) == [a.json()["id"]]
+    vector = {"epsilon": 1.0, "points": [[50.0, 0.5, 1.0]]}
+    d = post_release(
+        client,
+        analyst["api_key"],
+        dataset,
+        {**vector, "expected_heterogeneity_sd": 0.5},
+        kind="cate_vector",
+    )
+    e = post_release(client, analyst["api_key"], dataset, vector, kind="cate_vector")
+    assert (d.status_code, e.status_code) == (202, 200)
+    assert d.json()["id"] == e.json()["id"]
+    assert len(_charges(client, owner, dataset)) == 2
+
+
 def test_loser_of_the_reuse_key_rolls_back_and_is_reused(
     api: Api, client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

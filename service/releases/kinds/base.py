@@ -42,6 +42,24 @@ class KindParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+# Fields only a quote reads (the width or heterogeneity the analyst aims at): a release ignores
+# them, so they are dropped from its stored parameters and request hash (``release_params``). An
+# observational walkthrough quoted with a target and released with the same dict: each target
+# made a new release identity and a new charge for the same release (0.3 epsilon for three).
+QUOTE_ONLY_FIELDS = frozenset({"target_half_width", "expected_heterogeneity_sd"})
+
+
+def release_params(params: KindParams) -> KindParams:
+    """The parameters a release runs and is identified by: ``params`` without its quote-only
+    fields (``QUOTE_ONLY_FIELDS`` set back to None)."""
+    dropped = {
+        name: None
+        for name in QUOTE_ONLY_FIELDS
+        if name in type(params).model_fields and getattr(params, name) is not None
+    }
+    return params.model_copy(update=dropped) if dropped else params
+
+
 class ReleaseKind(Protocol):
     name: ClassVar[str]
     Params: ClassVar[type[KindParams]]
