@@ -86,11 +86,52 @@ def requested_params(name: str, stored: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
+# Request fields that list covariates by 0-based position; a covariate's schema name is read as
+# its position (``column_positions``), as ``cut_points`` and ``quantile_cuts`` take names (an
+# observational walkthrough's names were refused there).
+COLUMN_LIST_FIELDS = ("effect_columns", "adjustment_columns")
+
+
+def column_positions(raw: dict[str, Any], domain: PublicDomain) -> dict[str, Any]:
+    """``raw`` with the covariate names in its ``COLUMN_LIST_FIELDS`` replaced by their schema
+    positions (the stored request, and so its hash, holds positions: a name and its position are
+    the same release). An unknown name is a 422 naming the schema's covariates; anything else is
+    left to the kind's validation."""
+    if not isinstance(raw, dict):
+        return raw
+    names = domain.names
+    out = dict(raw)
+    errors = []
+    for field in COLUMN_LIST_FIELDS:
+        given = raw.get(field)
+        if not isinstance(given, list):
+            continue
+        resolved: list[Any] = []
+        for i, item in enumerate(given):
+            if isinstance(item, str):
+                if item in names:
+                    resolved.append(names.index(item))
+                    continue
+                errors.append(
+                    {
+                        "pointer": f"#/params/{field}/{i}",
+                        "detail": f"{item!r} is not a covariate of this dataset; give a name "
+                        f"among {', '.join(names[:20])}{', ...' if len(names) > 20 else ''} "
+                        "or a 0-based position",
+                    }
+                )
+            resolved.append(item)
+        out[field] = resolved
+    if errors:
+        raise ValidationFailed(validation_summary(errors), errors=errors)
+    return out
+
+
 def _plan(
     dataset: Dataset, name: str, raw: dict[str, Any]
 ) -> tuple[ReleaseKind, KindParams, PublicDomain, MechanismRecord]:
-    kind, params = resolve_kind(name, raw)
     domain = datasets.domain_of(dataset)
+    kind, params = resolve_kind(name, column_positions(raw, domain))
     record = kind.record(params, domain)
     return kind, params, domain, record
 

@@ -103,6 +103,39 @@ def test_a_quote_only_field_does_not_make_another_release(
     assert len(_charges(client, owner, dataset)) == 2
 
 
+def test_covariate_names_in_column_lists_are_their_positions(
+    api: Api, client: TestClient, setup: Any
+) -> None:
+    """effect_columns / adjustment_columns take schema names as well as positions (cut_points
+    takes names): the stored request holds positions, so a name and its position are one
+    release, reused; an unknown name is a 422 pointing at it, before any charge."""
+    owner, analyst = setup
+    dataset = _dataset(api, owner, analyst, 10.0)
+    by_name = {"epsilon": 1.0, "nuisance": "dp_linear", "adjustment_columns": ["age", "severity"]}
+    a = post_release(client, analyst["api_key"], dataset, by_name)
+    b = post_release(client, analyst["api_key"], dataset, {**by_name, "adjustment_columns": [0, 1]})
+    assert (a.status_code, b.status_code) == (202, 200)
+    assert a.json()["id"] == b.json()["id"]
+    assert a.json()["params"]["adjustment_columns"] == [0, 1]
+    bad = post_release(
+        client, analyst["api_key"], dataset, {**by_name, "adjustment_columns": ["age", "weight"]}
+    )
+    assert bad.status_code == 422
+    problem = bad.json()
+    assert problem["errors"][0]["pointer"] == "#/params/adjustment_columns/1"
+    assert "'weight' is not a covariate" in problem["errors"][0]["detail"]
+    assert "age, severity, sex" in problem["errors"][0]["detail"]
+    h = Api.auth(analyst["api_key"])
+    quoted = client.post(
+        f"/v1/datasets/{dataset}/quotes",
+        headers=h,
+        json={"kind": "ebm_cate", "params": {"epsilon": 1.0, "effect_columns": ["sex"]}},
+    )
+    assert quoted.status_code == 200, quoted.text
+    assert quoted.json()["accuracy"]["effect_columns"] == [2]
+    assert _charges(client, owner, dataset) == [a.json()["id"]]
+
+
 def test_loser_of_the_reuse_key_rolls_back_and_is_reused(
     api: Api, client: TestClient, setup: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,8 +50,8 @@ class EbmCateRequest(KindParams):
     effect_columns: list[StrictInt] | None = Field(
         default=None,
         min_length=1,
-        description="effect modifiers: 0-based positions in the schema's covariate list "
-        "(DR and R learners); omitted: every covariate",
+        description="effect modifiers: 0-based positions in the schema's covariate list, or "
+        "covariate names, read as their positions (DR and R learners); omitted: every covariate",
     )
     # The analysis plan's adjustment set: 0-based positions in the schema's covariate list
     # that the nuisance models (propensity and outcome DP-EBMs of the DR and R learners) adjust
@@ -62,8 +62,8 @@ class EbmCateRequest(KindParams):
         min_length=1,
         max_length=500,
         description="the nuisance models' adjustment set: 0-based positions in the schema's "
-        "covariate list (DR and R learners); omitted: the schema's declared adjustment set, "
-        "else every covariate",
+        "covariate list, or covariate names, read as their positions (DR and R learners); "
+        "omitted: the schema's declared adjustment set, else every covariate",
     )
     # The effect-modifier screen (proof ebm_cate.md step 9): without named effect columns the
     # anchored DR learner spends a public share of the effect model's budget on a DP choice of
