@@ -271,6 +271,10 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
         block = kind.quote(params, adjusted)["coverage"]
         assert block["measured"]["nuisance"] == "dp_ebm"
         assert "Declaring the confounders" not in block["message"]
+        # the band was measured on all covariates: the message says so, and what the set gave
+        assert "Those releases adjusted for all 36" in block["message"]
+        assert "covered 91 %" in block["message"]
+    assert "Those releases adjusted" not in mid["message"]
     # an explicit preset quotes its own measurement
     linear = kind.quote(AteParams(epsilon=5.0, nuisance="dp_linear"), OBSERVATIONAL)["coverage"]
     assert linear["measured"]["nuisance"] == "dp_linear"
