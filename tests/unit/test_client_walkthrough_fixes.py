@@ -353,3 +353,123 @@ def test_a_refused_later_batch_keeps_the_earlier_answers() -> None:
     assert partial.values == [float(i) for i in range(25)]
     assert partial.points == [[float(i)] for i in range(25)]
     assert partial.ate_anchor == 1.25
+
+
+def test_cli_csv_points_refuse_what_would_answer_for_the_wrong_patient(tmp_path: Path) -> None:
+    """A CDS walkthrough's CSV fixes: a covariate named twice in the header is refused (the
+    first column had been read, silently); a short data row is named (it was an IndexError);
+    a byte-order mark is not part of the first name; ``6_2`` is not 62; a headerless first row
+    with an empty cell is not taken for a header lacking every covariate."""
+    names = ["age", "sbp"]
+
+    def points(text: str) -> list[list[float]]:
+        path = tmp_path / "p.csv"
+        path.write_bytes(text.encode("utf-8"))
+        return read_points(None, path, lambda: names)
+
+    with pytest.raises(click.BadParameter, match=r"names age more than once"):
+        points("age,age,sbp\n99,62,121\n")
+    with pytest.raises(click.BadParameter, match=r"data row 2 has 1 values, the header 2"):
+        points("age,sbp\n60,120\n61\n")
+    assert points("\ufeffage,sbp\n60,120\n") == [[60.0, 120.0]]
+    with pytest.raises(click.BadParameter, match=r"data row 1, column 'age' is not one"):
+        points("age,sbp\n6_2,120\n")
+    with pytest.raises(click.BadParameter, match=r"neither a header .* nor a row of numbers"):
+        points("60,,120\n")
+    assert points("60,120\n61,121\n") == [[60.0, 120.0], [61.0, 121.0]]
+
+
+def test_client_points_refuse_nan_and_flat_lists_and_read_data_frames() -> None:
+    from dpcurator.client import _frame
+
+    with pytest.raises(ValueError, match=r"point 0, coordinate 1: nan is not a finite number"):
+        _as_points([[1.0, float("nan")]])
+    with pytest.raises(TypeError, match=r"point 0: a point is a list of numbers, not int"):
+        _as_points([64, 1])  # type: ignore[list-item]
+
+    class Frame:  # the two members of a pandas DataFrame that _frame reads
+        columns = ["sbp", "age"]
+
+        def to_numpy(self) -> Any:
+            return np.array([[120.0, 60.0]])
+
+    rows, columns = _frame(Frame(), None)
+    assert (rows, columns) == ([[120.0, 60.0]], ["sbp", "age"])
+    assert _frame(Frame(), ["a", "b"])[1] == ["a", "b"]
+    assert _frame([[1.0]], None) == ([[1.0]], None)
+
+
+def test_a_later_batchs_refusal_names_the_callers_point() -> None:
+    """Pointers of a refused batch are renumbered by its offset (point 1200 had been reported
+    at #/points/200)."""
+    from dpcurator.client import _shift_point_pointers
+
+    exc = ProblemError(
+        type="https://dp-curator.dev/problems/validation-failed",
+        title="Validation failed",
+        status=422,
+        detail="#/points/200/11: not one of its codes",
+        errors=[{"pointer": "#/points/200/11", "detail": "not one of its codes"}],
+    )
+    _shift_point_pointers(exc, 1000)
+    assert exc.errors[0]["pointer"] == "#/points/1200/11"
+    assert exc.detail == "#/points/1200/11: not one of its codes"
+    assert "#/points/1200/11" in str(exc)
+
+
+def test_the_cli_shows_the_answers_stored_before_a_refused_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``function evaluate`` with a later batch refused at capacity prints the stored answers and
+    says which points were not answered (it had said only 'nothing was stored', though six
+    batches were stored and counted against the function); --level outside (0, 1) is a usage
+    error before any request."""
+    import httpx2 as httpx
+    from click.testing import CliRunner
+
+    from dpcurator.cli import app
+    from dpcurator.client import CuratorClient
+
+    sent: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            info = {"id": "f", "dataset_id": "d", "status": "open", "basis": "exact", "q": 1}
+            return httpx.Response(200, json={**info, "t_max": 30, "batch_max": 25})
+        points = json.loads(request.content)["points"]
+        sent.append(len(points))
+        if points[0][0] >= 25:
+            problem = {
+                "type": "https://dp-curator.dev/problems/function-capacity-reached",
+                "title": "Function capacity reached",
+                "status": 409,
+                "detail": "nothing was stored",
+            }
+            return httpx.Response(409, json=problem)
+        body = {"function_id": "f", "values": [p[0] for p in points], "guarantee": "strict"}
+        return httpx.Response(200, json=body)
+
+    transport = httpx.MockTransport(handler)
+    monkeypatch.setattr(
+        app, "CuratorClient", lambda url, key, timeout: CuratorClient(url, key, transport=transport)
+    )
+    points = json.dumps([[float(i)] for i in range(31)])
+    runner = CliRunner()
+    out = runner.invoke(app.cli, ["--key", "k", "function", "evaluate", "f", "--points", points])
+    assert out.exit_code == 1
+    assert "the first 25 of 31 points were answered and stored (above)" in out.output
+    assert "points 26-31 were not" in out.output
+    assert "24" in out.output.split("error:")[0]  # the stored answers are printed
+    as_json = runner.invoke(
+        app.cli, ["--key", "k", "--json", "function", "evaluate", "f", "--points", points]
+    )
+    body = json.loads(as_json.output.split("error:")[0])
+    assert body["partial"] is True
+    assert (len(body["values"]), body["points_requested"]) == (25, 31)
+    sent.clear()
+    bad = runner.invoke(
+        app.cli, ["--key", "k", "function", "evaluate", "f", "--points", "[[1]]", "--level", "1.5"]
+    )
+    assert bad.exit_code == 2
+    assert "--level" in bad.output
+    assert sent == []

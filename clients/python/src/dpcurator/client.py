@@ -9,11 +9,13 @@ Errors come back as the exception classes of ``dpcurator.errors``, one per probl
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import os
+import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -607,6 +609,7 @@ class CuratorClient:
         stay answered: their answers are on the exception as ``partial`` (a
         ``FunctionEvaluation`` of the first points; None if the first batch was refused).
         """
+        points, columns = _frame(points, columns)
         pts = _as_points(points)
         named = None if columns is None else [str(c) for c in columns]
         if len(pts) <= 1:
@@ -619,6 +622,7 @@ class CuratorClient:
             try:
                 parts.append(self._evaluate_batch(function_id, pts[i : i + size], named))
             except ProblemError as exc:
+                _shift_point_pointers(exc, i)  # the caller's point numbers, not the batch's
                 if parts:
                     done = [v for part in parts for v in part.values]
                     exc.partial = FunctionEvaluation.from_response(
@@ -655,6 +659,7 @@ class CuratorClient:
         More points than one request takes (``PREDICT_BATCH_LIMIT``, fewer where the points have
         many covariates: ``MAX_COORDINATES_PER_REQUEST``) are sent in batches. ``columns``: as
         for ``evaluate_function``."""
+        points, columns = _frame(points, columns)
         pts = _as_points(points)
         extra: dict[str, Any] = {} if columns is None else {"columns": [str(c) for c in columns]}
         width = max(len(pts[0]), 1) if pts else 1
@@ -695,11 +700,27 @@ def _page(limit: int | None, offset: int, order: str | None = None) -> str:
     return "?" + urlencode(query) if query else ""
 
 
+def _frame(points: Any, columns: Sequence[str] | None) -> tuple[Any, Sequence[str] | None]:
+    """A pandas DataFrame's rows as the points and, unless ``columns`` is given, its column
+    names as ``columns`` (the server then reads them by name and refuses names it does not
+    know); iterating a DataFrame would give its column names. Anything else is unchanged."""
+    if hasattr(points, "columns") and hasattr(points, "to_numpy"):
+        named = columns if columns is not None else [str(c) for c in points.columns]
+        return points.to_numpy().tolist(), named
+    return points, columns
+
+
 def _as_points(points: Sequence[Sequence[float]]) -> list[list[float]]:
-    """The points as JSON numbers. Numbers of any real type (numpy's too) pass; a string or a
-    boolean is refused, as the server refuses them (it never reads "64" as 64)."""
+    """The points as finite JSON numbers. Numbers of any real type (numpy's too) pass; a string
+    or a boolean is refused, as the server refuses them (it never reads "64" as 64), and so are
+    NaN and infinities (JSON has none) and a flat list of numbers (one point is ``[[...]]``)."""
     out: list[list[float]] = []
     for i, point in enumerate(points):
+        if isinstance(point, (str, bytes)) or not isinstance(point, Sequence | Iterable):
+            raise TypeError(
+                f"point {i}: a point is a list of numbers, not {type(point).__name__} "
+                f"({point!r:.20}); one point is [[x1, x2, ...]]"
+            )
         row: list[float] = []
         for j, value in enumerate(point):
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -707,9 +728,33 @@ def _as_points(points: Sequence[Sequence[float]]) -> list[list[float]]:
                     f"point {i}, coordinate {j}: a number is needed, not "
                     f"{type(value).__name__} ({value!r:.20})"
                 )
-            row.append(float(value))
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError(f"point {i}, coordinate {j}: {number} is not a finite number")
+            row.append(number)
         out.append(row)
     return out
+
+
+_POINT_POINTER = re.compile(r"#/points/(\d+)")
+
+
+def _shift_point_pointers(exc: ProblemError, offset: int) -> None:
+    """Renumber a batch's ``#/points/K`` pointers (errors and detail) by the batch's offset in
+    the caller's points, so that a refusal names the caller's point, not the batch's (a CDS
+    walkthrough's bad point 1200 was reported at 200)."""
+    if offset == 0:
+        return
+
+    def shift(text: str) -> str:
+        return _POINT_POINTER.sub(lambda m: f"#/points/{int(m.group(1)) + offset}", text)
+
+    for error in exc.errors:
+        if isinstance(error.get("pointer"), str):
+            error["pointer"] = shift(error["pointer"])
+    if exc.detail:
+        exc.detail = shift(exc.detail)
+    exc.args = (exc.one_line(),)
 
 
 @contextmanager

@@ -1065,18 +1065,52 @@ def with_points(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def _number(text: str) -> float:
+    """A CSV cell as a number; ``float`` without its Python-only forms (``6_2`` is not 62, as
+    the upload refuses it)."""
+    if "_" in text:
+        raise ValueError(text)
+    return float(text)
+
+
 def _is_number(text: str) -> bool:
     try:
-        float(text)
+        _number(text)
     except ValueError:
         return False
     return True
 
 
 def _csv_rows(path: Path) -> list[list[str]]:
-    """The non-blank rows of a points CSV (header included, if any)."""
-    with path.open(newline="", encoding="utf-8") as handle:
+    """The non-blank rows of a points CSV (header included, if any); a UTF-8 byte-order mark
+    (Excel's "CSV UTF-8") is not part of the first column's name."""
+    with path.open(newline="", encoding="utf-8-sig") as handle:
         return [r for r in csv.reader(handle) if r and any(c.strip() for c in r)]
+
+
+def _header(rows: list[list[str]], names: Sequence[str]) -> list[str] | None:
+    """The first row as a header where it names a covariate, None where it is a data row (all
+    numbers); anything else is refused, saying which (a headerless row with an empty cell had
+    been read as a header lacking every covariate)."""
+    first = [c.strip() for c in rows[0]]
+    if any(c in names for c in first):
+        repeated = sorted({c for c in first if c and first.count(c) > 1})
+        if repeated:
+            raise click.BadParameter(
+                f"the header names {', '.join(repeated)} more than once (which column holds "
+                "the value is ambiguous)",
+                param_hint="--csv",
+            )
+        return first
+    if all(_is_number(c) for c in first):
+        return None
+    j = next(j for j, c in enumerate(first) if not _is_number(c))
+    raise click.BadParameter(
+        f"the first row is neither a header (it names none of the covariates "
+        f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''}) nor a row of numbers "
+        f"(value {j + 1} is {'empty' if not first[j] else 'not a number'})",
+        param_hint="--csv",
+    )
 
 
 def read_points(
@@ -1111,13 +1145,21 @@ def read_points(
     else:
         assert points_csv is not None
         rows = _csv_rows(points_csv)
+        header = None
         if rows and not all(_is_number(c) for c in rows[0]):
-            header = [c.strip() for c in rows[0]]
             names = list(covariates())
+            header = _header(rows, names)
+        if header is not None:
             missing = [n for n in names if n not in header]
             if missing:
                 raise click.BadParameter(
                     f"the header lacks covariate column(s) {', '.join(missing)}",
+                    param_hint="--csv",
+                )
+            short = next((i for i, r in enumerate(rows[1:], start=1) if len(r) < len(header)), None)
+            if short is not None:
+                raise click.BadParameter(
+                    f"data row {short} has {len(rows[short])} values, the header {len(header)}",
                     param_hint="--csv",
                 )
             columns = [header.index(n) for n in names]
@@ -1125,7 +1167,7 @@ def read_points(
         points = []
         for i, r in enumerate(rows, start=1):
             try:
-                points.append([float(c) for c in r])
+                points.append([_number(c) for c in r])
             except ValueError:
                 j = next(j for j, c in enumerate(r) if not _is_number(c))
                 known = list(covariates())
@@ -1152,6 +1194,10 @@ def read_ids(points_csv: Path | None, id_column: str | None) -> list[str] | None
     if id_column not in header:
         raise click.BadParameter(
             f"the header has no column {id_column!r}", param_hint="--id-column"
+        )
+    if header.count(id_column) > 1:
+        raise click.BadParameter(
+            f"the header names {id_column!r} more than once", param_hint="--id-column"
         )
     j = header.index(id_column)
     return [r[j] if j < len(r) else "" for r in rows[1:]]
@@ -1208,7 +1254,13 @@ def function_show(state: State, function_id: str) -> None:
 @function.command("evaluate")
 @click.argument("function_id")
 @with_points
-@click.option("--level", default=0.95, show_default=True, help="Level of the pointwise noise band.")
+@click.option(
+    "--level",
+    default=0.95,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+    help="Level of the pointwise noise band, in (0, 1).",
+)
 @pass_state
 def function_evaluate(
     state: State,
@@ -1225,7 +1277,30 @@ def function_evaluate(
 
     ids = read_ids(points_csv, id_column)
     points = read_points(points_json, points_csv, covariates)
-    ev = state.client.evaluate_function(function_id, points)
+    try:
+        ev = state.client.evaluate_function(function_id, points)
+    except ProblemError as exc:
+        if exc.partial is None:
+            raise
+        # the batches before the refused one were answered and stored (they count against the
+        # function's capacity): show them, and say which points were not answered
+        done = exc.partial
+        shown = None if ids is None else ids[: len(done.values)]
+        emit(
+            state,
+            lambda: render.evaluation(done, level, shown),
+            lambda: {
+                **done.raw,
+                "points": done.points,
+                **({"ids": shown} if shown is not None else {}),
+                "partial": True,
+                "points_requested": len(points),
+            },
+        )
+        raise CliError(
+            f"{exc.one_line()} -- the first {len(done.values)} of {len(points)} points were "
+            f"answered and stored (above); points {len(done.values) + 1}-{len(points)} were not"
+        ) from None
     emit(
         state,
         lambda: render.evaluation(ev, level, ids),
