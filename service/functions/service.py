@@ -205,7 +205,9 @@ def purge_row_state(session: Session, *, dataset_id: str) -> list[str]:
     """Delete the state built from a dataset's rows (``ROW_STATE_BASES``) and close those
     functions, in the caller's transaction (``delete_rows``, after it has locked the dataset's
     row). Each function's row is locked as an evaluation locks it, so none is mid-answer.
-    Returns the closed functions' ids (the caller forgets their cached copies after commit)."""
+    A function whose shrinkage factor is 0 answers its public anchor without that state and
+    stays open. Returns the purged functions' ids (the caller forgets their cached copies after
+    commit)."""
     ids = list(
         session.execute(
             select(CateFunction.id)
@@ -223,9 +225,14 @@ def purge_row_state(session: Session, *, dataset_id: str) -> list[str]:
     session.execute(delete(CateFunctionBatch).where(CateFunctionBatch.function_id.in_(ids)))
     now = _now_iso()
     for header in session.execute(select(CateFunction).where(CateFunction.id.in_(ids))).scalars():
-        header.status = "closed"
         header.t = 0
         header.version = 0
+        if constant_answer(json.loads(header.public_json)) is not None:
+            # shrinkage factor 0: every answer is its public anchor, served from its public
+            # facts without the deleted state, so it stays open (a CDS walkthrough's constant
+            # function had closed with the rows, though its answer needed none of them)
+            continue
+        header.status = "closed"
         header.closed_at = header.closed_at or now
     session.flush()
     return ids

@@ -163,3 +163,44 @@ def test_an_operator_closes_exact_functions_after_a_restore(
     assert evaluate(client, key, finite, POINT).status_code == 200
     again = close_functions(get_sessionmaker(), ids=[exact, "nope"])
     assert again == {"closed": 0, "already_closed": 1, "unknown": 1}
+
+
+def test_a_constant_exact_function_keeps_answering_its_anchor_after_the_deletion(
+    client: TestClient,
+    setup: dict[str, Any],
+    db_url: str,  # noqa: F811
+) -> None:
+    """At shrinkage factor 0 every answer is the public anchor, served without the state: the
+    deletion deletes the state (its rows) and the function stays open, answering the same (a
+    CDS walkthrough's constant exact function had closed with the rows)."""
+    import json
+
+    from service.functions import service as functions
+
+    s = setup
+    params = {**{k: v for k, v in FAST.items() if k != "shrinkage"}, "basis": "exact"}
+    fid = release(client, s, params)["id"]
+    engine = create_engine(db_url)
+    try:
+        with Session(engine) as session:
+            row = session.get(CateFunction, fid)
+            assert row is not None
+            public = json.loads(row.public_json)
+            if public["shrinkage_factor"] != 0.0:  # a factor > 0 by chance: make it the case
+                public["shrinkage_factor"] = 0.0
+                row.public_json = json.dumps(public)
+                session.commit()
+    finally:
+        engine.dispose()
+    functions.forget()
+    key = s["client"]["api_key"]
+    before = evaluate(client, key, fid, POINT).json()["values"]
+    assert _counts(db_url, fid)[0] == 1
+
+    _delete_rows(client, s)
+
+    assert _counts(db_url, fid) == (0, 0, "open")
+    for point in (POINT, [[60.0, 0.7, 0.0]]):
+        answered = evaluate(client, key, fid, point)
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["values"] == before
