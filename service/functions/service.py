@@ -316,6 +316,10 @@ def _keep_newest(cache: OrderedDict[str, Any], key: str, value: Any, limit: int)
             cache.popitem(last=False)
 
 
+# The invalid coordinates a refused batch lists (all are counted in its detail).
+MAX_POINT_ERRORS = 20
+
+
 def validate_points(
     facts: _Public, points: list[list[float]]
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
@@ -339,12 +343,20 @@ def validate_points(
             and all(c is None or set(array[:, j].tolist()) <= c for j, c in enumerate(codes))
         ):
             return mech.canonicalise(mech.scale_to_unit(array, facts.lower, facts.upper))
+    # every invalid value is counted; the first MAX_POINT_ERRORS are listed (a walkthrough's
+    # 1000 invalid points had read "(and 19 more)")
     errors: list[dict[str, str]] = []
+    total = 0
     for i, point in enumerate(points):
         if len(point) != facts.q:
-            errors.append(
-                {"pointer": f"#/points/{i}", "detail": f"each point needs {facts.q} coordinates"}
-            )
+            total += 1
+            if len(errors) < MAX_POINT_ERRORS:
+                errors.append(
+                    {
+                        "pointer": f"#/points/{i}",
+                        "detail": f"each point needs {facts.q} coordinates",
+                    }
+                )
             continue
         for j, value in enumerate(point):
             detail = (
@@ -353,10 +365,10 @@ def validate_points(
                 else "must be finite"
             )
             if detail is not None:
-                errors.append({"pointer": f"#/points/{i}/{j}", "detail": detail})
-        if len(errors) >= 20:
-            break
-    raise ValidationFailed(points_summary([e["detail"] for e in errors]), errors=errors)
+                total += 1
+                if len(errors) < MAX_POINT_ERRORS:
+                    errors.append({"pointer": f"#/points/{i}/{j}", "detail": detail})
+    raise ValidationFailed(points_summary([e["detail"] for e in errors], total), errors=errors)
 
 
 # ---- per-process caches ---------------------------------------------------------------------

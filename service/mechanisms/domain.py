@@ -154,7 +154,12 @@ def coordinate_error(value: float, lower: float, upper: float, codes: Any) -> st
     return None
 
 
-def points_summary(messages: list[str]) -> str:
-    """The problem's detail for invalid points: the first error and how many more."""
-    more = len(messages) - 1
-    return f"invalid query point: {messages[0]}" + (f" (and {more} more)" if more else "")
+def points_summary(messages: list[str], total: int | None = None) -> str:
+    """The problem's detail for invalid points: the first error and how many more; ``total``:
+    the number of invalid values where ``messages`` lists only the first of them."""
+    count = len(messages) if total is None else total
+    more = count - 1
+    text = f"invalid query point: {messages[0]}" + (f" (and {more} more)" if more else "")
+    if count > len(messages):
+        text += f"; errors lists the first {len(messages)}"
+    return text

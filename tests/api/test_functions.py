@@ -862,3 +862,19 @@ def test_points_may_name_their_columns(client: TestClient, setup: Any) -> None:
     (error,) = problem(outside, 422, "validation-failed")["errors"]
     assert error["pointer"] == "#/points/0/1"
     assert "(column age)" in error["detail"]
+
+
+def test_a_batch_of_many_invalid_points_counts_them_all(client: TestClient, setup: Any) -> None:
+    """The detail counts every invalid coordinate and says the list holds the first 20 (a CDS
+    walkthrough's 1000 invalid points had read "(and 19 more)")."""
+    from tests.api.test_datasets import problem
+
+    fid = release(client, setup, FAST)["id"]
+    points = [[200.0, 0.5, 1.0]] * 15 + [[200.0, 2.0, 1.0]] * 5  # 25 invalid coordinates
+    body = problem(
+        evaluate(client, setup["client"]["api_key"], fid, points), 422, "validation-failed"
+    )
+    assert len(body["errors"]) == 20
+    assert "(and 24 more); errors lists the first 20" in body["detail"]
+    one = evaluate(client, setup["client"]["api_key"], fid, [[200.0, 0.5, 1.0]])
+    assert "more" not in problem(one, 422, "validation-failed")["detail"]
