@@ -76,4 +76,5 @@ async def evaluate(
         pointwise_noise_sd=public.get("pointwise_noise_sd"),
         shrinkage_factor=public.get("shrinkage_factor"),
         ate_anchor=public.get("ate_anchor"),
+        ate_anchor_interval=public.get("ate_anchor_interval"),
     )

@@ -39,11 +39,17 @@ class EvaluateRead(BaseModel):
         description="An anchored function's DP shrinkage factor in [0, 1]: an answer is the "
         "anchor plus this factor times the fitted function and its noise, so its privacy noise "
         "sd is this factor times pointwise_noise_sd; at 0 every answer is the DP ATE anchor "
-        "(its ate_anchor_interval, on GET /v1/functions/{id}, is then the error bar, where the "
-        "anchor has one). Null: not anchored.",
+        "(its ate_anchor_interval is then the error bar, where the anchor has one) and "
+        "pointwise_noise_sd is not in the answer. Null: not anchored.",
     )
     ate_anchor: float | None = Field(
         default=None, description="The DP ATE an anchored function falls back to (null: none)."
+    )
+    ate_anchor_interval: dict[str, float] | None = Field(
+        default=None,
+        description="The anchor's own confidence interval for the ATE (lower, upper, level), "
+        "where the anchor is an ate release on all rows (null otherwise): at shrinkage factor 0 "
+        "the error bar of every answer as an ATE, not a range for one patient's effect.",
     )
 
 

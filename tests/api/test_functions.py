@@ -717,6 +717,8 @@ def test_a_constant_function_answers_its_anchor_without_state(
         body = r.json()
         assert body["values"] == [expected] * 20
         assert body["shrinkage_factor"] == 0.0
+        # the error bar of a constant answer travels with it (a CDS client had to find it)
+        assert body["ate_anchor_interval"] == result.get("ate_anchor_interval")
     engine = create_engine(configured)
     try:
         with Session(engine) as session:

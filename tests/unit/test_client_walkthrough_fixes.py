@@ -473,3 +473,26 @@ def test_the_cli_shows_the_answers_stored_before_a_refused_batch(
     assert bad.exit_code == 2
     assert "--level" in bad.output
     assert sent == []
+
+
+def test_a_constant_evaluation_carries_its_anchors_interval() -> None:
+    """At shrinkage factor 0 the evaluate response carries the anchor's interval and the CLI
+    says it is the answer's error bar as an ATE (a CDS client had to find it elsewhere)."""
+    from dpcurator.results import FunctionEvaluation
+
+    body = {
+        "function_id": "f",
+        "values": [1.25, 1.25],
+        "guarantee": "strict",
+        "pointwise_noise_sd": 0.38,
+        "shrinkage_factor": 0.0,
+        "ate_anchor": 1.25,
+        "ate_anchor_interval": {"lower": -0.84, "upper": 2.06, "level": 0.95},
+    }
+    ev = FunctionEvaluation.from_response(body, [[1.0], [2.0]])
+    assert ev.ate_anchor_interval == {"lower": -0.84, "upper": 2.06, "level": 0.95}
+    text = render.evaluation(ev)
+    assert "its 95% interval as an ATE is [-0.84, 2.06]" in text
+    assert "noise band" not in text.splitlines()[0]
+    bare = FunctionEvaluation.from_response({**body, "ate_anchor_interval": None}, [[1.0], [2.0]])
+    assert "it has no interval here" in render.evaluation(bare)

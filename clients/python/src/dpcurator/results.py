@@ -175,7 +175,7 @@ class FunctionEvaluation:
     ``shrinkage_factor`` the anchored function's factor (None: unanchored). An answer carries the
     factor times that noise, which ``noise_sd`` repeats per point for ``bands`` and the plots; at
     factor 0 every answer is the DP ATE anchor and there is no noise band (the anchor's interval,
-    ``FunctionInfo.public["ate_anchor_interval"]``, is the error bar).
+    ``ate_anchor_interval``, is the error bar where the anchor has one).
     """
 
     function_id: str
@@ -185,6 +185,7 @@ class FunctionEvaluation:
     pointwise_noise_sd: float | None
     raw: dict[str, Any] = field(repr=False)
     shrinkage_factor: float | None = None
+    ate_anchor_interval: dict[str, float] | None = None
 
     @classmethod
     def from_response(
@@ -205,6 +206,11 @@ class FunctionEvaluation:
             pointwise_noise_sd=float(sd) if sd is not None else None,
             raw=body,
             shrinkage_factor=float(factor) if factor is not None else None,
+            ate_anchor_interval=(
+                {str(k): float(v) for k, v in interval.items()}
+                if isinstance(interval := body.get("ate_anchor_interval"), dict)
+                else None
+            ),
         )
 
     @property

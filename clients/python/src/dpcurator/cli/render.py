@@ -601,9 +601,16 @@ def evaluation(
         rows.append(row)
     footer = f"\n(guarantee {ev.guarantee}; free: no budget charged)"
     if ev.answers_the_ate_everywhere:
+        interval = ev.ate_anchor_interval
+        said = (
+            f"its {interval['level']:.0%} interval as an ATE is "
+            f"[{interval['lower']:.4g}, {interval['upper']:.4g}]"
+            if interval is not None
+            else "it has no interval here (`dpcurator function show` says why)"
+        )
         footer += (
             "\n(shrinkage factor 0: every answer is the DP ATE anchor, the same for every "
-            "patient; `dpcurator function show` gives its interval where there is one)"
+            f"patient; {said}, not a range for one patient's effect)"
         )
     elif bands is None:
         footer += (
