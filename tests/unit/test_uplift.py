@@ -710,6 +710,12 @@ def test_a_quote_of_equal_widths_on_a_numeric_covariate_warns() -> None:
     assert up.quote(dom, cuts)["warnings"] == []
     quantiles = up.UpliftParams(epsilon=1.0, quantile_cuts=(3, 0), cut_points=((), (0.5,)))
     assert up.quote(dom, quantiles)["warnings"] == []
+    # at epsilon 0.02 each cut's selection noise (scale 2 / 0.001 = 2000 records of rank) is
+    # most of n: said (a walkthrough's cuts spanned CRP's whole declared range, unannounced)
+    tiny = up.UpliftParams(epsilon=0.02, quantile_cuts=(3, 0), cut_points=((), (0.5,)))
+    (said,) = up.quote(dom, tiny)["warnings"]
+    assert "about 2,000 records of rank (67% of n = 3000)" in said
+    assert "fewer cuts, more epsilon" in said
 
 
 def test_quantile_cuts_find_a_skewed_covariates_quartiles_and_pay_for_them() -> None:
