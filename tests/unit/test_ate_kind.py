@@ -469,3 +469,20 @@ def test_the_trial_estimator_rule() -> None:
     # with an aipw field besides, the request is refused by name
     with pytest.raises(pydantic.ValidationError, match="name the estimator that takes it"):
         AteParams.model_validate({"epsilon": 1.0, "variance": "public_bound", "nuisance": "none"})
+
+
+def test_an_observational_narrowed_clips_target_verdict_says_it_is_not_benchmarked() -> None:
+    """The adaptive clip on observational data: the target verdict says its width is at the
+    assumed scale and unbenchmarked there (a walkthrough's quote met 0.5 at 0.49; its releases
+    were 0.56-0.80 wide and covered 7 of 10); the declared default's verdict does not."""
+    from service.releases.kinds.ate import NARROWED_TARGET_NOTE
+
+    kind = AteKind()
+    adaptive = kind.quote(
+        AteParams(epsilon=1.0, clip="adaptive", target_half_width=5.0), OBSERVATIONAL
+    )
+    assert adaptive["target_message"].endswith(NARROWED_TARGET_NOTE)
+    default = kind.quote(AteParams(epsilon=1.0, target_half_width=5.0), OBSERVATIONAL)
+    assert NARROWED_TARGET_NOTE not in default["target_message"]
+    trial = kind.quote(AteParams(epsilon=1.0, clip="adaptive", target_half_width=5.0), RCT)
+    assert NARROWED_TARGET_NOTE not in trial["target_message"]

@@ -399,6 +399,11 @@ class AteKind:
             )
         if target is not None:
             out.update(_target_verdict(out, checked.epsilon, target))
+            narrowed = isinstance(mechanism, ate_strict.AteStrictParams) and (
+                mechanism.adaptive_clip or mechanism.pseudo_outcome_clip is not None
+            )
+            if narrowed and domain.design != StudyDesign.RCT:
+                out["target_message"] += NARROWED_TARGET_NOTE
         return out
 
     def run(
@@ -522,6 +527,16 @@ def _epsilon_for_target(checked: AteParams, domain: PublicDomain, target: float)
     return ate_rct.solve_epsilon(
         width, target, minimum=float(grid[first - 1]), maximum=float(grid[first]), tolerance=1e-12
     )
+
+
+# The target verdict of an observational request with a narrowed clip: a width at the quote's
+# assumed scale that no benchmark checked there (an observational walkthrough's adaptive clip:
+# quoted 0.49, "meets target 0.5"; its 10 releases 0.56-0.80, and they covered 7).
+NARROWED_TARGET_NOTE = (
+    " That width is at the quote's assumed pseudo-outcome sd (R_Y / 6); with this narrower clip "
+    "on observational data it was not benchmarked (a skewed, confounded outcome's releases "
+    "were up to 1.6x wider), and the interval leaves the DP models' bias out (see coverage)."
+)
 
 
 def _target_verdict(quoted: dict[str, Any], epsilon: float, target: float) -> dict[str, Any]:
