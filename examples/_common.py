@@ -59,6 +59,17 @@ def client_key(url: str, admin_key: str, label: str) -> tuple[str, str]:
     return made.id, made.api_key
 
 
+def plots_available() -> bool:
+    """Whether matplotlib (the client's ``plots`` extra) is installed; says so where it is not,
+    so an example ends with its figures printed rather than a traceback at the plot."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print('plots skipped: matplotlib is not installed (pip install "dpcurator[plots]")')
+        return False
+    return True
+
+
 def progress(release: Release) -> None:
     """A one-line progress report per change (a notebook or GUI would draw a bar)."""
     print(f"  {release.id[:8]}  {release.status:<8} {release.progress:5.0%}  {release.stage}")

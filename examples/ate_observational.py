@@ -13,7 +13,7 @@ epsilon a target precision needs. The true ATE of the synthetic study is 1.0.
 # ruff: noqa: T201  (examples report to the terminal)
 from __future__ import annotations
 
-from _common import DATA, arguments, progress, roles
+from _common import DATA, arguments, plots_available, progress, roles
 
 from dpcurator import AteResult
 from dpcurator.plots import plot_ate, plot_budget_spend
@@ -64,10 +64,11 @@ def main() -> None:
     budget = owner.get_budget(dataset.id)
     print(f"budget: epsilon spent {budget.epsilon_spent:g} of {budget.epsilon_total:g}")
     print(f"ledger: {check.entries} entries, chain valid: {check.valid}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot_ate(results, args.out / "observational_ate.png", reference=1.0)
-    plot_budget_spend(owner.ledger(dataset.id), args.out / "observational_budget.png")
-    print(f"plots in {args.out}/")
+    if plots_available():
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot_ate(results, args.out / "observational_ate.png", reference=1.0)
+        plot_budget_spend(owner.ledger(dataset.id), args.out / "observational_budget.png")
+        print(f"plots in {args.out}/")
     people.close()
 
 

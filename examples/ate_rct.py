@@ -16,7 +16,7 @@ ledger. The trial is synthetic with a true ATE of 1.0 and a true effect of 0.5 +
 # ruff: noqa: T201  (examples report to the terminal)
 from __future__ import annotations
 
-from _common import DATA, arguments, progress, roles
+from _common import DATA, arguments, plots_available, progress, roles
 
 from dpcurator import AteResult, UpliftTable
 from dpcurator.plots import plot_ate, plot_budget_spend
@@ -82,16 +82,17 @@ def main() -> None:
     print(f"budget: epsilon spent {budget.epsilon_spent:g} of {budget.epsilon_total:g}")
     check = owner.verify_ledger(dataset.id)
     print(f"ledger: {check.entries} entries, chain valid: {check.valid}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot_ate(
-        results,
-        args.out / "rct_ate.png",
-        labels=[label for label, _ in designs],
-        reference=1.0,
-        title="Trial 2026: DP ATE (synthetic truth 1.0)",
-    )
-    plot_budget_spend(owner.ledger(dataset.id), args.out / "rct_budget.png")
-    print(f"plots in {args.out}/")
+    if plots_available():
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot_ate(
+            results,
+            args.out / "rct_ate.png",
+            labels=[label for label, _ in designs],
+            reference=1.0,
+            title="Trial 2026: DP ATE (synthetic truth 1.0)",
+        )
+        plot_budget_spend(owner.ledger(dataset.id), args.out / "rct_budget.png")
+        print(f"plots in {args.out}/")
     people.close()
 
 

@@ -25,7 +25,7 @@ import json
 import random
 import time
 
-from _common import DATA, arguments, client_key, progress, roles
+from _common import DATA, arguments, client_key, plots_available, progress, roles
 
 from dpcurator import CuratorClient, FunctionEvaluation
 from dpcurator.plots import plot_budget_spend, plot_cate_slice
@@ -141,18 +141,20 @@ def main() -> None:
     # A slice along severity for a 60-year-old, BMI 28, male, non-diabetic patient.
     grid = [[60.0, s / 20, 28.0, 1.0, 0.0] for s in range(21)]
     curve: FunctionEvaluation = fn.evaluate(grid)
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot_cate_slice(
-        curve,
-        args.out / "cate_function_slice.png",
-        axis=1,
-        feature="severity (age 60, BMI 28, male, not diabetic)",
-        title="Released CATE function (strict, one charge)",
-    )
-    plot_budget_spend(owner.ledger(dataset.id), args.out / "cate_function_budget.png")
     check = owner.verify_ledger(dataset.id)
     print(f"ledger: {check.entries} entries, chain valid: {check.valid}")
-    print(f"plots in {args.out}/ ({time.monotonic() - started:.1f} s)")
+    if plots_available():
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot_cate_slice(
+            curve,
+            args.out / "cate_function_slice.png",
+            axis=1,
+            feature="severity (age 60, BMI 28, male, not diabetic)",
+            title="Released CATE function (strict, one charge)",
+        )
+        plot_budget_spend(owner.ledger(dataset.id), args.out / "cate_function_budget.png")
+        print(f"plots in {args.out}/")
+    print(f"done in {time.monotonic() - started:.1f} s")
     clinic.close()
     people.close()
 
