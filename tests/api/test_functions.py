@@ -227,7 +227,7 @@ def test_access_is_by_grant(client: TestClient, api: Api, setup: Any) -> None:
     assert evaluate(client, setup["client"]["api_key"], "0" * 32, [[30, 0, 0]]).status_code == 404
 
 
-def test_ebm_basis_where_the_dp_ebm_learns(client: TestClient, api: Api) -> None:
+def test_ebm_basis_where_the_dp_ebm_learns(client: TestClient, api: Api, configured: str) -> None:
     """n eps / q = 2400 * 2 / 3 = 1600 >= 1500: the default function is the strict ebm_cate
     release (proof §9); it answers for free, identically for every caller and after a restart,
     and shows no model."""
@@ -266,6 +266,23 @@ def test_ebm_basis_where_the_dp_ebm_learns(client: TestClient, api: Api) -> None
     meta = client.get(f"/v1/functions/{fid}", headers=Api.auth(other["api_key"])).json()
     assert (meta["basis"], meta["t_max"]) == ("ebm", None)
     _no_secrets(meta)
+    # at factor 0 every answer is the anchor exactly (the model's sum had missed it by 1e-10)
+    from service.db.models import CateFunction
+
+    engine = create_engine(configured)
+    try:
+        with Session(engine) as session:
+            row = session.get(CateFunction, fid)
+            assert row is not None
+            public = json.loads(row.public_json)
+            public["shrinkage_factor"] = 0.0
+            row.public_json = json.dumps(public)
+            session.commit()
+    finally:
+        engine.dispose()
+    functions.forget()
+    flat = evaluate(client, other["api_key"], fid, pts).json()
+    assert flat["values"] == [public["ate_anchor"]] * len(pts)
 
 
 @pytest.mark.parametrize("basis", ["nystrom", "rff"])
