@@ -28,8 +28,13 @@ from threadpoolctl import threadpool_limits
 
 from bench.common import write_result
 from bench.studies import STUDIES
-from service.mechanisms import ate_strict, ebm_cate
-from service.mechanisms.anchor import anchor_interval, ate_anchor_params, ate_anchor_share
+from service.mechanisms import ate_rct, ate_strict, ebm_cate
+from service.mechanisms.anchor import (
+    AnchorParams,
+    anchor_interval,
+    ate_anchor_params,
+    ate_anchor_share,
+)
 from service.mechanisms.noise import OpenDPSampler, secure_rng
 from service.releases.kinds.ate import AteKind, AteParams
 from service.releases.kinds.ebm_cate import EbmCateRequest, to_mechanism_params
@@ -42,7 +47,10 @@ def _quiet(_fraction: float, _stage: str) -> None:
 def _interval(out: dict[str, Any], truth: float) -> dict[str, float]:
     """One release's error, its interval (as released, and with the variance inflated by
     ``z_0.95 s_2``: ``anchor.anchor_interval``) and whether each covers the truth."""
-    inflated = anchor_interval(out, bound=math.inf)
+    if "variance_estimate" in out:
+        inflated = anchor_interval(out, bound=math.inf)
+    else:  # the difference in means: its own interval is the released one
+        inflated = {"lower": float(out["ci_lower"]), "upper": float(out["ci_upper"])}
     return {
         "error": float(out["estimate"]) - truth,
         "half_width": float(out["half_width"]),
@@ -63,7 +71,7 @@ def run_cell(
     study = STUDIES[study_name]
     domain = study.domain(n)
     params = to_mechanism_params(EbmCateRequest(epsilon=epsilon), domain)
-    arms: dict[str, ate_strict.AteStrictParams] = {}
+    arms: dict[str, AnchorParams] = {}
     default_share: float | None = None
     if anchor and study.randomised:
         # ebm_cate's RCT anchor (rct_anchor_share); cate_vector / cate_function use
@@ -103,9 +111,14 @@ def run_cell(
         )
         draws["constant_dp_ate"].append(_interval(out, study.true_ate))
         for name, arm in arms.items():
-            out = ate_strict.run(
-                arrays, domain, arm, rng=secure_rng(), noise=OpenDPSampler(), progress=_quiet
-            )
+            if isinstance(arm, ate_rct.AteRctParams):  # a trial's anchor below 5 * 10^4
+                out = ate_rct.run(
+                    arrays, domain, arm, rng=secure_rng(), noise=OpenDPSampler(), progress=_quiet
+                )
+            else:
+                out = ate_strict.run(
+                    arrays, domain, arm, rng=secure_rng(), noise=OpenDPSampler(), progress=_quiet
+                )
             draws[name].append(_interval(out, study.true_ate))
     rmse = {k: math.sqrt(float(np.mean([d["error"] ** 2 for d in v]))) for k, v in draws.items()}
     summary = {
