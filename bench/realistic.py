@@ -137,10 +137,15 @@ EXTRA_CATE_KINDS = (
     "cate_function_confounders",
     "ebm_cate_unshrunk",
     "ebm_cate_rounds200",
+    # the DR learner's outcome model on its DP-measured range / on the declared range, whatever
+    # the public rule says at this n * epsilon (ebm_cate.outcome_range_rule)
+    "ebm_cate_range",
+    "ebm_cate_no_range",
     "ebm_cate_modifiers",
     "ebm_cate_modifiers_over",
     "ebm_cate_modifiers_under",
 )
+RANGE_KINDS = {"ebm_cate_range": True, "ebm_cate_no_range": False}
 MODIFIER_SETS = {
     "ebm_cate_modifiers": studies.EFFECT_MODIFIERS,
     "ebm_cate_modifiers_over": tuple(sorted((*studies.EFFECT_MODIFIERS, *studies.NOT_MODIFIERS))),
@@ -310,7 +315,8 @@ def cate_release(
         )
         out = CateVectorKind().run(arrays, domain, request, **options)
         return np.asarray(out["estimates"], np.float64)
-    if kind in ("ebm_cate", "ebm_cate_unshrunk", "ebm_cate_rounds200", *MODIFIER_SETS):
+    ebm_kinds = ("ebm_cate", "ebm_cate_unshrunk", "ebm_cate_rounds200", *RANGE_KINDS)
+    if kind in (*ebm_kinds, *MODIFIER_SETS):
         shrinkage = "none" if kind == "ebm_cate_unshrunk" else None
         modifiers = MODIFIER_SETS.get(kind)
         ebm_request = EbmCateRequest(
@@ -318,6 +324,7 @@ def cate_release(
             shrinkage=shrinkage,
             effect_columns=None if modifiers is None else list(modifiers),
             max_rounds=ebm_cate.DR_DEFAULT_MAX_ROUNDS if kind == "ebm_cate_rounds200" else None,
+            outcome_range=RANGE_KINDS.get(kind),
         )
         out = EbmCateKind().run(arrays, domain, ebm_request, **options)
         return ebm_cate.predict(out, x_test)

@@ -94,9 +94,12 @@ COLUMN_LIST_FIELDS = ("effect_columns", "adjustment_columns")
 
 def column_positions(raw: dict[str, Any], domain: PublicDomain) -> dict[str, Any]:
     """``raw`` with the covariate names in its ``COLUMN_LIST_FIELDS`` replaced by their schema
-    positions (the stored request, and so its hash, holds positions: a name and its position are
-    the same release). An unknown name is a 422 naming the schema's covariates; anything else is
-    left to the kind's validation."""
+    positions, in increasing order (the stored request, and so its hash, holds the sorted
+    positions: a name and its position, in any order, are the same release). An unknown name is
+    a 422 naming the schema's covariates; anything else (a repeat, a position out of range) is
+    left to the kind's validation. A list of every covariate stays a list: on a trial it asks
+    for the aipw estimator, and with a declared set it overrides it, so it is not the same
+    request as none."""
     if not isinstance(raw, dict):
         return raw
     names = domain.names
@@ -121,6 +124,10 @@ def column_positions(raw: dict[str, Any], domain: PublicDomain) -> dict[str, Any
                     }
                 )
             resolved.append(item)
+        if all(isinstance(j, int) and not isinstance(j, bool) for j in resolved):
+            # a set of covariates: in increasing order, as the mechanisms read it, so that
+            # [4, 0] and [0, 4] are one release (a re-test was charged again for the order)
+            resolved.sort()
         out[field] = resolved
     if errors:
         raise ValidationFailed(validation_summary(errors), errors=errors)

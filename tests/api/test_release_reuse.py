@@ -117,6 +117,13 @@ def test_covariate_names_in_column_lists_are_their_positions(
     assert (a.status_code, b.status_code) == (202, 200)
     assert a.json()["id"] == b.json()["id"]
     assert a.json()["params"]["adjustment_columns"] == [0, 1]
+    # the order of a set does not make another release (a re-test's [0, "severity"] after
+    # ["severity", "age"] was charged again)
+    c = post_release(
+        client, analyst["api_key"], dataset, {**by_name, "adjustment_columns": [1, "age"]}
+    )
+    assert c.status_code == 200
+    assert c.json()["id"] == a.json()["id"]
     bad = post_release(
         client, analyst["api_key"], dataset, {**by_name, "adjustment_columns": ["age", "weight"]}
     )

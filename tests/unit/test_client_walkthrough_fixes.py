@@ -371,6 +371,10 @@ def test_cli_csv_points_refuse_what_would_answer_for_the_wrong_patient(tmp_path:
         points("age,age,sbp\n99,62,121\n")
     with pytest.raises(click.BadParameter, match=r"data row 2 has 1 values, the header 2"):
         points("age,sbp\n60,120\n61\n")
+    with pytest.raises(click.BadParameter, match=r"data row 1 has 3 values, the header 2"):
+        points("age,sbp\n60,120,5\n")  # e.g. a decimal comma split a value
+    # other columns are ignored, repeated or not
+    assert points("note,age,note,sbp\na,60,b,120\n") == [[60.0, 120.0]]
     assert points("\ufeffage,sbp\n60,120\n") == [[60.0, 120.0]]
     with pytest.raises(click.BadParameter, match=r"data row 1, column 'age' is not one"):
         points("age,sbp\n6_2,120\n")

@@ -1094,7 +1094,8 @@ def _header(rows: list[list[str]], names: Sequence[str]) -> list[str] | None:
     been read as a header lacking every covariate)."""
     first = [c.strip() for c in rows[0]]
     if any(c in names for c in first):
-        repeated = sorted({c for c in first if c and first.count(c) > 1})
+        # a covariate named twice is ambiguous; other columns are ignored, repeated or not
+        repeated = sorted({c for c in first if c in names and first.count(c) > 1})
         if repeated:
             raise click.BadParameter(
                 f"the header names {', '.join(repeated)} more than once (which column holds "
@@ -1156,10 +1157,14 @@ def read_points(
                     f"the header lacks covariate column(s) {', '.join(missing)}",
                     param_hint="--csv",
                 )
-            short = next((i for i, r in enumerate(rows[1:], start=1) if len(r) < len(header)), None)
-            if short is not None:
+            # a row of another length is misaligned (a short row, or a decimal comma that
+            # splits a value in two): refused, as its values could be read for the wrong columns
+            uneven = next(
+                (i for i, r in enumerate(rows[1:], start=1) if len(r) != len(header)), None
+            )
+            if uneven is not None:
                 raise click.BadParameter(
-                    f"data row {short} has {len(rows[short])} values, the header {len(header)}",
+                    f"data row {uneven} has {len(rows[uneven])} values, the header {len(header)}",
                     param_hint="--csv",
                 )
             columns = [header.index(n) for n in names]
