@@ -461,8 +461,8 @@ def test_the_cli_shows_the_answers_stored_before_a_refused_batch(
     runner = CliRunner()
     out = runner.invoke(app.cli, ["--key", "k", "function", "evaluate", "f", "--points", points])
     assert out.exit_code == 1
-    assert "the first 25 of 31 points were answered and stored (above)" in out.output
-    assert "points 26-31 were not" in out.output
+    assert "the first 25 of 31 points were answered (above)" in out.output
+    assert "points 26-31 were not (pointers count from 0: #/points/25 is point 26)" in out.output
     assert "24" in out.output.split("error:")[0]  # the stored answers are printed
     as_json = runner.invoke(
         app.cli, ["--key", "k", "--json", "function", "evaluate", "f", "--points", points]
@@ -499,4 +499,4 @@ def test_a_constant_evaluation_carries_its_anchors_interval() -> None:
     assert "its 95% interval as an ATE is [-0.84, 2.06]" in text
     assert "noise band" not in text.splitlines()[0]
     bare = FunctionEvaluation.from_response({**body, "ate_anchor_interval": None}, [[1.0], [2.0]])
-    assert "it has no interval here" in render.evaluation(bare)
+    assert "this anchor has no interval" in render.evaluation(bare)

@@ -1183,8 +1183,9 @@ def read_points(
                 ) from None
     if not points:
         raise click.BadParameter("no points", param_hint="--csv" if points_csv else "--points")
-    if any(not math.isfinite(c) for p in points for c in p):
-        raise click.BadParameter("coordinates must be finite")
+    bad = next((i for i, p in enumerate(points) if any(not math.isfinite(c) for c in p)), None)
+    if bad is not None:
+        raise click.BadParameter(f"coordinates must be finite (point {bad + 1} is not)")
     return points
 
 
@@ -1287,8 +1288,8 @@ def function_evaluate(
     except ProblemError as exc:
         if exc.partial is None:
             raise
-        # the batches before the refused one were answered and stored (they count against the
-        # function's capacity): show them, and say which points were not answered
+        # the batches before the refused one were answered (an exact-basis function stored them
+        # and counts them against its capacity): show them, and say which were not answered
         done = exc.partial
         shown = None if ids is None else ids[: len(done.values)]
         emit(
@@ -1302,9 +1303,14 @@ def function_evaluate(
                 "points_requested": len(points),
             },
         )
+        answered = len(done.values)
+        missing = f"points {answered + 1}-{len(points)}"
+        if ids is not None:
+            missing += f" (ids {ids[answered]} to {ids[-1]})"
         raise CliError(
-            f"{exc.one_line()} -- the first {len(done.values)} of {len(points)} points were "
-            f"answered and stored (above); points {len(done.values) + 1}-{len(points)} were not"
+            f"{exc.one_line()} -- the first {answered} of {len(points)} points were answered "
+            f"(above); {missing} were not (pointers count from 0: #/points/{answered} is "
+            f"point {answered + 1})"
         ) from None
     emit(
         state,

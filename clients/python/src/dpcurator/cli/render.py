@@ -604,13 +604,14 @@ def evaluation(
         interval = ev.ate_anchor_interval
         said = (
             f"its {interval['level']:.0%} interval as an ATE is "
-            f"[{interval['lower']:.4g}, {interval['upper']:.4g}]"
+            f"[{interval['lower']:.4g}, {interval['upper']:.4g}], the answers' error bar (at its "
+            "own level), not a range for one patient's effect"
             if interval is not None
-            else "it has no interval here (`dpcurator function show` says why)"
+            else "this anchor has no interval (`dpcurator function show` says why)"
         )
         footer += (
             "\n(shrinkage factor 0: every answer is the DP ATE anchor, the same for every "
-            f"patient; {said}, not a range for one patient's effect)"
+            f"patient; {said})"
         )
     elif bands is None:
         footer += (
