@@ -91,7 +91,8 @@ def test_release_measures_the_range_on_the_outcome_fold_and_fits_on_it(monkeypat
 def test_no_measurement_below_the_rule_or_when_refused(monkeypatch: Any) -> None:
     domain, arrays = _observational(10_000)
     for params in (
-        ec.EbmCateParams(epsilon=1.0, delta=1e-5),  # n eps = 10^4: below the rule
+        # n eps = 4000: below the observational rule (from 5000, ebm_cate version 10)
+        ec.EbmCateParams(epsilon=0.4, delta=1e-5),
         ec.EbmCateParams(epsilon=4.0, delta=1e-5, outcome_range=False),
     ):
         state = ec.make_plan(domain, params)

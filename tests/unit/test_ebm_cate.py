@@ -355,9 +355,12 @@ def test_anchored_plan_spends_exactly_the_request() -> None:
     assert float(calibration.params["sensitivity_l2"]) >= ec.calibration_sensitivity(
         float(record.events[-2].params["target_range"]) / 2.0
     )
-    for event in record.events:
-        if event.module not in ("effect", "calibration"):
-            assert (event.epsilon, event.delta) == (epsilon, delta)
+    # every other module spends the request exactly (the outcome module's measured range, on
+    # observational designs from n eps = 5000, and its model add up to it)
+    for module in {e.module for e in record.events} - {"effect", "calibration"}:
+        events = [e for e in record.events if e.module == module]
+        assert math.fsum(e.epsilon for e in events) == pytest.approx(epsilon, rel=1e-12)
+        assert math.fsum(e.delta for e in events) == delta
     assert record.fold_sizes["calibration"] == 400  # 20 % of the effect fold (2000 records)
 
 
@@ -559,6 +562,7 @@ def test_shrinkage_none_keeps_the_unanchored_release() -> None:
         ec.EbmCateParams(epsilon=4.0, delta=1e-5, shrinkage="none"),
         rng=np.random.default_rng(4),
         progress=lambda f, s: None,
+        noise=OpenDPSampler(),  # the outcome model's measured range draws two DP quantiles
     )
     assert result["shrinkage"] == "none"
     assert "shrinkage" not in result["model"]
@@ -706,6 +710,10 @@ def test_outcome_range_rule_and_validation() -> None:
     R-learner and a non-boolean are refused before any charge."""
     assert ec.outcome_range_rule("dr", 20000.0, None) is True
     assert ec.outcome_range_rule("dr", 19999.0, None) is False
+    # observational designs from n eps = 5000 (the effect fold's anchor, version 10)
+    assert ec.outcome_range_rule("dr", 5000.0, None, observational=True) is True
+    assert ec.outcome_range_rule("dr", 4999.0, None, observational=True) is False
+    assert ec.outcome_range_rule("s", 10**6, None, observational=True) is False
     assert ec.outcome_range_rule("s", 10**6, None) is False
     assert ec.outcome_range_rule("r", 10**6, None) is False
     assert ec.outcome_range_rule("dr", 100.0, True) is True
@@ -722,6 +730,10 @@ def test_outcome_range_rule_and_validation() -> None:
     assert small.params.outcome_range is False
     assert small.outcome_range is None
     assert small.outcome_accounting is None
+    observational = ec.make_plan(domain(6000), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert observational.params.outcome_range is True
+    trial = ec.make_plan(domain(6000, rct=True), ec.EbmCateParams(epsilon=1.0, delta=1e-5))
+    assert trial.params.outcome_range is False
 
 
 def test_public_epsilon_p_names_each_modules_own() -> None:

@@ -267,7 +267,7 @@ def test_request_field_validates() -> None:
         )
     record = EbmCateKind().record(EbmCateRequest(epsilon=1.0, effect_screen=True), dom)
     assert "noisy_top_k" in [e.type for e in record.events]
-    assert record.version == ebm_cate.VERSION == "9"
+    assert record.version == ebm_cate.VERSION == "10"
 
 
 def _wide_plans(n: int, design: StudyDesign) -> tuple[ebm_cate.Plan, ebm_cate.Plan, PublicDomain]:

@@ -186,7 +186,12 @@ def make_plan(domain: PublicDomain, params: EbmCateParams) -> Plan:
         params = replace(params, effect_screen=screen_on)
     width_effect = effect_width(domain.q, params)
     # proof step 10: the DR outcome model's measured range (public rule on the requested budget)
-    range_on = outcome_range_rule(learner, domain.n * epsilon, params.outcome_range)
+    range_on = outcome_range_rule(
+        learner,
+        domain.n * epsilon,
+        params.outcome_range,
+        observational=domain.design != StudyDesign.RCT,
+    )
     if range_on != params.outcome_range:
         params = replace(params, outcome_range=range_on)
     # The anchor shares (steps 6.1, 6.2) read the covariates the analyst or owner named; with
