@@ -1183,9 +1183,9 @@ def read_points(
                 ) from None
     if not points:
         raise click.BadParameter("no points", param_hint="--csv" if points_csv else "--points")
-    bad = next((i for i, p in enumerate(points) if any(not math.isfinite(c) for c in p)), None)
-    if bad is not None:
-        raise click.BadParameter(f"coordinates must be finite (point {bad + 1} is not)")
+    infinite = next((i for i, p in enumerate(points) if any(not math.isfinite(c) for c in p)), None)
+    if infinite is not None:
+        raise click.BadParameter(f"coordinates must be finite (point {infinite + 1} is not)")
     return points
 
 
