@@ -646,13 +646,13 @@ def test_the_rotate_command(
     release(client, setup, FAST)
     old = get_settings().state_key
     use_state_keys(monkeypatch, base64.b64encode(b"r" * 32).decode(), previous=old)
-    assert rotate.main() == 0
+    assert rotate.main([]) == 0
     counts = json.loads(capsys.readouterr().out)
     assert (counts["functions"], counts["resealed"], counts["unreadable"]) == (1, 1, 0)
     assert counts["check_resealed"] is True
     # the key before the rotation as the previous one: the state is under neither
     use_state_keys(monkeypatch, base64.b64encode(b"x" * 32).decode(), previous=old)
-    assert rotate.main() == 1
+    assert rotate.main([]) == 1
     assert "does not open" in capsys.readouterr().err
     get_settings.cache_clear()
 
