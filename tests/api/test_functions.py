@@ -392,7 +392,11 @@ def _proof_r0(result: dict[str, Any], outcome_range: float) -> float:
         from service.mechanisms.anchor import ATE_ANCHOR_SHARES
 
         assert share in ATE_ANCHOR_SHARES  # the public rule's grid (anchor.ate_anchor_share)
-        epsilon, delta = split_share(epsilon, share)[1], split_share(delta, share)[1]
+        # a trial's anchor below n eps = 5 * 10^4 is the difference in means, pure epsilon: the
+        # GP keeps the whole delta (cate_function.md §7 step 1)
+        pure = result["anchor_release"]["delta"] == 0.0
+        epsilon = split_share(epsilon, share)[1]
+        delta = delta if pure else split_share(delta, share)[1]
     lam, n2 = float(result["lambda0"]), int(result["n2"])
     target = outcome_range  # R-learner: |r| <= R_Y
     lipschitz = 2.0 * (target + target / np.sqrt(lam))
