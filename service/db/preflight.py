@@ -47,15 +47,21 @@ def unreachable(url: str, timeout: float = 5.0) -> str | None:
     return None
 
 
+def _schema_state(url: str) -> str:
+    """``migrate.schema_state`` of the database at ``url`` on a short-lived engine (raises
+    what connecting raises)."""
+    engine = make_engine(url, connect_timeout=5.0)
+    try:
+        return migrate.schema_state(engine, url)
+    finally:
+        engine.dispose()
+
+
 def newer_schema(url: str) -> str | None:
     """The line to exit with where the database's schema is newer than this version's (a
     migration would fail with a traceback), else None."""
     try:
-        engine = make_engine(url, connect_timeout=5.0)
-        try:
-            state = migrate.schema_state(engine, url)
-        finally:
-            engine.dispose()
+        state = _schema_state(url)
     except Exception:
         return None  # the migration itself reports what else is wrong
     if state == "newer":
@@ -68,11 +74,7 @@ def wait_for_schema(url: str, seconds: float) -> str | None:
     deadline = time.time() + seconds
     while True:
         try:
-            engine = make_engine(url, connect_timeout=5.0)
-            try:
-                state = migrate.schema_state(engine, url)
-            finally:
-                engine.dispose()
+            state = _schema_state(url)
         except Exception as exc:
             last = _reason(exc)
         else:

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
 from service.db.models import CateFunction, CateFunctionBatch, CateFunctionSecret, DatasetChunk
-from tests.api.test_functions import FAST, evaluate, release
+from tests.api.test_functions import FAST, evaluate, make_constant, release
 from tests.api.test_functions import setup as setup  # noqa: F401 - the fixture
 from tests.api.test_releases import post_release, wait
 from tests.conftest import Api
@@ -173,26 +173,10 @@ def test_a_constant_exact_function_keeps_answering_its_anchor_after_the_deletion
     """At shrinkage factor 0 every answer is the public anchor, served without the state: the
     deletion deletes the state (its rows) and the function stays open, answering the same (a
     CDS walkthrough's constant exact function had closed with the rows)."""
-    import json
-
-    from service.functions import service as functions
-
     s = setup
     params = {**{k: v for k, v in FAST.items() if k != "shrinkage"}, "basis": "exact"}
     fid = release(client, s, params)["id"]
-    engine = create_engine(db_url)
-    try:
-        with Session(engine) as session:
-            row = session.get(CateFunction, fid)
-            assert row is not None
-            public = json.loads(row.public_json)
-            if public["shrinkage_factor"] != 0.0:  # a factor > 0 by chance: make it the case
-                public["shrinkage_factor"] = 0.0
-                row.public_json = json.dumps(public)
-                session.commit()
-    finally:
-        engine.dispose()
-    functions.forget()
+    make_constant(db_url, fid)
     key = s["client"]["api_key"]
     before = evaluate(client, key, fid, POINT).json()["values"]
     assert _counts(db_url, fid)[0] == 1

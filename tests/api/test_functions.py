@@ -63,6 +63,28 @@ def spent(c: TestClient, s: dict[str, Any]) -> float:
 SECRET_WORDS = ("coef", "support", "alpha", "noise_values", "cholesky", "u_s", "g_star", "whitened")
 
 
+def make_constant(db_url: str, fid: str) -> tuple[dict[str, Any], int]:
+    """Give a released function DP shrinkage factor 0 in its stored public facts (a factor > 0
+    by chance made the case) and forget the cached copies; return the facts and its stored t."""
+    from service.db.models import CateFunction
+
+    engine = create_engine(db_url)
+    try:
+        with Session(engine) as session:
+            row = session.get(CateFunction, fid)
+            assert row is not None
+            public: dict[str, Any] = json.loads(row.public_json)
+            if public["shrinkage_factor"] != 0.0:
+                public["shrinkage_factor"] = 0.0
+                row.public_json = json.dumps(public)
+                session.commit()
+            stored_t = row.t
+    finally:
+        engine.dispose()
+    functions.forget()
+    return public, stored_t
+
+
 def _no_secrets(body: Any) -> None:
     text = json.dumps(body).lower()
     for word in SECRET_WORDS:
@@ -267,20 +289,7 @@ def test_ebm_basis_where_the_dp_ebm_learns(client: TestClient, api: Api, configu
     assert (meta["basis"], meta["t_max"]) == ("ebm", None)
     _no_secrets(meta)
     # at factor 0 every answer is the anchor exactly (the model's sum had missed it by 1e-10)
-    from service.db.models import CateFunction
-
-    engine = create_engine(configured)
-    try:
-        with Session(engine) as session:
-            row = session.get(CateFunction, fid)
-            assert row is not None
-            public = json.loads(row.public_json)
-            public["shrinkage_factor"] = 0.0
-            row.public_json = json.dumps(public)
-            session.commit()
-    finally:
-        engine.dispose()
-    functions.forget()
+    public, _ = make_constant(configured, fid)
     flat = evaluate(client, other["api_key"], fid, pts).json()
     assert flat["values"] == [public["ate_anchor"]] * len(pts)
 
@@ -703,20 +712,7 @@ def test_a_constant_function_answers_its_anchor_without_state(
     params = {**{k: v for k, v in FAST.items() if k != "shrinkage"}, "t_max": 30}
     done = release(client, setup, params)
     fid, result = done["id"], done["result"]
-    engine = create_engine(configured)
-    try:
-        with Session(engine) as session:
-            row = session.get(CateFunction, fid)
-            assert row is not None
-            public = json.loads(row.public_json)
-            if public["shrinkage_factor"] != 0.0:  # a factor > 0 by chance: make it the case
-                public["shrinkage_factor"] = 0.0
-                row.public_json = json.dumps(public)
-                session.commit()
-            stored_t = row.t
-    finally:
-        engine.dispose()
-    functions.forget()
+    _, stored_t = make_constant(configured, fid)
     lattice = mech.FittedFunction(
         "gp",
         1.0,

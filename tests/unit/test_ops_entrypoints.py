@@ -68,15 +68,11 @@ def test_a_refused_setting_is_named_by_its_environment_variable(
     assert "eighty" not in message
 
 
-def test_an_api_that_does_not_migrate_refuses_an_unmigrated_database(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With CURATOR_RUN_MIGRATIONS_ON_START=false (migrations as their own step) an empty
-    database is refused at start with what to run, not served with a 500 per request."""
+def _refused_at_start(monkeypatch: pytest.MonkeyPatch) -> str:
+    """What ``serve.main`` exits with before serving (serving fails the test), under the
+    environment the caller set, with the settings cache cleared around it."""
     from service.config import get_settings
 
-    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'empty.sqlite3'}")
-    monkeypatch.setenv("CURATOR_RUN_MIGRATIONS_ON_START", "false")
     monkeypatch.setattr(serve.uvicorn, "run", lambda *a, **k: pytest.fail("it served"))
     get_settings.cache_clear()
     try:
@@ -84,8 +80,19 @@ def test_an_api_that_does_not_migrate_refuses_an_unmigrated_database(
             serve.main([])
     finally:
         get_settings.cache_clear()
-    assert "not at the current migration" in str(refused.value)
-    assert "python -m service.db.migrate" in str(refused.value)
+    return str(refused.value)
+
+
+def test_an_api_that_does_not_migrate_refuses_an_unmigrated_database(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With CURATOR_RUN_MIGRATIONS_ON_START=false (migrations as their own step) an empty
+    database is refused at start with what to run, not served with a 500 per request."""
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'empty.sqlite3'}")
+    monkeypatch.setenv("CURATOR_RUN_MIGRATIONS_ON_START", "false")
+    refused = _refused_at_start(monkeypatch)
+    assert "not at the current migration" in refused
+    assert "python -m service.db.migrate" in refused
 
 
 def test_a_schema_from_a_newer_version_is_refused_in_one_line(
@@ -95,7 +102,6 @@ def test_a_schema_from_a_newer_version_is_refused_in_one_line(
     advised to migrate. Both now say what it is, in one line."""
     from sqlalchemy import create_engine, text
 
-    from service.config import get_settings
     from service.db import migrate
 
     url = f"sqlite:///{tmp_path / 'newer.sqlite3'}"
@@ -105,16 +111,9 @@ def test_a_schema_from_a_newer_version_is_refused_in_one_line(
         conn.execute(text("UPDATE alembic_version SET version_num = 'from_the_future'"))
     engine.dispose()
     monkeypatch.setenv("DATABASE_URL", url)
-    monkeypatch.setattr(serve.uvicorn, "run", lambda *a, **k: pytest.fail("it served"))
     for migrating in ("true", "false"):
         monkeypatch.setenv("CURATOR_RUN_MIGRATIONS_ON_START", migrating)
-        get_settings.cache_clear()
-        try:
-            with pytest.raises(SystemExit) as refused:
-                serve.main([])
-        finally:
-            get_settings.cache_clear()
-        assert "a newer version of the service migrated it" in str(refused.value)
+        assert "a newer version of the service migrated it" in _refused_at_start(monkeypatch)
     assert migrate.main([]) == 1
 
 

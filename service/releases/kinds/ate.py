@@ -399,10 +399,7 @@ class AteKind:
             )
         if target is not None:
             out.update(_target_verdict(out, checked.epsilon, target))
-            narrowed = isinstance(mechanism, ate_strict.AteStrictParams) and (
-                mechanism.adaptive_clip or mechanism.pseudo_outcome_clip is not None
-            )
-            if narrowed and domain.design != StudyDesign.RCT:
+            if _narrowed_clip(mechanism) and domain.design != StudyDesign.RCT:
                 out["target_message"] += NARROWED_TARGET_NOTE
         return out
 
@@ -434,12 +431,18 @@ class AteKind:
         return out
 
 
+def _narrowed_clip(mechanism: object) -> bool:
+    """A strict aipw request whose pseudo-outcome clip is narrower than the declared one (the
+    adaptive clip, or a given K): not a measured preset on observational data."""
+    return isinstance(mechanism, ate_strict.AteStrictParams) and (
+        mechanism.adaptive_clip or mechanism.pseudo_outcome_clip is not None
+    )
+
+
 def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> dict[str, Any]:
     nuisance: str | None = None
     adjusted = False
-    narrowed = isinstance(mechanism, ate_strict.AteStrictParams) and (
-        mechanism.adaptive_clip or mechanism.pseudo_outcome_clip is not None
-    )
+    narrowed = _narrowed_clip(mechanism)
     if isinstance(mechanism, ate_rct.AteRctParams) and mechanism.variance == "dp_second_moment":
         nuisance = "rct_difference"  # measured at its default variance (ate_coverage)
     if isinstance(mechanism, ate_strict.AteStrictParams | ate_ipw.AteIpwParams):
