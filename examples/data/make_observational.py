@@ -27,14 +27,24 @@ HERE = Path(__file__).resolve().parent
 
 SCHEMA = {
     "covariates": [
-        {"name": "age", "lower": 18, "upper": 90},
+        {"name": "age", "lower": 18, "upper": 90, "unit": "years"},
         {"name": "severity", "lower": 0, "upper": 1},
-        {"name": "bmi", "lower": 16, "upper": 45},
-        {"name": "sex", "type": "categorical", "codes": [0, 1]},
-        {"name": "diabetic", "type": "categorical", "codes": [0, 1]},
+        {"name": "bmi", "lower": 16, "upper": 45, "unit": "kg/m2"},
+        {
+            "name": "sex",
+            "type": "categorical",
+            "codes": [0, 1],
+            "code_labels": {"0": "female", "1": "male"},
+        },
+        {
+            "name": "diabetic",
+            "type": "categorical",
+            "codes": [0, 1],
+            "code_labels": {"0": "no", "1": "yes"},
+        },
     ],
-    "treatment": {"name": "treated"},
-    "outcome": {"name": "outcome", "lower": -6, "upper": 6},
+    "treatment": {"name": "treated", "code_labels": {"0": "usual care", "1": "treated"}},
+    "outcome": {"name": "outcome", "lower": -6, "upper": 6, "unit": "points"},
     "drop_columns": ["patient_id"],
     "out_of_bounds": "clip",
     "missing": "reject_upload",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -22,6 +22,17 @@ from service.ledger import amounts
 from service.points import MAX_COVARIATES
 
 NAME_PATTERN = r"^[^\x00-\x1f]{1,200}$"
+# A unit or a code's label: short, printable text shown beside values (no control characters).
+LABEL_PATTERN = r"^[^\x00-\x1f]{1,80}$"
+UNIT_DESCRIPTION = (
+    "The unit of the values (e.g. 'years', 'mg/dL', 'EUR', 'days'): shown to analysts and "
+    "decision-support clients beside bounds, points and effects. Public, declared; not checked "
+    "against the data, so it must be the unit the column's values are in."
+)
+CODE_LABELS_DESCRIPTION = (
+    'What each code means, by code (JSON keys are the codes as text), e.g. {"0": "female", '
+    '"1": "male"}; a code may be left out. Public, declared; shown beside the codes.'
+)
 
 
 class Strict(BaseModel):
@@ -61,6 +72,10 @@ class Covariate(Strict):
     # declared set only unless a request names its own adjustment_columns (ate_strict proof
     # §15). Public, declared, never derived.
     adjust_for: StrictBool = False
+    unit: str | None = Field(default=None, pattern=LABEL_PATTERN, description=UNIT_DESCRIPTION)
+    code_labels: dict[int, Annotated[str, Field(pattern=LABEL_PATTERN)]] | None = Field(
+        default=None, max_length=1000, description=CODE_LABELS_DESCRIPTION
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -69,6 +84,11 @@ class Covariate(Strict):
                 raise ValueError(f"numeric covariate '{self.name}' needs lower and upper bounds")
             if self.codes is not None:
                 raise ValueError(f"numeric covariate '{self.name}' cannot have codes")
+            if self.code_labels is not None:
+                raise ValueError(
+                    f"numeric covariate '{self.name}' cannot have code_labels (they name a "
+                    "categorical covariate's codes)"
+                )
         else:
             if not self.codes:
                 raise ValueError(f"categorical covariate '{self.name}' needs its codes")
@@ -76,6 +96,12 @@ class Covariate(Strict):
                 raise ValueError(f"categorical covariate '{self.name}' lists a code twice")
             if self.lower is not None or self.upper is not None:
                 raise ValueError(f"categorical covariate '{self.name}' takes codes, not bounds")
+            unknown = sorted(set(self.code_labels or {}) - set(self.codes))
+            if unknown:
+                raise ValueError(
+                    f"categorical covariate '{self.name}': code_labels names "
+                    f"{', '.join(str(c) for c in unknown)}, not among its codes"
+                )
         _finite(self.lower, "lower")
         _finite(self.upper, "upper")
         _finite(self.impute, "impute")
@@ -102,6 +128,17 @@ class Covariate(Strict):
 
 class Treatment(Strict):
     name: str = Field(pattern=NAME_PATTERN)
+    code_labels: dict[int, Annotated[str, Field(pattern=LABEL_PATTERN)]] | None = Field(
+        default=None,
+        description='What the treatment\'s codes 0 and 1 mean, e.g. {"0": "usual care", '
+        '"1": "new pathway"}: an effect is (outcome under 1) minus (outcome under 0).',
+    )
+
+    @model_validator(mode="after")
+    def _codes(self) -> Self:
+        if not set(self.code_labels or {}) <= {0, 1}:
+            raise ValueError("treatment: code_labels names the codes 0 and 1 only")
+        return self
 
 
 class Outcome(Strict):
@@ -113,6 +150,7 @@ class Outcome(Strict):
     lower: StrictFloat
     upper: StrictFloat
     impute: StrictFloat | None = None
+    unit: str | None = Field(default=None, pattern=LABEL_PATTERN, description=UNIT_DESCRIPTION)
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -167,6 +205,66 @@ class PublicSchema(Strict):
                 "without one drop the rows missing them); or use missing='reject_row'"
             )
         return self
+
+
+class CovariateInfo(BaseModel):
+    """What a covariate's values mean, from the public schema (for showing and entering points)."""
+
+    name: str
+    type: Literal["numeric", "categorical"]
+    unit: str | None = None
+    lower: float
+    upper: float
+    codes: list[int] | None = None
+    code_labels: dict[int, str] | None = None
+
+
+class OutcomeInfo(BaseModel):
+    """The outcome an effect is measured on, from the public schema: an effect is in its unit."""
+
+    name: str
+    type: Literal["numeric", "binary"]
+    unit: str | None = None
+    lower: float
+    upper: float
+
+
+class TreatmentInfo(BaseModel):
+    """The treatment column: an effect is (outcome under code 1) minus (outcome under code 0)."""
+
+    name: str
+    code_labels: dict[int, str] | None = None
+
+
+def variable_info(schema: PublicSchema) -> dict[str, Any]:
+    """The schema's names, units, bounds and code labels as the ``covariate_info``,
+    ``outcome`` and ``treatment`` fields of a function's metadata (public, declared)."""
+    covariates = [
+        CovariateInfo(
+            name=c.name,
+            type=c.type,
+            unit=c.unit,
+            lower=c.bounds[0],
+            upper=c.bounds[1],
+            codes=c.codes,
+            code_labels=c.code_labels,
+        )
+        for c in schema.covariates
+    ]
+    outcome = schema.outcome
+    return {
+        "covariate_info": covariates,
+        "outcome": OutcomeInfo(
+            name=outcome.name,
+            type=outcome.type,
+            unit=outcome.unit,
+            lower=outcome.lower,
+            upper=outcome.upper,
+        ),
+        "treatment": TreatmentInfo(
+            name=schema.treatment.name, code_labels=schema.treatment.code_labels
+        ),
+    }
 
 
 # Largest magnitude of a declared bound, code or impute value accepted at upload. Mechanisms

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.datasets.schemas import CovariateInfo, OutcomeInfo, TreatmentInfo
 from service.mechanisms.cate_function import MAX_BATCH
 from service.points import COLUMNS_DESCRIPTION, Columns, Point, at_most
 
@@ -70,5 +71,20 @@ class FunctionRead(BaseModel):
         default=None,
         description="The covariates' names in schema order, the order of a point's "
         "coordinates (null for a function released before they were recorded).",
+    )
+    covariate_info: list[CovariateInfo] | None = Field(
+        default=None,
+        description="Per covariate, in the order of a point's coordinates: its type, unit, "
+        "bounds and (categorical) codes with their labels, from the dataset's public schema.",
+    )
+    outcome: OutcomeInfo | None = Field(
+        default=None,
+        description="The outcome the effects are measured on (name, unit, bounds): an answer "
+        "is an expected change in this outcome, in its unit.",
+    )
+    treatment: TreatmentInfo | None = Field(
+        default=None,
+        description="The treatment column: an answer is the outcome under code 1 minus the "
+        "outcome under code 0 (code_labels say what each means, where the owner declared it).",
     )
     public: dict[str, Any]

@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from service.auth.service import INVALID_KEY, Role, bearer_key, hash_key, is_admin_key
 from service.config import get_settings
+from service.datasets.schemas import PublicSchema, variable_info
 from service.db.engine import get_sessionmaker, read
 from service.db.models import (
     CateFunction,
@@ -245,10 +246,22 @@ def view_with_key(*, authorization: str | None, function_id: str) -> dict[str, A
     """Public metadata of a function (no state, no counts of points: a caller's own count
     would show which of its points others had asked first)."""
     key = bearer_key(authorization)
-    row = read(lambda conn: _access(conn, key, function_id))
+
+    def header_and_schema(conn: Connection) -> tuple[Any, str | None]:
+        row = _access(conn, key, function_id)
+        schema = conn.execute(
+            select(Dataset.schema_json).where(Dataset.id == row.dataset_id)
+        ).scalar_one_or_none()
+        return row, schema
+
+    row, schema_json = read(header_and_schema)
     public: dict[str, Any] = json.loads(row.public_json)
     exact = row.basis == "exact"
+    info = (
+        {} if schema_json is None else variable_info(PublicSchema.model_validate_json(schema_json))
+    )
     return {
+        **info,
         "id": row.function_id,
         "dataset_id": row.dataset_id,
         "status": row.status,

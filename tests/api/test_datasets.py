@@ -48,6 +48,7 @@ def test_upload_round_trip_and_metadata(api: Api, client: TestClient) -> None:
         "lower": -5,
         "upper": 5,
         "impute": None,
+        "unit": None,
     }
     assert body["budget"]["is_set"] is False
     listed = client.get("/v1/datasets", headers=api.auth(owner["api_key"])).json()

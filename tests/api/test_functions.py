@@ -16,7 +16,7 @@ from service.db.models import CateFunctionBatch, Principal
 from service.functions import service as functions
 from service.functions.sealing import MAGIC, unseal
 from tests.api.test_releases import post_release, wait
-from tests.conftest import ADMIN_KEY, RCT_SCHEMA, SCHEMA, Api
+from tests.conftest import ADMIN_KEY, RCT_SCHEMA, SCHEMA, Api, synthetic_csv
 
 # shrinkage "none": these tests are about evaluation; the anchored default is tested below
 FAST = {"epsilon": 1.0, "nuisance": "none", "t_max": 50, "batch_max": 20, "shrinkage": "none"}
@@ -145,6 +145,70 @@ def test_release_then_free_consistent_evaluations(
     for value in noise:
         assert repr(value) not in bodies
         assert f"{value:.6g}" not in bodies
+
+
+def test_metadata_states_units_and_labels_from_the_schema(api: Api, client: TestClient) -> None:
+    """A decision-support client reads what an answer is measured in and what a point's
+    coordinates mean (units, codes and their labels) from the function, as the owner declared
+    them; a schema without them gives nulls."""
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    labelled = {
+        **RCT_SCHEMA,
+        "covariates": [
+            {"name": "age", "lower": 18, "upper": 90, "unit": "years"},
+            {"name": "severity", "lower": 0, "upper": 1},
+            {
+                "name": "sex",
+                "type": "categorical",
+                "codes": [0, 1],
+                "code_labels": {"0": "female", "1": "male"},
+            },
+        ],
+        "treatment": {"name": "treated", "code_labels": {"0": "usual care", "1": "new pathway"}},
+        "outcome": {"name": "outcome", "lower": -5, "upper": 5, "unit": "points"},
+    }
+    for schema, unit in ((labelled, "points"), (RCT_SCHEMA, None)):
+        ds = api.dataset(owner["api_key"], n=600, schema=schema, epsilon_total=2.0)
+        api.grant(owner["api_key"], ds["id"], analyst["id"])
+        fid = release(client, {"analyst": analyst, "ds": ds}, FAST)["id"]
+        meta = client.get(f"/v1/functions/{fid}", headers=Api.auth(analyst["api_key"])).json()
+        assert meta["outcome"] == {
+            "name": "outcome",
+            "type": "numeric",
+            "unit": unit,
+            "lower": -5.0,
+            "upper": 5.0,
+        }
+        info = meta["covariate_info"]
+        assert [c["name"] for c in info] == meta["covariates"] == ["age", "severity", "sex"]
+        assert [c["unit"] for c in info] == ["years" if unit else None, None, None]
+        assert (info[0]["lower"], info[0]["upper"], info[0]["codes"]) == (18.0, 90.0, None)
+        assert info[2]["codes"] == [0, 1]
+        if unit:
+            assert info[2]["code_labels"] == {"0": "female", "1": "male"}
+            assert meta["treatment"] == {
+                "name": "treated",
+                "code_labels": {"0": "usual care", "1": "new pathway"},
+            }
+        else:
+            assert info[2]["code_labels"] is None
+            assert meta["treatment"] == {"name": "treated", "code_labels": None}
+
+
+def test_schema_labels_are_checked_at_upload(api: Api) -> None:
+    owner = api.principal("owner")
+    sex = {"name": "sex", "type": "categorical", "codes": [0, 1]}
+    cases = (
+        ({**sex, "code_labels": {"2": "other"}}, "code_labels names 2, not among its codes"),
+        ({"name": "sex", "lower": 0, "upper": 1, "code_labels": {"1": "m"}}, "cannot have code"),
+        ({**sex, "unit": "x" * 81}, "unit"),
+    )
+    for covariate, message in cases:
+        schema = {**SCHEMA, "covariates": [*SCHEMA["covariates"][:2], covariate]}
+        r = api.upload(owner["api_key"], synthetic_csv(50), schema)
+        assert r.status_code == 422, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert message in r.text
 
 
 def test_points_validated_and_capacity(client: TestClient, setup: Any) -> None:

@@ -232,10 +232,15 @@ def _release(
 
 def upload_dataset(base: str, owner_key: str, name: str) -> dict[str, Any]:
     """Upload a 600-row RCT (tests.conftest.synthetic_csv) through the API; age and severity are
-    its declared adjustment set (the baseline covariates a trial's plan adjusts for)."""
+    its declared adjustment set (the baseline covariates a trial's plan adjusts for); age is in
+    years, sex's codes and the arms are labelled, the outcome is in points."""
     schema = json.loads(json.dumps(RCT_SCHEMA))
     for covariate in schema["covariates"][:2]:
         covariate["adjust_for"] = True
+    schema["covariates"][0]["unit"] = "years"
+    schema["covariates"][2]["code_labels"] = {"0": "female", "1": "male"}
+    schema["treatment"]["code_labels"] = {"0": "usual care", "1": "new pathway"}
+    schema["outcome"]["unit"] = "points"
     r = httpx.post(
         f"{base}/v1/datasets",
         data={"name": name, "schema": json.dumps(schema)},

@@ -74,7 +74,13 @@ def test_owner_audits_and_governs(page: Any, live: Live, watch: Watch, shots: Pa
     rows = page.locator("#schema-table tbody tr")
     expect(rows.nth(1).locator("td").nth(3)).to_have_text("adjustment set")
     expect(rows.nth(2).locator("td").nth(3)).to_have_text("—")
-    expect(page.locator("#schema-summary")).to_contain_text("treatment: treated")
+    expect(page.locator("#schema-summary")).to_contain_text(
+        "treatment: treated (0 usual care, 1 new pathway)"
+    )
+    # the owner's declared units and code labels beside the bounds and codes
+    expect(page.locator("#schema-summary")).to_contain_text("outcome: outcome in [-5, 5] points")
+    expect(rows.nth(0).locator("td").nth(2)).to_have_text("[18, 90] years")
+    expect(rows.nth(2).locator("td").nth(2)).to_have_text("codes 0, 1 (0 female, 1 male)")
     page.screenshot(path=shots / "datasets.png", full_page=True)
 
     # Budget gauge and per-analyst spend against caps.

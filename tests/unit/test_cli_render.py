@@ -64,7 +64,7 @@ def test_the_dataset_view_numbers_the_covariates_and_shows_their_declared_roles(
 
     schema = {
         "covariates": [
-            {"name": "age", "lower": 18, "upper": 90, "adjust_for": True},
+            {"name": "age", "lower": 18, "upper": 90, "adjust_for": True, "unit": "years"},
             {
                 "name": "severity",
                 "lower": 0.0,
@@ -72,10 +72,15 @@ def test_the_dataset_view_numbers_the_covariates_and_shows_their_declared_roles(
                 "adjust_for": True,
                 "effect_modifier": True,
             },
-            {"name": "sex", "type": "categorical", "codes": [0, 1]},
+            {
+                "name": "sex",
+                "type": "categorical",
+                "codes": [0, 1],
+                "code_labels": {"0": "female", "1": "male"},
+            },
         ],
         "treatment": {"name": "treated"},
-        "outcome": {"name": "outcome", "lower": -5, "upper": 65},
+        "outcome": {"name": "outcome", "lower": -5, "upper": 65, "unit": "days"},
     }
     zero = dict.fromkeys(("epsilon_total", "delta_total", "epsilon_spent", "delta_spent"), 0.0) | {
         "epsilon_remaining": 0.0,
@@ -98,11 +103,11 @@ def test_the_dataset_view_numbers_the_covariates_and_shows_their_declared_roles(
     )
     line = next(x for x in render.dataset(dataset).splitlines() if x.startswith("covariates"))
     assert line.split(None, 1)[1] == (
-        "0 age [18, 90] (adjustment set), 1 severity [0, 1.5] (adjustment set, effect "
-        "modifier), 2 sex {0, 1}"
+        "0 age [18, 90] years (adjustment set), 1 severity [0, 1.5] (adjustment set, effect "
+        "modifier), 2 sex {0 female, 1 male}"
     )
     outcome = next(x for x in render.dataset(dataset).splitlines() if x.startswith("outcome"))
-    assert outcome.split(None, 1)[1] == "outcome [-5, 65]"
+    assert outcome.split(None, 1)[1] == "outcome [-5, 65] days"
 
 
 def test_the_quote_view_shows_the_expected_width_and_the_verdict_against_the_ate() -> None:

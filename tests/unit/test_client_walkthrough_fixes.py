@@ -500,3 +500,50 @@ def test_a_constant_evaluation_carries_its_anchors_interval() -> None:
     assert "noise band" not in text.splitlines()[0]
     bare = FunctionEvaluation.from_response({**body, "ate_anchor_interval": None}, [[1.0], [2.0]])
     assert "this anchor has no interval" in render.evaluation(bare)
+
+
+def test_function_show_states_units_codes_and_the_contrast_from_the_schema() -> None:
+    """A CDS integrator reads what an answer is measured in and what each coordinate means
+    (a creatinine in mg/dL entered as umol/L would be a wrong answer inside the box)."""
+    body = {
+        "id": "f1",
+        "dataset_id": "d1",
+        "status": "open",
+        "basis": "ebm",
+        "q": 2,
+        "t_max": None,
+        "batch_max": 1000,
+        "public": {"x_lower": [0.2, 0], "x_upper": [15, 1]},
+        "covariates": ["creatinine", "sex"],
+        "covariate_info": [
+            {"name": "creatinine", "type": "numeric", "unit": "mg/dL", "lower": 0.2, "upper": 15},
+            {
+                "name": "sex",
+                "type": "categorical",
+                "unit": None,
+                "lower": 0,
+                "upper": 1,
+                "codes": [0, 1],
+                "code_labels": {"0": "female"},
+            },
+        ],
+        "outcome": {"name": "los", "type": "numeric", "unit": "days", "lower": 0, "upper": 60},
+        "treatment": {"name": "arm", "code_labels": {"0": "usual care", "1": "new pathway"}},
+    }
+    text = render.function_info(FunctionInfo.from_response(body))
+    lines = {line.split("  ")[0]: line for line in text.splitlines()}
+    assert lines["outcome"].endswith("los [0, 60] days")
+    assert lines["effect"].endswith("new pathway minus usual care")
+    assert lines["covariates"].endswith("creatinine [0.2, 15] mg/dL; sex {0 female, 1}")
+    # an older server without them: the names only, no contrast line
+    older = FunctionInfo.from_response(
+        {k: v for k, v in body.items() if k not in ("covariate_info", "outcome", "treatment")}
+    )
+    plain = {line.split("  ")[0]: line for line in render.function_info(older).splitlines()}
+    assert plain["covariates"].endswith("creatinine, sex")
+    assert plain["effect"].endswith("-")
+    assert plain["outcome"].endswith("-")
+    unlabelled = render.function_info(
+        FunctionInfo.from_response({**body, "treatment": {"name": "arm", "code_labels": None}})
+    )
+    assert "arm = 1 minus arm = 0" in unlabelled

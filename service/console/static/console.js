@@ -396,8 +396,11 @@
     }
     const s = d.schema || {};
     const parts = [];
-    if (s.treatment) parts.push("treatment: " + s.treatment.name);
-    if (s.outcome) parts.push("outcome: " + s.outcome.name + " in [" + s.outcome.lower + ", " + s.outcome.upper + "]");
+    if (s.treatment) parts.push("treatment: " + s.treatment.name + codeLabels([0, 1], s.treatment.code_labels));
+    if (s.outcome) {
+      parts.push("outcome: " + s.outcome.name + " in [" + s.outcome.lower + ", " + s.outcome.upper + "]" +
+        (s.outcome.unit ? " " + s.outcome.unit : ""));
+    }
     if (s.design) parts.push("design: " + s.design);
     if (s.treatment_probability !== undefined && s.treatment_probability !== null) {
       parts.push("treatment probability: " + s.treatment_probability);
@@ -407,8 +410,8 @@
     $("schema-summary").textContent = parts.join(" · ");
     for (const c of s.covariates || []) {
       let range = "—";
-      if (Array.isArray(c.codes) && c.codes.length) range = "codes " + c.codes.join(", ");
-      else if (c.lower != null && c.upper != null) range = "[" + c.lower + ", " + c.upper + "]";
+      if (Array.isArray(c.codes) && c.codes.length) range = "codes " + c.codes.join(", ") + codeLabels(c.codes, c.code_labels);
+      else if (c.lower != null && c.upper != null) range = "[" + c.lower + ", " + c.upper + "]" + (c.unit ? " " + c.unit : "");
       // the analysis plan's pre-specified roles (public): the nuisance models' adjustment set,
       // the CATE effect model's modifiers
       const roles = [];
@@ -416,6 +419,14 @@
       if (c.effect_modifier) roles.push("effect modifier");
       body.append(el("tr", {}, cell(c.name), cell(c.type || "numeric"), cell(range), cell(roles.join(", ") || "—")));
     }
+  }
+
+  // the owner's declared meaning of a column's codes, e.g. " (0 female, 1 male)"; "" when none
+  function codeLabels(codes, labels) {
+    if (!labels) return "";
+    const named = codes.filter((code) => labels[String(code)] !== undefined)
+      .map((code) => code + " " + labels[String(code)]);
+    return named.length ? " (" + named.join(", ") + ")" : "";
   }
 
   function chooseDataset(id) {

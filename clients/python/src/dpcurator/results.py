@@ -245,6 +245,16 @@ def _optional_float(value: Any) -> float | None:
     return float(value) if value is not None else None
 
 
+def _optional_dict(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, dict) else None
+
+
+def _optional_dicts(value: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(value, list):
+        return None
+    return [dict(v) for v in value if isinstance(v, dict)]
+
+
 @dataclass(frozen=True)
 class FunctionInfo:
     """``GET /v1/functions/{id}``: public metadata of a released function (``FunctionRead``).
@@ -267,6 +277,13 @@ class FunctionInfo:
     # the covariates' names in schema order, the order of a point's coordinates (None: a
     # function released before they were recorded)
     covariates: list[str] | None = None
+    # from the dataset's public schema: per covariate its type, unit, bounds, codes and code
+    # labels (``covariate_info``); the outcome's name, type, unit and bounds (an answer is in
+    # its unit); the treatment's name and code labels (an answer is code 1 minus code 0).
+    # None: a server that does not send them.
+    covariate_info: list[dict[str, Any]] | None = None
+    outcome: dict[str, Any] | None = None
+    treatment: dict[str, Any] | None = None
 
     @classmethod
     def from_response(cls, body: dict[str, Any]) -> FunctionInfo:
@@ -283,6 +300,9 @@ class FunctionInfo:
             public=dict(body.get("public") or {}),
             points_per_principal=_optional_int(body.get("points_per_principal")),
             covariates=None if names is None else [str(v) for v in names],
+            covariate_info=_optional_dicts(body.get("covariate_info")),
+            outcome=_optional_dict(body.get("outcome")),
+            treatment=_optional_dict(body.get("treatment")),
         )
 
     @property

@@ -110,12 +110,31 @@ def dataset(d: Dataset) -> str:
 
 
 def _box(column: dict[str, Any]) -> str:
-    """A column's public values: its codes {0, 1} or its bounds [lower, upper]."""
+    """A column's public values: its codes {0, 1} (with the owner's labels: {0 female, 1
+    male}) or its bounds [lower, upper] and unit."""
     codes = column.get("codes")
     if codes:
-        shown = ", ".join(fmt(c) for c in codes[:10])
+        labels = column.get("code_labels") or {}
+        shown = ", ".join(
+            fmt(c) + (f" {labels[str(c)]}" if str(c) in labels else "") for c in codes[:10]
+        )
         return "{" + shown + (", …}" if len(codes) > 10 else "}")
-    return f"[{fmt(column.get('lower'))}, {fmt(column.get('upper'))}]"
+    unit = column.get("unit")
+    return f"[{fmt(column.get('lower'))}, {fmt(column.get('upper'))}]" + (
+        f" {unit}" if unit else ""
+    )
+
+
+def _contrast(treatment: dict[str, Any] | None) -> str | None:
+    """What an effect compares: '<label of 1> minus <label of 0>' where the owner labelled
+    the treatment's codes."""
+    if not treatment:
+        return None
+    labels = treatment.get("code_labels") or {}
+    name = treatment.get("name")
+    treated = labels.get("1", f"{name} = 1")
+    control = labels.get("0", f"{name} = 0")
+    return f"{treated} minus {control}"
 
 
 def _roles(covariate: dict[str, Any]) -> str:
@@ -544,7 +563,9 @@ def function_info(info: FunctionInfo) -> str:
             ("guarantee", info.public.get("guarantee")),
             ("basis", info.basis),
             ("q", info.q),
-            ("covariates", ", ".join(info.covariates) if info.covariates else None),
+            ("outcome", f"{info.outcome['name']} {_box(info.outcome)}" if info.outcome else None),
+            ("effect", _contrast(info.treatment)),
+            ("covariates", _function_covariates(info)),
             ("t max", info.t_max),
             ("points per principal", info.points_per_principal),
             ("batch max", info.batch_max),
@@ -558,6 +579,14 @@ def function_info(info: FunctionInfo) -> str:
             ("box upper", box[1] if box else None),
         ]
     ) + _function_reading(info)
+
+
+def _function_covariates(info: FunctionInfo) -> str | None:
+    """The point's coordinates in order: names, with their bounds or codes and units where the
+    server sends them."""
+    if info.covariate_info:
+        return "; ".join(f"{c.get('name')} {_box(c)}" for c in info.covariate_info)
+    return ", ".join(info.covariates) if info.covariates else None
 
 
 def _anchor_interval_text(public: dict[str, Any]) -> str | None:
