@@ -37,6 +37,7 @@ from service.db.engine import get_engine, get_sessionmaker
 from service.db.models import StateKeyCheck
 from service.functions import keys
 from service.functions.router import router as functions_router
+from service.jobs import liveness
 from service.jobs.workers import jobs_in_process
 from service.mechanisms.cate_function import MAX_BATCH
 from service.metrics import Metrics, MetricsMiddleware
@@ -68,7 +69,10 @@ data is touched, and recorded in an append-only, hash-chained ledger. Errors are
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    metrics = Metrics()
+    metrics = Metrics(
+        version=__version__,
+        workers_alive=(lambda: liveness.workers_alive(settings)) if settings.is_postgres else None,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

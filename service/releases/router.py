@@ -8,8 +8,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query, Response
 
 from service.auth.service import CurrentCaller
+from service.config import get_settings
 from service.datasets import service as datasets
 from service.db.engine import MAX_OFFSET, SessionDep
+from service.jobs import liveness
 from service.problems import (
     BudgetExhausted,
     BudgetNotSet,
@@ -53,7 +55,19 @@ _POLL_HEADER = {
 def _poll_hint(view: ReleaseRead, response: Response) -> ReleaseRead:
     if view.status in _UNFINISHED:
         response.headers["Retry-After"] = str(POLL_AFTER_SECONDS)
+    _say_why_waiting([view])
     return view
+
+
+def _say_why_waiting(views: list[ReleaseRead]) -> None:
+    """Queued releases say so when no job worker is alive (PostgreSQL: one count query)."""
+    queued = [v for v in views if v.status == "queued"]
+    if not queued:
+        return
+    settings = get_settings()
+    if liveness.workers_alive(settings) == 0:
+        for view in queued:
+            view.waiting = liveness.waiting_note(settings)
 
 
 @router.post(
@@ -149,7 +163,9 @@ def list_releases(
         newest_first=order == "desc",
     )
     response.headers["X-Total-Count"] = str(total)
-    return [service.view(r) for r in rows]
+    views = [service.view(r) for r in rows]
+    _say_why_waiting(views)
+    return views
 
 
 @router.get(

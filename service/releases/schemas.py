@@ -88,6 +88,12 @@ class ReleaseRead(BaseModel):
     mechanism: dict[str, Any] = Field(description="The public mechanism record of the charge")
     result: dict[str, Any] | None = None
     error: ReleaseError | None = None
+    waiting: str | None = Field(
+        default=None,
+        description="On a queued release when no job worker has beaten within "
+        "CURATOR_JOB_STALE_SECONDS (PostgreSQL, where separate worker processes run the jobs): "
+        "why it has not started. Null otherwise, and always on SQLite (the service cannot tell).",
+    )
     cached: bool = False
     created_at: str
     started_at: str | None = None

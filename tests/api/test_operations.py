@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.config import get_settings
-from tests.conftest import ADMIN_KEY, Api
+from tests.conftest import ADMIN_KEY, RCT_SCHEMA, Api
 from tests.live import ROOT, free_port
 
 
@@ -249,3 +249,56 @@ def test_the_server_logs_one_access_line_per_request(tmp_path: Path, access_log:
         return
     assert len(lines) == 1, log
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", lines[0]), lines[0]
+
+
+def test_a_queued_release_says_when_no_worker_runs_jobs(
+    configured: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL API processes run no jobs by default: with no worker beating, a queued release
+    says why it waits and /metrics shows 0 workers alive (an operator's alert); once a worker
+    runs, the note goes and the release finishes. SQLite: the service cannot tell, no note."""
+    from sqlalchemy import create_engine, text
+
+    from service import __version__
+    from service.main import create_app
+    from tests.api.test_releases import post_release, wait
+
+    postgres = configured.startswith("postgresql")
+    if postgres:
+        engine = create_engine(configured)
+        with engine.begin() as conn:  # other tests' workers in this database
+            conn.execute(text("DELETE FROM procrastinate_workers"))
+        engine.dispose()
+    monkeypatch.setenv("CURATOR_JOB_RUNNER", "none")
+    get_settings.cache_clear()
+    with TestClient(create_app(), raise_server_exceptions=False) as c:
+        api = Api(c)
+        owner = api.principal("owner")
+        ds = api.dataset(owner["api_key"], n=200, schema=RCT_SCHEMA)
+        r = post_release(c, owner["api_key"], ds["id"], {"epsilon": 0.1})
+        assert r.status_code == 202, r.text
+        release_id = r.json()["id"]
+        shown = c.get(f"/v1/releases/{release_id}", headers=api.auth(owner["api_key"])).json()
+        listed = c.get(
+            f"/v1/datasets/{ds['id']}/releases", headers=api.auth(owner["api_key"])
+        ).json()
+        metrics = c.get("/metrics").text
+    assert shown["status"] == "queued"
+    assert f'curator_build_info{{version="{__version__}"}} 1.0' in metrics
+    if postgres:
+        for body in (r.json(), shown, listed[0]):
+            assert "no job worker has been seen in the last 30 s" in body["waiting"]
+        assert "curator_job_workers_alive 0.0" in metrics
+    else:
+        assert shown["waiting"] is None
+        assert "curator_job_workers_alive" not in metrics
+    monkeypatch.setenv("CURATOR_JOB_RUNNER", "inprocess")
+    get_settings.cache_clear()
+    with TestClient(create_app(), raise_server_exceptions=False) as c:
+        done = wait(c, owner["api_key"], release_id)
+        assert done["status"] == "done"
+        assert done["waiting"] is None
+        if postgres:
+            alive = re.search(r"^curator_job_workers_alive (\S+)$", c.get("/metrics").text, re.M)
+            assert alive is not None
+            assert float(alive.group(1)) >= 1
