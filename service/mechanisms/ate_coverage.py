@@ -152,6 +152,8 @@ _ADJUSTMENT_HINT = (
 # An observational request that narrows the pseudo-outcome clip (adaptive, or a given K) is not a
 # measured preset; what an early benchmark saw of it (bench/README.md, "Observational studies
 # after": the narrower interval leaves the DP nuisance models' bias out).
+# The lowest and highest coverage of that early benchmark (``narrowed_clip_coverage``).
+NARROWED_CLIP_COVERAGE = (0.0, 0.75)
 _NARROWED_CLIP_NOTE = (
     " Not measured at this request's settings: with a narrower clip than the declared one "
     "(clip 'adaptive' or a pseudo_outcome_clip) the interval is narrower and the DP models' "
@@ -259,7 +261,8 @@ def ate_coverage(
     Without a declared or requested adjustment set (``adjustment_set`` false) the message of
     such a release also says what declaring the confounders did on those studies.
     ``narrowed_clip``: an observational strict request with a clip narrower than the declared
-    one (no measured band); the message says what an early benchmark saw of it.
+    one (no measured band); the message says what an early benchmark saw of it, and
+    ``narrowed_clip_coverage`` gives its range (else None).
     """
     randomised = domain.design == StudyDesign.RCT
     by_design = randomised and mode == "strict" and estimator in ("aipw", "rct_difference")
@@ -278,11 +281,19 @@ def ate_coverage(
         hinted = not (randomised or adjustment_set) and estimator == "aipw"
         if hinted and n_epsilon >= _ADJUSTMENT_HINT_MIN_N_EPSILON:
             message += _ADJUSTMENT_HINT
+    narrowed: dict[str, Any] | None = None
     if narrowed_clip and not randomised and measured is None:
         message += _NARROWED_CLIP_NOTE
+        low, high = NARROWED_CLIP_COVERAGE
+        narrowed = {
+            "coverage_low": low,
+            "coverage_high": high,
+            "source": "bench/README.md, 'Observational studies after'",
+        }
     return {
         "basis": DESIGN if by_design else NUISANCE_MODELS,
         "nuisance_error_covered": by_design,
         "message": message,
         "measured": measured,
+        "narrowed_clip_coverage": narrowed,
     }

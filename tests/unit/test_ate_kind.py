@@ -324,12 +324,15 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     ):
         narrowed = kind.quote(params, OBSERVATIONAL)["coverage"]
         assert "0-42 % coverage with dp_linear" in narrowed["message"]
-    assert (
-        "Not measured"
-        not in kind.quote(AteParams(epsilon=1.0), OBSERVATIONAL)["coverage"]["message"]
-    )
+        # ...and its range for programs (a CLI labels such an interval nominal)
+        range_ = narrowed["narrowed_clip_coverage"]
+        assert (range_["coverage_low"], range_["coverage_high"]) == (0.0, 0.75)
+    default = kind.quote(AteParams(epsilon=1.0), OBSERVATIONAL)["coverage"]
+    assert "Not measured" not in default["message"]
+    assert default["narrowed_clip_coverage"] is None
     trial = kind.quote(AteParams(epsilon=1.0, clip="adaptive"), RCT)["coverage"]
     assert "Not measured" not in trial["message"]
+    assert trial["narrowed_clip_coverage"] is None
 
 
 def test_a_trial_quotes_the_coverage_measured_on_the_realistic_trials() -> None:

@@ -547,3 +547,39 @@ def test_function_show_states_units_codes_and_the_contrast_from_the_schema() -> 
         FunctionInfo.from_response({**body, "treatment": {"name": "arm", "code_labels": None}})
     )
     assert "arm = 1 minus arm = 0" in unlabelled
+
+
+def test_an_interval_measured_below_its_level_is_labelled_nominal() -> None:
+    """A health economist's adaptive-clip interval on observational costs printed as an
+    ordinary '95% CI' and excluded the true effect (the coverage note said 0-42 %): the label
+    itself now says the level is nominal and what was measured."""
+    from dpcurator.results import AteResult
+
+    base = {
+        "estimate": 3262.0,
+        "ci_lower": 1628.0,
+        "ci_upper": 4896.0,
+        "ci_level": 0.95,
+        "guarantee": "strict",
+        "epsilon": 1.0,
+        "delta": 1e-7,
+        "design": "observational",
+    }
+    narrowed = {
+        "message": "...",
+        "measured": None,
+        "narrowed_clip_coverage": {"coverage_low": 0.0, "coverage_high": 0.75},
+    }
+    banded = {"message": "...", "measured": {"coverage_low": 0.86, "coverage_high": 0.915}}
+    holds = {"message": "...", "measured": {"coverage_low": 0.94, "coverage_high": 0.97}}
+    labels = {}
+    for name, coverage in (("narrowed", narrowed), ("banded", banded), ("holds", holds)):
+        parsed = AteResult.from_result({**base, "coverage": coverage})
+        line = next(x for x in render.result(parsed).splitlines() if "CI" in x.split("[")[0])
+        labels[name] = line.split("[")[0].strip()
+    assert labels["narrowed"] == "95% CI (nominal; measured 0-75%)"
+    assert labels["banded"] == "95% CI (nominal; measured 86-92%)"
+    assert labels["holds"] == "95% CI"
+    older = AteResult.from_result(base)  # a server without the block
+    assert older.measured_coverage is None
+    assert not older.below_nominal

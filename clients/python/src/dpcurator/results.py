@@ -81,6 +81,28 @@ class AteResult:
         value = self.raw.get("nuisance")
         return None if value is None else str(value)
 
+    @property
+    def measured_coverage(self) -> tuple[float, float] | None:
+        """The coverage (lowest, highest) the service's simulations measured for intervals like
+        this one, where it states one (its ``coverage`` block: the measured band of the
+        request's nuisance preset, or what a narrowed clip covered on observational studies);
+        None where it states none (a randomised design's interval holds its nominal level)."""
+        coverage = self.raw.get("coverage")
+        if not isinstance(coverage, dict):
+            return None
+        for key in ("measured", "narrowed_clip_coverage"):
+            block = coverage.get(key)
+            if isinstance(block, dict) and "coverage_low" in block and "coverage_high" in block:
+                return float(block["coverage_low"]), float(block["coverage_high"])
+        return None
+
+    @property
+    def below_nominal(self) -> bool:
+        """Whether the measured coverage falls short of the nominal level (by more than the
+        simulations' noise, 2 points): read the interval as a lower bound on the uncertainty."""
+        measured = self.measured_coverage
+        return measured is not None and measured[0] < self.ci_level - 0.02
+
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> AteResult:
         coverage = result.get("coverage")

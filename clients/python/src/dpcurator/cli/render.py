@@ -125,6 +125,17 @@ def _box(column: dict[str, Any]) -> str:
     )
 
 
+def _ci_label(parsed: AteResult) -> str:
+    """'95% CI', or where the simulations measured less, '95% CI (nominal; measured 0-75%)':
+    a reader must not take such an interval at its level."""
+    label = f"{parsed.ci_level:.0%} CI"
+    measured = parsed.measured_coverage
+    if measured is None or not parsed.below_nominal:
+        return label
+    low, high = measured
+    return f"{label} (nominal; measured {100 * low:.0f}-{100 * high:.0f}%)"
+
+
 def _contrast(treatment: dict[str, Any] | None) -> str | None:
     """What an effect compares: '<label of 1> minus <label of 0>' where the owner labelled
     the treatment's codes."""
@@ -430,7 +441,7 @@ def result(
         return pairs(
             [
                 ("estimate", parsed.estimate),
-                (f"{parsed.ci_level:.0%} CI", f"[{parsed.ci_lower:.6g}, {parsed.ci_upper:.6g}]"),
+                (_ci_label(parsed), f"[{parsed.ci_lower:.6g}, {parsed.ci_upper:.6g}]"),
                 ("half width", parsed.half_width),
                 *([("estimator", parsed.estimator)] if parsed.estimator else []),
                 *([("nuisance models", parsed.nuisance)] if parsed.nuisance else []),
