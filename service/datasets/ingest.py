@@ -75,13 +75,34 @@ def _is_number(value: str, decimal: str) -> bool:
     return _NUMBER.fullmatch(value) is not None
 
 
+# A currency sign, or digits grouped in threes by a thousands separator (',' or '.' unlike the
+# decimal mark, an apostrophe, a space or a no-break space): what a spreadsheet's formatted
+# amounts look like ("€3,959.27", "3 959,27", "1'250").
+_CURRENCY = frozenset("€$£¥₹₩₽¢")
+_GROUPED = {
+    ".": re.compile(r"[+-]?\d{1,3}(?:([,' \u00a0\u202f])\d{3})(?:\1\d{3})*(?:\.\d+)?"),
+    ",": re.compile(r"[+-]?\d{1,3}(?:([.' \u00a0\u202f])\d{3})(?:\1\d{3})*(?:,\d+)?"),
+}
+
+
+def _shape(value: str, decimal: str) -> str:
+    """What a refused value looks like, in words that name no part of it: ``currency``,
+    ``grouped`` (thousands separators), ``non_ascii`` or ``other``."""
+    if any(ch in _CURRENCY for ch in value):
+        return "currency"
+    if _GROUPED[decimal].fullmatch(value) is not None:
+        return "grouped"
+    return "other" if value.isascii() else "non_ascii"
+
+
 def _first_bad_cell(
     path: Path, header: list[str], wanted: list[str], fmt: CsvFormat, nulls: frozenset[str]
-) -> tuple[int, str, bool] | None:
+) -> tuple[int, str, str] | None:
     """The 1-based data row and the column of the first value (in file order: row by row, left
     to right) in a ``wanted`` column that is neither a number (nor, in a labelled column, a
-    label) nor missing, and whether that value holds text outside ASCII (a hint at the file's
-    encoding); None if none is found. Error path only; names a place, never a value."""
+    label) nor missing, and the value's shape (``_shape``: a currency sign, thousands
+    separators, text outside ASCII, a hint at the file's encoding); None if none is found.
+    Error path only; names a place and a kind of text, never a value."""
     columns = [(header.index(c), c, fmt.labels.get(c)) for c in wanted]
     for i, fields in _data_rows(path, fmt):
         for j, name, labels in columns:
@@ -91,7 +112,7 @@ def _first_bad_cell(
             if labels is not None and value in labels:
                 continue
             if not _is_number(value, fmt.decimal):
-                return i, name, not value.isascii()
+                return i, name, _shape(value, fmt.decimal)
     return None
 
 
@@ -205,6 +226,39 @@ def design_warnings(treatment: NDArray[np.float64], outcome: NDArray[np.float64]
 
 # The header line is read as bytes up to its first newline, at most this long.
 MAX_HEADER_BYTES = 1 << 20
+
+
+# A numeric column whose values span less than this share of its declared range gets a
+# warning: the noise is sized to the declared range, so either the bounds are far from honest
+# or the values were misread (a health economist's costs written "3.959" with '.' as a
+# thousands separator were read 1,000 times too small, with no other sign).
+RANGE_USE_WARN = 0.02
+
+
+def range_warnings(
+    matrix: NDArray[np.float64],
+    names: list[str],
+    bounds: list[tuple[float, float]],
+    numeric: list[bool],
+) -> list[str]:
+    """The ingest report's warnings on numeric columns (``numeric``) whose kept values span
+    less than ``RANGE_USE_WARN`` of their declared bounds. Owner-only, like the report."""
+    warnings = []
+    for j, name in enumerate(names):
+        if not numeric[j] or matrix.shape[0] == 0:
+            continue
+        lo, hi = bounds[j]
+        column = matrix[:, j]
+        used = float(np.max(column) - np.min(column)) / (hi - lo)
+        if 0.0 < used < RANGE_USE_WARN:
+            warnings.append(
+                f"the values of '{name}' span {used:.2%} of its declared bounds [{lo:g}, "
+                f"{hi:g}]: every release's noise is sized to those bounds. If they are the "
+                "column's honest range, check the values were read right (thousands "
+                "separators such as 3.959 for 3959 are read as decimals; a unit other than the "
+                "schema's); if not, upload again with honest bounds"
+            )
+    return warnings
 
 
 def constant_warnings(covariates: NDArray[np.float64], names: list[str]) -> list[str]:
@@ -414,9 +468,19 @@ def ingest(path: Path, schema: PublicSchema, fmt: CsvFormat | None = None) -> In
             found = _first_bad_cell(path, header, wanted, fmt, nulls)
             if found is None:
                 raise CsvError("a value that is not a number") from None
-            row, column, beyond_ascii = found
+            row, column, shape = found
             hint = " (the decimal mark is ',' here)" if fmt.decimal == "," else ""
-            if beyond_ascii:
+            if shape == "currency":
+                hint += (
+                    "; it holds a currency sign: write amounts as plain numbers (3959.27), "
+                    "the currency in the schema's unit"
+                )
+            elif shape == "grouped":
+                hint += (
+                    "; it looks like a number with thousands separators: write it without "
+                    "them (3959.27)"
+                )
+            elif shape == "non_ascii":
                 hint += (
                     f"; it holds text outside ASCII: if the file is not {fmt.encoding}, give its "
                     "encoding (csv_format encoding, CLI --encoding)"
@@ -615,6 +679,13 @@ def _apply_policies(
             clipped, rows_received - n, rows_received, dict(zip(names, bounds, strict=True))
         )
         + constant_warnings(matrix[:, :q], names[:q])
+        + range_warnings(
+            matrix,
+            names,
+            bounds,
+            [c.type == "numeric" for c in schema.covariates]
+            + [False, schema.outcome.type == "numeric"],
+        )
         + design_warnings(matrix[:, t_col], matrix[:, q + 1]),
         csv_format=fmt,
     )

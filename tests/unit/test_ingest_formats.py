@@ -294,3 +294,41 @@ def test_a_first_line_with_none_of_the_schemas_names_is_never_echoed(
         ingest(write(tmp_path, first + "\n" + first + "\n"), SCHEMA)
     for value in ("Mueller", "Jane", "1980", "MRN"):
         assert value not in str(info.value)
+
+
+def test_formatted_amounts_are_refused_with_what_to_write_instead(tmp_path: Path) -> None:
+    """A health economist's costs exported as formatted amounts: the refusal named the file's
+    encoding for a euro sign and said nothing of thousands separators. It now says which it
+    is (naming the cell, never the value)."""
+    for odd, expected in (
+        ("€7.50", "a currency sign"),
+        ("7.50 $", "a currency sign"),
+        ("1,250.5", "thousands separators"),
+        ("1 250", "thousands separators"),
+    ):
+        with pytest.raises(CsvError) as refused:
+            ingest(write(tmp_path, comma_file().replace("7.5", f'"{odd}"')), SCHEMA)
+        text = str(refused.value)
+        assert "(column 'los', data row 2)" in text, odd
+        assert expected in text, odd
+        assert "outside ASCII" not in text
+        assert odd not in text
+    decimal_comma = european_file().replace("7,5", "1.250,5")
+    with pytest.raises(CsvError) as refused:
+        ingest(write(tmp_path, decimal_comma), SCHEMA, CsvFormat(decimal=","))
+    assert "thousands separators" in str(refused.value)
+
+
+def test_values_spanning_a_sliver_of_the_declared_range_are_flagged(tmp_path: Path) -> None:
+    """Costs written 3.959 (a '.' thousands separator) read as 3.959 pass every check; the one
+    sign is that they fill 0.1 % of the declared 0-120,000: the report says so."""
+    schema = PublicSchema.model_validate(
+        {**SCHEMA.model_dump(mode="json"), "outcome": {"name": "los", "lower": 0, "upper": 6000}}
+    )
+    got = ingest(write(tmp_path, comma_file()), schema)
+    flagged = [w for w in got.report.warnings if w.startswith("the values of 'los'")]
+    assert len(flagged) == 1
+    assert "span 0.15% of its declared bounds [0, 6000]" in flagged[0]
+    assert "thousands separators" in flagged[0]
+    # honest bounds, and categorical columns, are not flagged
+    assert not [w for w in ingest(write(tmp_path, comma_file()), SCHEMA).report.warnings]
