@@ -497,11 +497,12 @@ def public_progress(elapsed: float) -> float:
 
 def _shown_result(release: Release) -> dict[str, Any]:
     """The stored result as shown: a released function's ``evaluate`` hint names its own path
-    (the job that wrote it did not know the release id)."""
+    and ``function_id`` its id, the release id (the job that wrote it did not know it)."""
     result: dict[str, Any] = json.loads(release.result_json or "{}")
     hint = result.get("evaluate")
     if isinstance(hint, str) and "{release_id}" in hint:
         result["evaluate"] = hint.replace("{release_id}", release.id)
+        result["function_id"] = release.id
     return result
 
 

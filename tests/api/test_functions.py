@@ -115,6 +115,7 @@ def test_release_then_free_consistent_evaluations(
     assert done["result"]["pointwise_noise_sd"] > 0
     # the stored hint names this function's own path (the job did not know its id)
     assert done["result"]["evaluate"] == f"POST /v1/functions/{done['id']}/evaluate"
+    assert done["result"]["function_id"] == done["id"]  # for programs reading the result
     _no_secrets(done)
     fid = done["id"]
     before = spent(client, setup)

@@ -264,3 +264,29 @@ def test_a_grid_that_leaves_a_declared_modifier_uncut_says_why_it_is_the_table()
     assert "estimator_note" not in full
     named = UpliftTableKind().quote(request(cut_points={"x0": [5.0]}, estimator="table"), dom)
     assert "estimator_note" not in named
+
+
+def test_an_observational_table_refusal_says_why_it_is_the_table_and_names_the_modifiers() -> None:
+    """A health economist cut one of two declared modifiers on observational data: the 422
+    asked for effect_columns the owner had already declared and said 'adjusted for every
+    covariate' with an adjustment set declared. It now names the declared modifiers, the
+    adjustment set and why the table was chosen (also for a table-only field)."""
+    dom = dataclasses.replace(domain(), adjustment_set=(0, 1))
+    for fields, why in (
+        ({"cut_points": {"x0": [5.0]}}, "leaves the declared effect modifier(s) x2 uncut"),
+        ({"quantile_cuts": {"x0": 4}}, "quantile_cuts shape(s) the table only"),
+    ):
+        with pytest.raises(InvalidParameters) as refused:
+            UpliftTableKind().quote(request(**fields), dom)
+        text = str(refused.value)
+        assert "cut every declared effect modifier (x0, x2)" in text
+        assert "adjusted for the declared adjustment set" in text
+        assert "name effect_columns" not in text
+        assert "Why the table: estimator 'table' (epsilon-ADUM)" in text
+        assert why in text
+    plain = domain(modifiers=None)
+    with pytest.raises(InvalidParameters) as refused:
+        UpliftTableKind().quote(request(cut_points={"x0": [5.0]}), plain)
+    assert "name effect_columns" in str(refused.value)
+    assert "adjusted for every covariate" in str(refused.value)
+    assert "Why the table" not in str(refused.value)

@@ -69,12 +69,19 @@ def make_plan(domain: PublicDomain, params: UpliftParams) -> Plan:
             "only where the release is the adjusted DP ATE or the ebm estimator's model)"
         )
     if domain.design != StudyDesign.RCT and not params.adjustment_partition:
+        adjusted = "the declared adjustment set" if domain.adjustment_set else "every covariate"
+        modifiers = (
+            "cut every declared effect modifier ("
+            + ", ".join(domain.names[j] for j in domain.effect_modifiers)
+            + ") and no other covariate, with no table-only field"
+            if domain.effect_modifiers
+            else "name effect_columns"
+        )
         raise InvalidParameters(
             "uplift_table is causal only for an RCT design; for observational data set "
             "adjustment_partition=true to assert the grid cells are a valid adjustment set, "
-            "or name effect_columns (the table is then the ebm_cate model over them, adjusted "
-            "for every covariate), or request one cell with shrinkage 'ate' (the adjusted DP "
-            "ATE)"
+            f"or {modifiers} (the table is then the ebm_cate model over them, adjusted for "
+            f"{adjusted}), or request one cell with shrinkage 'ate' (the adjusted DP ATE)"
         )
     kmeans_events: list[NoiseEvent] = []
     kmeans_counts: LaplaceCalibration | None = None

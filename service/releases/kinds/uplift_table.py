@@ -14,6 +14,8 @@ Predictions at public points are free lookups via ``POST /v1/releases/{id}/predi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -156,8 +158,15 @@ def _partial_grid_note(params: UpliftTableRequest, domain: PublicDomain) -> str 
     columns = ebm_kind.effect_columns_of(None, domain)
     if columns is None or not ebm_kind.preferred(domain, params.epsilon, params.delta):
         return None
-    if ebm_kind.changed_fields(params, TABLE_DEFAULTS):
-        return None
+    changed = ebm_kind.changed_fields(params, TABLE_DEFAULTS)
+    if changed:
+        return (
+            f"estimator 'table' (epsilon-ADUM): {', '.join(changed)} shape(s) the table only, "
+            "so the ebm table (the DP-EBM effect model over the declared effect modifiers, the "
+            "default where modifiers are declared) does not run; leave them out for it (it "
+            "cuts at the model's own DP bins, or at your bins / cut_points over every declared "
+            "modifier)"
+        )
     shape = requested_shape(params, domain)
     if shape is None:
         return None
@@ -171,6 +180,20 @@ def _partial_grid_note(params: UpliftTableRequest, domain: PublicDomain) -> str 
         "where modifiers are declared) cuts every one of them; cut them all for it, or name "
         "estimator 'table' to keep this one"
     )
+
+
+@contextmanager
+def _noted(params: UpliftTableRequest, domain: PublicDomain) -> Iterator[None]:
+    """A refusal of the epsilon-ADUM table also says why the table, not the declared
+    modifiers' ebm table, was chosen (a health economist's cut on one of two declared modifiers
+    was refused with advice to name modifiers the owner had declared)."""
+    try:
+        yield
+    except InvalidParameters as exc:
+        note = _partial_grid_note(params, domain)
+        if note is None:
+            raise
+        raise InvalidParameters(f"{exc}. Why the table: {note}") from None
 
 
 def cut_point_columns(
@@ -321,7 +344,8 @@ class UpliftTableKind:
         if estimator_for(request, domain) == "ebm":
             ebm_bins(request, domain)
             return ebm_kind.EbmCateKind().record(_ebm_request(request), domain)
-        return uplift.plan(domain, to_mechanism_params(request, domain))
+        with _noted(request, domain):
+            return uplift.plan(domain, to_mechanism_params(request, domain))
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
         """Noise scales, expected per-cell uplift sd, and the partition-size heuristic (the
@@ -355,7 +379,9 @@ class UpliftTableKind:
                 **grid,
                 "cell_value": "the ebm_cate model at the cell's centre",
             }
-        out = {"estimator": "table", **uplift.quote(domain, to_mechanism_params(request, domain))}
+        with _noted(request, domain):
+            quoted = uplift.quote(domain, to_mechanism_params(request, domain))
+        out = {"estimator": "table", **quoted}
         note = _partial_grid_note(request, domain)
         if note is not None:
             out["estimator_note"] = note
