@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Literal
 
@@ -194,6 +195,35 @@ def settings_or_exit() -> Settings:
             message = str(error["msg"]).removeprefix("Value error, ")
             problems.append(f"{where}: {message}" if where else message)
         raise SystemExit("configuration refused: " + "; ".join(problems)) from None
+
+
+# CURATOR_* variables that other programs read, not the service: the dpcurator client's
+# (CURATOR_URL, CURATOR_KEY) and the test harness's (and every CURATOR_TEST_*).
+OTHER_VARIABLES = frozenset(
+    {
+        "CURATOR_URL",
+        "CURATOR_KEY",
+        "CURATOR_REQUIRE_BROWSER",
+        "CURATOR_REQUIRE_POSTGRES",
+        "CURATOR_CHROMIUM",
+        "CURATOR_CONSOLE_SCREENSHOTS",
+    }
+)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``CURATOR_*`` variables that name no setting (sorted): a misspelt or invented one is
+    otherwise ignored without a word (a walkthrough's CURATOR_DATA_DIR left the database in
+    ./data). Names only, never values."""
+    known = {f"CURATOR_{name.upper()}" for name in Settings.model_fields}
+    known |= {"CURATOR_DATABASE_URL", *OTHER_VARIABLES}
+    return sorted(
+        k
+        for k in environ
+        if k.upper().startswith("CURATOR_")
+        and k.upper() not in known
+        and not k.upper().startswith("CURATOR_TEST_")
+    )
 
 
 def database_url_from_environment() -> str:

@@ -6,6 +6,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,7 +29,7 @@ from service.auth.service import (
     is_admin_key,
     key_role,
 )
-from service.config import Settings, get_settings
+from service.config import Settings, get_settings, unknown_variables
 from service.console.router import install as install_console
 from service.datasets.router import router as datasets_router
 from service.datasets.service import RELEASE_ROLES
@@ -76,6 +77,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        unknown = unknown_variables(os.environ)
+        if unknown:
+            logger.warning(
+                "ignoring environment variables that name no setting: %s (the settings are "
+                "listed in service/config.py; the database is DATABASE_URL)",
+                ", ".join(unknown),
+            )
         if settings.run_migrations_on_start and settings.workers == 1:
             migrate.upgrade(settings.database_url)
         # uvicorn started directly: the check python -m service makes before it serves

@@ -27,6 +27,7 @@ from service.functions import service as functions
 from service.ledger import amounts
 from service.ledger import service as ledger
 from service.ledger.chain import canonical_json
+from service.mechanisms.calibration import DEFAULT_DELTA_CAP
 from service.mechanisms.domain import PublicDomain, StudyDesign
 from service.problems import DatasetUnavailable, Forbidden, NotFound
 
@@ -151,6 +152,18 @@ def budget_warnings(delta_total: float, n: int) -> list[str]:
             f"delta_total {delta_total:g} is not below 1/n = {1.0 / n:.3g}: a release may then "
             "reveal a record outright with probability about delta; keep it well below 1/n "
             f"(e.g. {0.1 / n:.1g} or less)"
+        ]
+    if delta_total == 0.0:
+        return [
+            "delta_total 0: only pure-epsilon releases can be charged (the DP difference in "
+            "means on a trial, the epsilon-ADUM uplift table); every other release needs some "
+            "delta"
+        ]
+    if delta_total < DEFAULT_DELTA_CAP:
+        return [
+            f"delta_total {delta_total:g} is below the delta a release takes by default (up "
+            f"to {DEFAULT_DELTA_CAP:g} each): every request must then name a smaller delta "
+            f"(e.g. {delta_total / 10:.1g} for ten releases), or it is refused for lack of budget"
         ]
     return []
 

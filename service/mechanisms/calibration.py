@@ -346,11 +346,15 @@ def validate_alpha(alpha: object, *, name: str = "alpha") -> float:
     return value
 
 
+# The largest delta a release takes by default.
+DEFAULT_DELTA_CAP = 1e-5
+
+
 def default_delta(n_min: int) -> float:
     """The default delta ``min(1e-5, 1 / (10 n_min))`` (README §1.7)."""
     if n_min < 1:
         raise InvalidParameters("the smallest fold size must be a positive integer")
-    return min(1e-5, 1.0 / (10.0 * n_min))
+    return min(DEFAULT_DELTA_CAP, 1.0 / (10.0 * n_min))
 
 
 def public_propensity(domain: PublicDomain, propensity_clip: object) -> tuple[float | None, float]:

@@ -423,10 +423,24 @@ def test_a_delta_total_not_below_one_over_n_is_accepted_with_a_warning(
     h = api.auth(owner["api_key"])
     fine = client.put(
         f"/v1/datasets/{ds['id']}/budget",
-        json={"epsilon_total": 1.0, "delta_total": 1e-6},
+        json={"epsilon_total": 1.0, "delta_total": 1e-4},
         headers=h,
     )
     assert fine.json()["warnings"] == []
+    # below the releases' default delta (a health economist's 1e-6: every default quote then
+    # said 'fits budget: no'), and 0: accepted, with what it means
+    for total, start in (
+        (1e-6, "delta_total 1e-06 is below the delta a release takes by default (up to 1e-05"),
+        (0.0, "delta_total 0: only pure-epsilon releases can be charged"),
+    ):
+        small = client.put(
+            f"/v1/datasets/{ds['id']}/budget",
+            json={"epsilon_total": 1.0, "delta_total": total},
+            headers=h,
+        )
+        assert small.status_code == 200
+        (said,) = small.json()["warnings"]
+        assert said.startswith(start), said
     loose = client.put(
         f"/v1/datasets/{ds['id']}/budget",
         json={"epsilon_total": 1.0, "delta_total": 0.5},

@@ -302,3 +302,25 @@ def test_a_queued_release_says_when_no_worker_runs_jobs(
             alive = re.search(r"^curator_job_workers_alive (\S+)$", c.get("/metrics").text, re.M)
             assert alive is not None
             assert float(alive.group(1)) >= 1
+
+
+def test_a_curator_variable_that_names_no_setting_is_named_at_start(
+    configured: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A walkthrough set CURATOR_DATA_DIR (no such setting): ignored without a word, the
+    database went to ./data. The start now names it (never its value)."""
+    from service.config import unknown_variables
+    from service.main import create_app
+
+    assert unknown_variables({"CURATOR_DATA_DIR": "x", "CURATOR_PORT": "1", "PATH": "/"}) == [
+        "CURATOR_DATA_DIR"
+    ]
+    assert unknown_variables({"CURATOR_DATABASE_URL": "x", "CURATOR_ADMIN_KEY": "k"}) == []
+    monkeypatch.setenv("CURATOR_DATA_DIR", "/secret/place")
+    get_settings.cache_clear()
+    with caplog.at_level("WARNING", logger="service"), TestClient(create_app()) as c:
+        assert c.get("/healthz").status_code == 200
+    lines = [r.getMessage() for r in caplog.records if "name no setting" in r.getMessage()]
+    assert len(lines) == 1
+    assert "CURATOR_DATA_DIR" in lines[0]
+    assert "/secret/place" not in lines[0]
