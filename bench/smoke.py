@@ -53,6 +53,7 @@ BENCHES: tuple[str | tuple[str, ...], ...] = (
     "bench.ebm_noise",
     "bench.uplift_cuts",
     "bench.ebm_detect",
+    "bench.subsample",
 )
 # With several runs at once each keeps to one BLAS thread, so they share the cores, not fight.
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
