@@ -37,7 +37,7 @@ from scipy.stats import t as student_t
 from threadpoolctl import threadpool_limits
 
 from bench.common import write_result
-from bench.realistic import ate_release, nonprivate_aipw
+from bench.realistic import Z95, ate_release, nonprivate_aipw
 from bench.studies import STUDIES, Study
 from service.mechanisms.domain import Arrays
 from service.releases.kinds.ate import AteParams
@@ -89,7 +89,7 @@ def one_rep(
     out["chunk_estimates"] = estimates
     if nonprivate:
         _, sd = nonprivate_aipw(arrays, folds=2, seed=seed)
-        out["nonprivate_half_width"] = 1.959963984540054 * sd
+        out["nonprivate_half_width"] = Z95 * sd
     return out
 
 

@@ -79,19 +79,23 @@ def test_the_ledger_table_shows_delta_and_what_a_grant_or_budget_entry_set() -> 
     assert "set eps 3, delta 0.0001" in text
 
 
+def _function_body(public: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A ``GET /v1/functions/{id}`` body of a 2-covariate ebm function (``fields`` added)."""
+    return {
+        "id": "f1",
+        "dataset_id": "d1",
+        "status": "open",
+        "basis": "ebm",
+        "q": 2,
+        "t_max": None,
+        "batch_max": 1000,
+        "public": {"x_lower": [0, 0], "x_upper": [1, 1], **public},
+        **fields,
+    }
+
+
 def _function(public: dict[str, Any]) -> FunctionInfo:
-    return FunctionInfo.from_response(
-        {
-            "id": "f1",
-            "dataset_id": "d1",
-            "status": "open",
-            "basis": "ebm",
-            "q": 2,
-            "t_max": None,
-            "batch_max": 1000,
-            "public": {"x_lower": [0, 0], "x_upper": [1, 1], **public},
-        }
-    )
+    return FunctionInfo.from_response(_function_body(public))
 
 
 def test_function_show_says_when_every_answer_is_the_ate_and_that_there_is_no_band() -> None:
@@ -505,17 +509,10 @@ def test_a_constant_evaluation_carries_its_anchors_interval() -> None:
 def test_function_show_states_units_codes_and_the_contrast_from_the_schema() -> None:
     """A CDS integrator reads what an answer is measured in and what each coordinate means
     (a creatinine in mg/dL entered as umol/L would be a wrong answer inside the box)."""
-    body = {
-        "id": "f1",
-        "dataset_id": "d1",
-        "status": "open",
-        "basis": "ebm",
-        "q": 2,
-        "t_max": None,
-        "batch_max": 1000,
-        "public": {"x_lower": [0.2, 0], "x_upper": [15, 1]},
-        "covariates": ["creatinine", "sex"],
-        "covariate_info": [
+    body = _function_body(
+        {"x_lower": [0.2, 0], "x_upper": [15, 1]},
+        covariates=["creatinine", "sex"],
+        covariate_info=[
             {"name": "creatinine", "type": "numeric", "unit": "mg/dL", "lower": 0.2, "upper": 15},
             {
                 "name": "sex",
@@ -527,9 +524,9 @@ def test_function_show_states_units_codes_and_the_contrast_from_the_schema() -> 
                 "code_labels": {"0": "female"},
             },
         ],
-        "outcome": {"name": "los", "type": "numeric", "unit": "days", "lower": 0, "upper": 60},
-        "treatment": {"name": "arm", "code_labels": {"0": "usual care", "1": "new pathway"}},
-    }
+        outcome={"name": "los", "type": "numeric", "unit": "days", "lower": 0, "upper": 60},
+        treatment={"name": "arm", "code_labels": {"0": "usual care", "1": "new pathway"}},
+    )
     text = render.function_info(FunctionInfo.from_response(body))
     lines = {line.split("  ")[0]: line for line in text.splitlines()}
     assert lines["outcome"].endswith("los [0, 60] days")
