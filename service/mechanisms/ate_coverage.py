@@ -38,6 +38,15 @@ _DESIGN_MESSAGE = (
     "Randomised design with the declared assignment probability: the interval covers the "
     "sampling error and the privacy noise, whatever the outcome model."
 )
+CHUNK_SPREAD = "chunk_spread"
+_CHUNKS_MESSAGE = (
+    "Subsample and aggregate over {chunks} chunks: the interval is a t interval over the "
+    "chunks' DP estimates, each from its own rows with its own DP propensity and outcome "
+    "models, so it covers the sampling error, the privacy noise and the models' fit noise, "
+    "which vary from chunk to chunk. It does not cover a bias every chunk shares: confounding "
+    "all the DP models leave, or a pseudo-outcome clip narrower than the data's "
+    "(docs/guide-analyst.md, 'Subsample and aggregate')."
+)
 _NUISANCE_MESSAGE = (
     "The interval covers the sampling error and the privacy noise of the estimate, not the "
     "error left by the DP propensity and outcome models: it assumes they remove the "
@@ -169,6 +178,7 @@ _PRESET_WORDS = {
     "dp_ebm": "DP-EBM models",
     "ipw": "the ipw estimator's DP logistic propensity",
     "rct_difference": "the DP difference in means",
+    "chunks": "subsample and aggregate (the chunk preset)",
 }
 
 
@@ -180,6 +190,7 @@ _IPW_SOURCE = 'bench/README.md, "`ipw`\'s quote: the expected half-width at the 
 _SPECIAL_SOURCES = {
     "ipw": _IPW_SOURCE,
     "rct_difference": "bench/README.md, 'The trial estimator rule'",
+    "chunks": "bench/README.md, 'Subsample and aggregate'",
 }
 
 
@@ -245,6 +256,7 @@ def ate_coverage(
     epsilon: float | None = None,
     adjustment_set: bool = False,
     narrowed_clip: bool = False,
+    chunks: int | None = None,
 ) -> dict[str, Any]:
     """The ``coverage`` block of an ATE quote or release.
 
@@ -263,7 +275,11 @@ def ate_coverage(
     ``narrowed_clip``: an observational strict request with a clip narrower than the declared
     one (no measured band); the message says what an early benchmark saw of it, and
     ``narrowed_clip_coverage`` gives its range (else None).
+    ``chunks``: a subsample-and-aggregate request (basis ``"chunk_spread"``); ``nuisance`` is
+    then ``"chunks"`` for the chunk preset, whose coverage ``MEASURED_BANDS["chunks"]`` holds.
     """
+    if chunks is not None:
+        return _chunks_coverage(domain, nuisance, epsilon, chunks, adjustment_set)
     randomised = domain.design == StudyDesign.RCT
     by_design = randomised and mode == "strict" and estimator in ("aipw", "rct_difference")
     message = _DESIGN_MESSAGE
@@ -296,4 +312,37 @@ def ate_coverage(
         "message": message,
         "measured": measured,
         "narrowed_clip_coverage": narrowed,
+    }
+
+
+_UNMEASURED_CHUNKS_NOTE = (
+    " Not measured at this request's settings (only the chunk preset was: leave the chunk's "
+    "fields out)."
+)
+
+
+def _chunks_coverage(
+    domain: PublicDomain,
+    nuisance: str | None,
+    epsilon: float | None,
+    chunks: int,
+    adjusted: bool,
+) -> dict[str, Any]:
+    message = _CHUNKS_MESSAGE.format(chunks=chunks)
+    measured: dict[str, Any] | None = None
+    band = None
+    if nuisance == "chunks" and epsilon is not None:
+        n_epsilon = float(domain.n) * float(epsilon)
+        band = measured_band(nuisance, n_epsilon)
+        if band is not None:
+            measured = _band_block(nuisance, band, n_epsilon, False)
+            message += _band_sentence(nuisance, band, n_epsilon, False, domain.q, adjusted)
+    if band is None:
+        message += _UNMEASURED_CHUNKS_NOTE
+    return {
+        "basis": CHUNK_SPREAD,
+        "nuisance_error_covered": False,
+        "message": message,
+        "measured": measured,
+        "narrowed_clip_coverage": None,
     }

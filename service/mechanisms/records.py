@@ -28,9 +28,16 @@ class Composition(StrEnum):
     # (sequential within a module); the two parts compose sequentially, so the record's cost is
     # the anchor's plus the rest's (docs/proofs/cate_function.md §7).
     ANCHOR_THEN_THEOREM6_MAX = "anchor_then_theorem6_max"
+    # Subsample and aggregate: the events whose module starts with ``chunk<c>/`` are one strict
+    # ``ate`` release on chunk c's rows (composed by its own rule, named in each event's
+    # ``chunk_composition``); the chunks are disjoint sets of rows, each release costs the same
+    # (epsilon, delta), and the record's cost is that one chunk's (parallel composition under
+    # replace-one; docs/proofs/ate_strict.md §17).
+    CHUNKS = "chunks"
 
 
 ANCHOR_PREFIX = "anchor/"
+CHUNK_PREFIX = "chunk"
 
 
 NEIGHBOURING = "replace-one"

@@ -192,3 +192,46 @@ def test_declared_adjustment_set_is_the_default_and_bad_lists_are_refused(
     flag = json.loads(json.dumps(SCHEMA))
     flag["covariates"][0]["adjust_for"] = "yes"
     problem(api.upload(owner["api_key"], synthetic_csv(200, seed=6), flag), 422, "invalid-schema")
+
+
+def test_subsample_and_aggregate_over_http(client: TestClient, api: Api) -> None:
+    """``chunks``: quoted with its own basis and coverage before any charge, released as one
+    charge of (epsilon, delta) with the chunks' DP estimates, refused where a chunk is too small
+    or the design is a trial."""
+    owner, analyst = api.principal("owner"), api.principal("analyst")
+    ds = api.dataset(owner["api_key"], n=2000, epsilon_total=20.0, delta_total=1e-3)
+    api.grant(owner["api_key"], ds["id"], analyst["id"])
+    params = {"epsilon": 2.0, "chunks": 2}
+    quote = _quote(client, analyst["api_key"], ds["id"], params)
+    assert quote.status_code == 200, quote.text
+    accuracy = quote.json()["accuracy"]
+    assert accuracy["half_width_basis"] == "assumed_chunk_spread"
+    assert (accuracy["chunks"], accuracy["chunk_size"]) == (2, 1000)
+    assert accuracy["coverage"]["basis"] == "chunk_spread"
+    too_many = _quote(client, analyst["api_key"], ds["id"], {"epsilon": 2.0, "chunks": 4})
+    body = problem(too_many, 422, "validation-failed")
+    assert "each chunk holds 500 of the 2000 rows" in body["detail"]
+    problem(
+        post_release(client, analyst["api_key"], ds["id"], {**params, "chunks": 4}),
+        422,
+        "validation-failed",
+    )
+    r = post_release(client, analyst["api_key"], ds["id"], params)
+    assert r.status_code == 202, r.text
+    done = wait(client, analyst["api_key"], r.json()["id"])
+    result = _check_done(done, "strict", "aipw")
+    assert len(result["chunk_estimates"]) == 2
+    assert result["estimate"] == pytest.approx(sum(result["chunk_estimates"]) / 2)
+    assert result["coverage"] == accuracy["coverage"]
+    budget = client.get(f"/v1/datasets/{ds['id']}/budget", headers=Api.auth(owner["api_key"]))
+    assert budget.json()["epsilon_spent"] == pytest.approx(2.0)  # one charge for both chunks
+    ledger = client.get(
+        f"/v1/datasets/{ds['id']}/ledger", headers=Api.auth(owner["api_key"])
+    ).json()["entries"]
+    charges = [e for e in ledger if e["entry_type"] == "charge"]
+    assert len(charges) == 1
+    assert float(charges[0]["epsilon"]) == pytest.approx(2.0)
+    trial = api.dataset(owner["api_key"], n=2000, schema=RCT_SCHEMA, seed=3)
+    api.grant(owner["api_key"], trial["id"], analyst["id"])
+    refused = _quote(client, analyst["api_key"], trial["id"], params)
+    assert "observational datasets" in problem(refused, 422, "validation-failed")["detail"]

@@ -258,3 +258,23 @@ def test_an_ate_result_says_which_estimator_ran() -> None:
     aipw = AteResult.from_result({**base, "estimator": "aipw", "nuisance": "dp_linear"})
     assert "dp_linear" in render.result(aipw)
     assert AteResult.from_result(base).estimator is None  # an older server's result
+
+
+def test_a_chunked_ate_result_shows_its_chunks() -> None:
+    parsed = AteResult.from_result(
+        {
+            "estimate": 2.1,
+            "ci_lower": 0.4,
+            "ci_upper": 3.8,
+            "guarantee": "strict",
+            "epsilon": 1.0,
+            "delta": 1e-5,
+            "estimator": "aipw",
+            "chunks": 4,
+            "chunk_size": 1250,
+            "chunk_estimates": [1.5, 2.25, 3.0, 1.65],
+        }
+    )
+    text = render.result(parsed)
+    assert "4 of 1250 rows (t interval over their estimates: 1.5, 2.25, 3, 1.65)" in text
+    assert "chunks" not in render.result(AteResult.from_result({**parsed.raw, "chunks": None}))

@@ -36,6 +36,10 @@ Claim:
     * the measured outcome range (``outcome_range``; proof §16): the DP-EBM outcome module
       spends a public share of its epsilon on two DP quantiles of its fold's outcomes and fits
       the model, its noise calibrated, on that range; again sequential within the module.
+    * subsample and aggregate (``chunks``, module ``aggregate``; proof §17): M whole releases on
+      disjoint random chunks of public size n // M, each at (epsilon, delta); parallel
+      composition gives (epsilon, delta), and the t interval over their estimates is
+      post-processing.
 
 Nuisance presets:
     * ``"dp_ebm"`` (default): interpret DP-EBM classifier / regressor (proof §2);
@@ -76,7 +80,8 @@ Modules:
     * ``rules``: public parameters, validation and default rules (folds, shares, delta, clip);
     * ``calibration``: the privacy map, from public inputs to calibrated noise and the record;
     * ``estimation``: the release after the charge (nuisances, pseudo-outcomes, DP statistics, CI);
-    * ``quote``: the public accuracy preview.
+    * ``quote``: the public accuracy preview;
+    * ``aggregate``: subsample and aggregate over disjoint chunks (its record, run and quote).
 """
 
 from service.mechanisms.ate_strict.calibration import (

@@ -39,8 +39,8 @@ MECHANISM = "ate_strict"
 # 8: dp_linear nuisances by default on observational designs below n epsilon = 2 * 10^4 (issue 12);
 # 9: that switch at n epsilon = 10^4 where the nuisance models see at most 12 covariates, linear
 # up to 2 * 10^4 at 36 (issue 12); 10: the DP-EBM outcome model's range measured by two charged
-# DP quantiles (issue 12)
-VERSION = "10"
+# DP quantiles (issue 12); 11: subsample and aggregate, ``chunks`` (issue 12)
+VERSION = "11"
 
 
 Nuisance = Literal["dp_ebm", "dp_linear", "none"]

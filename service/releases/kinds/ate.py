@@ -24,6 +24,7 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from service.mechanisms import ate_ipw, ate_privATE, ate_rct, ate_strict
 from service.mechanisms.ate_coverage import ate_coverage
+from service.mechanisms.ate_strict import aggregate
 from service.mechanisms.calibration import default_delta
 from service.mechanisms.domain import Arrays, PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
@@ -53,6 +54,7 @@ _FIELDS: dict[tuple[str, str], frozenset[str]] = {
             "quantile_bins",
             "adjustment_columns",
             "outcome_range",
+            "chunks",
         }
     ),
     ("strict", "ipw"): frozenset(
@@ -143,6 +145,13 @@ class AteParams(KindParams):
     # analysis plan's adjustment set; proof ate_strict.md §15). None: the schema's declared
     # adjustment set (``"adjust_for": true``) where there is one, else every covariate.
     adjustment_columns: list[StrictInt] | None = Field(default=None, max_length=500)
+    # strict aipw, observational designs: subsample and aggregate (proof ate_strict.md §17). The
+    # rows are cut at random into this many disjoint chunks of n // chunks rows; each chunk gets
+    # one whole strict release at the full (epsilon, delta) (parallel composition), and the
+    # interval is the t interval over the chunks' DP estimates, so it also covers the DP nuisance
+    # models' fit noise. Fields left out take the chunk preset (``chunked_params``). None: one
+    # release on all rows.
+    chunks: StrictInt | None = Field(default=None, ge=aggregate.MIN_CHUNKS, le=aggregate.MAX_CHUNKS)
     trim: StrictFloat = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
     # ipw only: Horvitz-Thompson, Hajek (DP arm weights) or "auto" (public rule on the noise).
     normalization: Literal["auto", "horvitz_thompson", "hajek"] = "auto"
@@ -266,6 +275,7 @@ def to_mechanism_params(
     | ate_ipw.AteIpwParams
     | ate_rct.AteRctParams
     | ate_privATE.PrivateParams
+    | aggregate.AggregateParams
 ):
     """Map request parameters to the mechanism's, filling the public default delta."""
     if params.mode == "paper":
@@ -303,6 +313,8 @@ def to_mechanism_params(
             normalization=params.normalization,
             adjustment_columns=adjustment_columns(params, domain, None),
         )
+    if params.chunks is not None:
+        return chunked_params(params, domain)
     nuisance_strict = _strict_nuisance(params, domain)
     cross_fit = params.cross_fit
     if cross_fit is None:
@@ -340,6 +352,41 @@ def to_mechanism_params(
     )
 
 
+def chunked_params(params: AteParams, domain: PublicDomain) -> aggregate.AggregateParams:
+    """A ``chunks`` request's mechanism parameters: each chunk's strict release, resolved by the
+    public rules at the chunk's size ``n // chunks``, with the chunk preset for the fields the
+    request leaves out (DP-EBM nuisances on their measured outcome range, folds
+    ``aggregate.CHUNK_FOLDS``, the pseudo-outcome clipped at ``aggregate.CHUNK_K_OF_RANGE`` x
+    the declared outcome range unless the clip is asked to be adaptive). Observational designs
+    only: a trial's interval already covers its outcome model's error. Public inputs only."""
+    chunks = aggregate.validate_chunks(params.chunks)
+    if domain.design == StudyDesign.RCT:
+        raise InvalidParameters(
+            "chunks (subsample and aggregate) is for observational datasets: on a randomised "
+            "trial the declared assignment probability makes one release's interval cover its "
+            "outcome model's error, and chunks would only widen it; leave chunks out"
+        )
+    updates: dict[str, Any] = {"chunks": None}
+    nuisance = params.nuisance or "dp_ebm"
+    updates["nuisance"] = nuisance
+    if nuisance == "dp_ebm":
+        if params.outcome_range is None:
+            updates["outcome_range"] = True
+        if params.fold_fractions is None:
+            updates["fold_fractions"] = aggregate.CHUNK_FOLDS
+    if params.pseudo_outcome_clip is None and params.clip is None:
+        updates["pseudo_outcome_clip"] = aggregate.CHUNK_K_OF_RANGE * domain.outcome_range
+    try:
+        chunk = to_mechanism_params(
+            params.model_copy(update=updates), aggregate.chunk_domain(domain, chunks)
+        )
+    except InvalidParameters as exc:
+        raise aggregate.chunk_error(domain, chunks, exc) from None
+    if not isinstance(chunk, ate_strict.AteStrictParams):  # pragma: no cover - aipw above
+        raise InvalidParameters("chunks needs estimator 'aipw'")
+    return aggregate.AggregateParams(chunks=chunks, chunk=chunk)
+
+
 class AteKind:
     """Adapter between the HTTP layer and the ATE mechanisms."""
 
@@ -355,6 +402,8 @@ class AteKind:
             return ate_rct.plan(domain, mechanism)
         if isinstance(mechanism, ate_ipw.AteIpwParams):
             return ate_ipw.plan(domain, mechanism)
+        if isinstance(mechanism, aggregate.AggregateParams):
+            return aggregate.plan(domain, mechanism)
         return ate_strict.plan(domain, mechanism)
 
     def quote(self, params: Any, domain: PublicDomain) -> dict[str, Any]:
@@ -373,6 +422,11 @@ class AteKind:
                 out["epsilon_for_target_half_width"] = _epsilon_for_target(checked, domain, target)
         elif isinstance(mechanism, ate_ipw.AteIpwParams):
             out = ate_ipw.quote(domain, mechanism, target_half_width=target)
+        elif isinstance(mechanism, aggregate.AggregateParams):
+            out = aggregate.quote(domain, mechanism)
+            if target is not None:
+                out["target_half_width"] = target
+                out["epsilon_for_target_half_width"] = _epsilon_for_target(checked, domain, target)
         else:
             out = ate_strict.quote(domain, mechanism, target_half_width=target)
             if target is not None:  # the rules (the estimator's too) re-resolve at each epsilon
@@ -423,6 +477,8 @@ class AteKind:
             out = ate_rct.run(arrays, domain, mechanism, **options)
         elif isinstance(mechanism, ate_ipw.AteIpwParams):
             out = ate_ipw.run(arrays, domain, mechanism, **options)
+        elif isinstance(mechanism, aggregate.AggregateParams):
+            out = aggregate.run(arrays, domain, mechanism, **options)
         else:
             out = ate_strict.run(arrays, domain, mechanism, **options)
         # public: from the design and the request only (service.mechanisms.ate_coverage)
@@ -440,6 +496,24 @@ def _narrowed_clip(mechanism: object) -> bool:
 
 
 def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> dict[str, Any]:
+    if isinstance(mechanism, aggregate.AggregateParams):
+        columns = mechanism.chunk.adjustment_columns
+        preset = AteParams(
+            epsilon=checked.epsilon,
+            chunks=mechanism.chunks,
+            adjustment_columns=None if columns is None else list(columns),
+        )
+        if checked.delta is not None:
+            preset = preset.model_copy(update={"delta": checked.delta})
+        return ate_coverage(
+            domain,
+            mode=checked.mode,
+            estimator="aipw",
+            nuisance="chunks" if to_mechanism_params(preset, domain) == mechanism else None,
+            epsilon=checked.epsilon,
+            adjustment_set=columns is not None,
+            chunks=mechanism.chunks,
+        )
     nuisance: str | None = None
     adjusted = False
     narrowed = _narrowed_clip(mechanism)
@@ -513,6 +587,8 @@ def _epsilon_for_target(checked: AteParams, domain: PublicDomain, target: float)
             mechanism = to_mechanism_params(request, domain)
             if isinstance(mechanism, ate_rct.AteRctParams):
                 return float(ate_rct.quote(domain, mechanism)["expected_half_width"])
+            if isinstance(mechanism, aggregate.AggregateParams):
+                return aggregate.expected_half_width(domain, mechanism)["expected_half_width"]
             if not isinstance(mechanism, ate_strict.AteStrictParams):
                 return math.inf
             return float(ate_strict.quote(domain, mechanism)["expected_half_width"])

@@ -136,6 +136,16 @@ def _ci_label(parsed: AteResult) -> str:
     return f"{label} (nominal; measured {100 * low:.0f}-{100 * high:.0f}%)"
 
 
+def _chunks(raw: dict[str, Any]) -> str:
+    """A subsample-and-aggregate result's chunks: how many, their size and their estimates."""
+    estimates = raw.get("chunk_estimates") or []
+    shown = ", ".join(f"{float(e):.4g}" for e in estimates)
+    return (
+        f"{raw.get('chunks')} of {raw.get('chunk_size')} rows (t interval over their "
+        f"estimates: {shown})"
+    )
+
+
 def _contrast(treatment: dict[str, Any] | None) -> str | None:
     """What an effect compares: '<label of 1> minus <label of 0>' where the owner labelled
     the treatment's codes."""
@@ -292,6 +302,8 @@ _QUOTE_ACCURACY_KEYS = (
     "estimator",
     "estimator_note",
     "ci_level",
+    "chunks",
+    "chunk_size",
     "expected_half_width",
     "min_half_width",
     "max_noise_half_width",
@@ -445,6 +457,7 @@ def result(
                 ("half width", parsed.half_width),
                 *([("estimator", parsed.estimator)] if parsed.estimator else []),
                 *([("nuisance models", parsed.nuisance)] if parsed.nuisance else []),
+                *([("chunks", _chunks(parsed.raw))] if parsed.raw.get("chunks") else []),
                 ("guarantee", parsed.guarantee),
                 ("design", parsed.design),
                 ("epsilon", parsed.epsilon),
