@@ -139,6 +139,12 @@ def run_cell(
         cell[name]["half_width_over_nonprivate"] = cell[name]["mean_half_width"] / np_half
     chunk = np.array([e for r in rows for e in r["chunk_estimates"]])
     cell["chunk"] = {"bias": float(chunk.mean() - truth), "sd": float(chunk.std())}
+    domain = study.domain(n)
+    quoted = AteKind().quote(AteParams(epsilon=epsilon, chunks=chunks), domain)
+    cell["subsample"]["quoted_half_width"] = float(quoted["expected_half_width"])
+    cell["subsample"]["quote_over_realised"] = (
+        cell["subsample"]["quoted_half_width"] / cell["subsample"]["mean_half_width"]
+    )
     return cell
 
 

@@ -195,7 +195,10 @@ def test_c4_and_the_quoted_width() -> None:
     params = chunked_params(AteParams(epsilon=1.0, chunks=4), domain)
     single = ate_strict.quote(replace(domain, n=2000), params.chunk)
     quoted = aggregate.quote(domain, params)
-    spread = aggregate.CHUNK_SPREAD_FACTOR * single["expected_half_width"] / 1.959963984540054
+    sampling = single["assumed_pseudo_outcome_sd"] / math.sqrt(single["n2"])
+    fit_noise = aggregate.CHUNK_FIT_NOISE_FACTOR * sampling  # at epsilon 1
+    spread = math.hypot(single["expected_half_width"] / 1.959963984540054, fit_noise)
+    assert quoted["assumed_fit_noise_sd"] == pytest.approx(fit_noise)
     assert quoted["assumed_chunk_spread"] == pytest.approx(spread)
     assert quoted["expected_half_width"] == pytest.approx(
         student_t.ppf(0.975, 3) * aggregate.c4(4) * spread / 2.0
@@ -213,3 +216,26 @@ def test_the_chunk_plan_is_the_single_release_plan_at_the_chunk_size() -> None:
     out = aggregate.quote(domain, params)
     assert out["chunk_s_theta"] == pytest.approx(state.mean.sigma)
     assert out["chunk_fold_sizes"] == dict(state.record.fold_sizes)
+
+
+def test_an_observational_quote_offers_chunks_where_they_are_narrower_and_measured() -> None:
+    study = STUDIES["none"]
+    quoted = AteKind().quote(AteParams(epsilon=1.0), study.domain(5000))
+    alternative = quoted["chunks_alternative"]
+    assert alternative["chunks"] == 4
+    assert alternative["expected_half_width"] < quoted["expected_half_width"]
+    chunked = AteKind().quote(AteParams(epsilon=1.0, chunks=4), study.domain(5000))
+    assert alternative["expected_half_width"] == pytest.approx(chunked["expected_half_width"])
+    assert "chunks = 4" in alternative["message"]
+    band = chunked["coverage"]["measured"]
+    assert (alternative["coverage_low"], alternative["coverage_high"]) == (
+        band["coverage_low"],
+        band["coverage_high"],
+    )
+    # not offered where 4 chunks are too small for their folds, with chunks asked for already,
+    # on a trial, or far from where its coverage was measured
+    assert "chunks_alternative" not in AteKind().quote(AteParams(epsilon=4.0), study.domain(3000))
+    assert "chunks_alternative" not in chunked
+    trial = make_domain(n=8000, design=StudyDesign.RCT, p=0.5)
+    assert "chunks_alternative" not in AteKind().quote(AteParams(epsilon=1.0), trial)
+    assert "chunks_alternative" not in AteKind().quote(AteParams(epsilon=4.0), study.domain(10**5))

@@ -275,6 +275,9 @@ def test_a_chunked_ate_result_shows_its_chunks() -> None:
             "chunk_estimates": [1.5, 2.25, 3.0, 1.65],
         }
     )
+    assert parsed.chunk_estimates == (1.5, 2.25, 3.0, 1.65)
     text = render.result(parsed)
     assert "4 of 1250 rows (t interval over their estimates: 1.5, 2.25, 3, 1.65)" in text
-    assert "chunks" not in render.result(AteResult.from_result({**parsed.raw, "chunks": None}))
+    single = AteResult.from_result({**parsed.raw, "chunks": None, "chunk_estimates": None})
+    assert "chunks" not in render.result(single)
+    assert single.chunk_estimates is None

@@ -82,6 +82,15 @@ class AteResult:
         return None if value is None else str(value)
 
     @property
+    def chunk_estimates(self) -> tuple[float, ...] | None:
+        """A subsample-and-aggregate result's chunk estimates (the request's ``chunks``: one DP
+        estimate per disjoint chunk; the interval is the t interval over them), else None."""
+        values = self.raw.get("chunk_estimates")
+        if not isinstance(values, list):
+            return None
+        return tuple(float(v) for v in values)
+
+    @property
     def measured_coverage(self) -> tuple[float, float] | None:
         """The coverage (lowest, highest) the service's simulations measured for intervals like
         this one, where it states one (its ``coverage`` block: the measured band of the

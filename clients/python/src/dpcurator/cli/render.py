@@ -287,6 +287,9 @@ def quote(q: Quote) -> str:
     coverage = q.accuracy.get("coverage")
     if isinstance(coverage, dict) and coverage.get("message"):
         items.append(("interval covers", coverage["message"]))
+    alternative = q.accuracy.get("chunks_alternative")
+    if isinstance(alternative, dict) and alternative.get("message"):
+        items.append(("narrower with chunks", alternative["message"]))
     versus = q.accuracy.get("versus_ate")
     if isinstance(versus, dict) and versus.get("verdict"):
         items.append(("versus the ATE", versus["verdict"]))
