@@ -105,7 +105,7 @@ MEASURED_BANDS: dict[str, tuple[CoverageBand, ...]] = {
     # subsample and aggregate at the chunk preset (``chunks``; 4 chunks): n 5000 at eps 0.5, 1
     # and 4, n 20000 at eps 1 (subsample-*.json)
     "chunks": (
-        CoverageBand(2500.0, 2500.0, 0.933, 0.933, 1, 30),
+        CoverageBand(2500.0, 2500.0, 0.933, 1.0, 2, 30),
         CoverageBand(5000.0, 5000.0, 0.95, 0.95, 2, 40),
         CoverageBand(20_000.0, 20_000.0, 0.90, 0.95, 4, 30),
     ),

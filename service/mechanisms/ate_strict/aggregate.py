@@ -67,7 +67,7 @@ CHUNK_FOLDS = (0.1, 0.4, 0.5)
 # to the chunks' measured spread on the realistic observational studies with the chunk preset
 # (bench/README.md, "Subsample and aggregate": n 5000 at eps 0.5, 1 and 4, n 20000 at eps 1).
 CHUNK_FIT_NOISE_FACTOR = 2.9
-CHUNK_FIT_NOISE_EPSILON_POWER = 0.3
+CHUNK_FIT_NOISE_EPSILON_POWER = 0.45
 
 
 @dataclass(frozen=True)
