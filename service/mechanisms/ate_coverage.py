@@ -102,11 +102,13 @@ MEASURED_BANDS: dict[str, tuple[CoverageBand, ...]] = {
         CoverageBand(80_000.0, 100_000.0, 0.805, 0.92, 4, 200),
         CoverageBand(400_000.0, 400_000.0, 0.74, 0.90, 2, 100),
     ),
-    # subsample and aggregate at the chunk preset (``chunks``; 4 chunks): n 5000 at eps 0.5, 1
-    # and 4, n 20000 at eps 1 (subsample-*.json)
+    # subsample and aggregate at the chunk preset (``chunks``; 4 chunks; bench/README.md,
+    # "Subsample and aggregate"): n 5000, eps 1: subsample-coverage-5000-*.json (200 releases);
+    # n 5000 at eps 0.5 and 4: subsample-eps-5000.json (30); n 20000, eps 1: subsample-20000.json
+    # (40, the probe's)
     "chunks": (
         CoverageBand(2500.0, 2500.0, 0.933, 1.0, 2, 30),
-        CoverageBand(5000.0, 5000.0, 0.95, 0.95, 2, 40),
+        CoverageBand(5000.0, 5000.0, 0.94, 0.965, 2, 200),
         CoverageBand(20_000.0, 20_000.0, 0.90, 0.95, 4, 30),
     ),
     # the strict ipw default (its DP logistic propensity): realistic-ipw-quote.json

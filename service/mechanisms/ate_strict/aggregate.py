@@ -55,7 +55,8 @@ MAX_CHUNKS = 16
 # is released with DP-EBM nuisances on their measured outcome range, the folds (propensity,
 # outcome, estimation) below and the pseudo-outcome clipped at K = CHUNK_K_OF_RANGE x the
 # declared outcome range (the ``ebm_cate`` anchor's K). The probe that chose it:
-# bench/README.md, "Design probe: subsample and aggregate".
+# bench/README.md, "Design probe: subsample and aggregate"; what it gives: "Subsample and
+# aggregate".
 CHUNK_K_OF_RANGE = 0.3
 CHUNK_FOLDS = (0.1, 0.4, 0.5)
 
