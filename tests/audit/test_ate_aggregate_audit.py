@@ -30,27 +30,16 @@ from service.mechanisms.domain import Arrays
 from service.mechanisms.noise import OpenDPSampler, SeededSampler, calibrate_gaussian
 from service.releases.kinds.ate import AteKind, AteParams, chunked_params
 from tests.audit.test_ate_strict_audit import Channel, _audit
+from tests.audit.test_end_to_end_noise import RecordingSampler
 from tests.unit.test_ate_strict import make_domain, no_progress, synthetic
 
 N, CHUNKS, EPSILON = 3000, 3, 1.0
 N_SEEDED = 2_000_000
 
 
-class RecordingSampler:
-    """Production sampler that records each Gaussian draw's sigma and sensitivity."""
-
-    def __init__(self) -> None:
-        self.inner = OpenDPSampler()
-        self.sigmas: list[tuple[float, float]] = []
-
-    def gaussian(
-        self, values: NDArray[np.float64], *, sigma: float, sensitivity_l2: float
-    ) -> NDArray[np.float64]:
-        self.sigmas.append((sigma, sensitivity_l2))
-        return self.inner.gaussian(values, sigma=sigma, sensitivity_l2=sensitivity_l2)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+def _gaussians(recorder: RecordingSampler) -> list[tuple[float, float]]:
+    """The (sigma, sensitivity) of each Gaussian draw, in order."""
+    return [(d["scale"], d["sensitivity"]) for d in recorder.draws if d["type"] == "gaussian"]
 
 
 def _params() -> AteParams:
@@ -105,15 +94,16 @@ def test_each_chunk_is_calibrated_at_its_own_size() -> None:
         noise=single,
         progress=no_progress,
     )
-    assert recorder.sigmas == single.sigmas * CHUNKS
+    drawn = _gaussians(recorder)
+    assert drawn == _gaussians(single) * CHUNKS
     state = calibration.make_plan(sub, mechanism.chunk)
     n2 = state.n2
     mean_sigma = state.mean.sigma
-    assert (mean_sigma, state.mean.sensitivity_l2) in recorder.sigmas
+    assert (mean_sigma, state.mean.sensitivity_l2) in drawn
     assert state.mean.sensitivity_l2 >= 2 * state.bound / n2
     whole = calibration.make_plan(domain, mechanism.chunk)  # the whole dataset's calibration
     assert whole.mean.sigma < mean_sigma / 2
-    assert (whole.mean.sigma, whole.mean.sensitivity_l2) not in recorder.sigmas
+    assert (whole.mean.sigma, whole.mean.sensitivity_l2) not in drawn
 
 
 def _mean_channel() -> tuple[Channel, float]:

@@ -127,10 +127,14 @@ def plan(domain: PublicDomain, params: AggregateParams) -> MechanismRecord:
     Raises:
         InvalidParameters: invalid parameters (before any charge).
     """
-    single = _chunk_plan(domain, params).record
+    return _combined_record(domain, params.chunks, _chunk_plan(domain, params).record)
+
+
+def _combined_record(domain: PublicDomain, chunks: int, single: MechanismRecord) -> MechanismRecord:
+    """The release's record from one chunk release's (``single``)."""
     events: list[NoiseEvent] = []
     fold_sizes: dict[str, int] = {}
-    for c in range(1, params.chunks + 1):
+    for c in range(1, chunks + 1):
         prefix = f"{CHUNK_PREFIX}{c}/"
         events.extend(
             replace(
@@ -141,7 +145,7 @@ def plan(domain: PublicDomain, params: AggregateParams) -> MechanismRecord:
             for event in single.events
         )
         fold_sizes.update({prefix + name: size for name, size in single.fold_sizes.items()})
-    unused = domain.n - params.chunks * single.n
+    unused = domain.n - chunks * single.n
     if unused:
         fold_sizes["unused"] = unused
     return MechanismRecord(
@@ -234,7 +238,7 @@ def run(
         "chunk_s_theta": state.mean.sigma,
         "epsilon": state.record.epsilon,
         "delta": state.record.delta,
-        "fold_sizes": dict(plan(domain, params).fold_sizes),
+        "fold_sizes": dict(_combined_record(domain, params.chunks, state.record).fold_sizes),
         "chunk_fold_sizes": dict(state.record.fold_sizes),
     }
 
@@ -287,7 +291,7 @@ def quote(domain: PublicDomain, params: AggregateParams) -> dict[str, Any]:
     """
     state = _chunk_plan(domain, params)
     expected = expected_half_width(domain, params)
-    record = plan(domain, params)
+    record = _combined_record(domain, params.chunks, state.record)
     return {
         **calibration.public_parameters(state),
         "epsilon": record.epsilon,
