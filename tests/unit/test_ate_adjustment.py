@@ -11,6 +11,7 @@ import pytest
 
 from service.mechanisms import ate_ipw, ate_strict
 from service.mechanisms.ate_strict import AteStrictParams
+from service.mechanisms.ate_strict.aggregate import AggregateParams
 from service.mechanisms.domain import (
     Arrays,
     PublicDomain,
@@ -135,14 +136,21 @@ def test_invalid_adjustment_columns_are_refused_before_a_charge(
 
 def test_the_schema_declared_set_is_the_default_and_a_request_overrides_it() -> None:
     declared = domain(adjustment_set=CONFOUNDERS)
-    strict = to_mechanism_params(AteParams(epsilon=1.0), declared)
+    single = AteParams(epsilon=1.0, chunks=1)  # one release (the chunks rule cuts this n eps)
+    strict = to_mechanism_params(single, declared)
     assert isinstance(strict, AteStrictParams)
     assert strict.adjustment_columns == CONFOUNDERS
-    own = to_mechanism_params(AteParams(epsilon=1.0, adjustment_columns=[1, 2]), declared)
-    assert own.adjustment_columns == (1, 2)  # type: ignore[union-attr]
+    own = AteParams(epsilon=1.0, adjustment_columns=[1, 2], chunks=1)
+    assert to_mechanism_params(own, declared).adjustment_columns == (1, 2)  # type: ignore[union-attr]
     ipw = to_mechanism_params(AteParams(epsilon=1.0, estimator="ipw"), declared)
     assert ipw.adjustment_columns == CONFOUNDERS  # type: ignore[union-attr]
-    assert to_mechanism_params(AteParams(epsilon=1.0), domain()).adjustment_columns is None  # type: ignore[union-attr]
+    assert to_mechanism_params(single, domain()).adjustment_columns is None  # type: ignore[union-attr]
+    # in chunks, every chunk adjusts for the declared set, or the request's
+    chunked = to_mechanism_params(AteParams(epsilon=1.0), declared)
+    assert isinstance(chunked, AggregateParams)
+    assert chunked.chunk.adjustment_columns == CONFOUNDERS
+    listed = to_mechanism_params(AteParams(epsilon=1.0, adjustment_columns=[1, 2]), declared)
+    assert listed.chunk.adjustment_columns == (1, 2)  # type: ignore[union-attr]
     quote = AteKind().quote(AteParams(epsilon=1.0), declared)
     assert quote["adjustment_columns"] == list(CONFOUNDERS)
 

@@ -15,12 +15,20 @@ from scipy.stats import t as student_t
 from bench.studies import STUDIES
 from bench.subsample import chunk_params
 from service.mechanisms import ate_strict
-from service.mechanisms.ate_strict import aggregate, calibration
+from service.mechanisms.ate_ipw import AteIpwParams
+from service.mechanisms.ate_rct import AteRctParams
+from service.mechanisms.ate_strict import AteStrictParams, aggregate, calibration
 from service.mechanisms.domain import Arrays, StudyDesign
 from service.mechanisms.errors import InvalidParameters, ReleaseFailed
 from service.mechanisms.noise import SeededSampler
 from service.mechanisms.records import Composition
-from service.releases.kinds.ate import AteKind, AteParams, chunked_params, to_mechanism_params
+from service.releases.kinds.ate import (
+    AteKind,
+    AteParams,
+    chunked_params,
+    resolved_chunks,
+    to_mechanism_params,
+)
 from tests.unit.test_ate_strict import make_domain, no_progress, synthetic
 
 
@@ -85,10 +93,13 @@ def test_the_bench_probe_ran_the_chunk_preset() -> None:
         assert ours.chunk == theirs
 
 
-@pytest.mark.parametrize("chunks", [1, 17, True, 2.0])
+@pytest.mark.parametrize("chunks", [0, 1, 17, True, 2.0])
 def test_the_number_of_chunks_is_validated(chunks: Any) -> None:
-    with pytest.raises(pydantic.ValidationError):
-        AteParams(epsilon=1.0, chunks=chunks)
+    if chunks == 1 and chunks is not True:
+        AteParams(epsilon=1.0, chunks=chunks)  # one release on all rows
+    else:
+        with pytest.raises(pydantic.ValidationError):
+            AteParams(epsilon=1.0, chunks=chunks)
     with pytest.raises(InvalidParameters, match="chunks"):
         aggregate.validate_chunks(chunks)
 
@@ -220,7 +231,8 @@ def test_the_chunk_plan_is_the_single_release_plan_at_the_chunk_size() -> None:
 
 def test_an_observational_quote_offers_chunks_where_they_are_narrower_and_measured() -> None:
     study = STUDIES["none"]
-    quoted = AteKind().quote(AteParams(epsilon=1.0), study.domain(5000))
+    # a single release (chunks = 1, or a request naming a single-release option)
+    quoted = AteKind().quote(AteParams(epsilon=1.0, chunks=1), study.domain(5000))
     alternative = quoted["chunks_alternative"]
     assert alternative["chunks"] == 4
     assert alternative["expected_half_width"] < quoted["expected_half_width"]
@@ -236,6 +248,135 @@ def test_an_observational_quote_offers_chunks_where_they_are_narrower_and_measur
     # on a trial, or far from where its coverage was measured
     assert "chunks_alternative" not in AteKind().quote(AteParams(epsilon=4.0), study.domain(3000))
     assert "chunks_alternative" not in chunked
+    named = AteKind().quote(AteParams(epsilon=1.0, nuisance="dp_linear"), study.domain(5000))
+    assert named["chunks_alternative"]["chunks"] == 4
+    # the rule's own number at larger n: 8 chunks from 16,000 rows
+    large = AteKind().quote(AteParams(epsilon=1.0, chunks=1), study.domain(20_000))
+    assert large["chunks_alternative"]["chunks"] == 8
+    assert "chunks = 8" in large["chunks_alternative"]["message"]
+    # the default in the rule's range is chunked already: nothing to offer
+    assert "chunks_alternative" not in AteKind().quote(AteParams(epsilon=1.0), study.domain(5000))
     trial = make_domain(n=8000, design=StudyDesign.RCT, p=0.5)
     assert "chunks_alternative" not in AteKind().quote(AteParams(epsilon=1.0), trial)
     assert "chunks_alternative" not in AteKind().quote(AteParams(epsilon=4.0), study.domain(10**5))
+
+
+def test_the_chunks_rule_is_public_and_stays_in_its_measured_range() -> None:
+    """``default_chunks``: 4 chunks on observational data where n * epsilon is 2,500-20,000 and
+    n >= 4,000, 8 from 16,000 rows; none on trials, outside the range or below 4,000 rows."""
+    study = STUDIES["none"]
+    rule = aggregate.default_chunks
+    assert rule(study.domain(5000), 1.0) == 4
+    assert rule(study.domain(5000), 0.5) == 4  # n eps 2500, the low end
+    assert rule(study.domain(5000), 0.49) is None
+    assert rule(study.domain(5000), 4.0) == 4  # n eps 20000, the high end
+    assert rule(study.domain(5000), 4.01) is None
+    assert rule(study.domain(3999), 1.0) is None
+    assert rule(study.domain(4000), 1.0) == 4
+    assert rule(study.domain(15_999), 1.0) == 4
+    assert rule(study.domain(16_000), 1.0) == 8
+    assert rule(study.domain(20_000), 1.0) == 8
+    assert rule(study.domain(100_000), 0.1) == 8  # n eps 10^4: chunks of 12,500 rows at eps 0.1
+    trial = make_domain(n=8000, design=StudyDesign.RCT, p=0.5)
+    assert rule(trial, 1.0) is None
+
+
+def test_an_epsilon_only_observational_request_in_the_range_is_released_in_chunks() -> None:
+    """The kind applies the rule where the request names no single-release option: delta and
+    the adjustment set pass through to every chunk; a named option, chunks = 1, paper mode,
+    ipw and a trial keep one release."""
+    study = STUDIES["none"]
+    domain = study.domain(5000)
+    default = to_mechanism_params(AteParams(epsilon=1.0), domain)
+    assert default == chunked_params(AteParams(epsilon=1.0, chunks=4), domain)
+    assert resolved_chunks(AteParams(epsilon=1.0, delta=1e-7), domain) == 4
+    columns = AteParams(epsilon=1.0, adjustment_columns=[0, 1, 2])
+    assert resolved_chunks(columns, domain) == 4
+    assert to_mechanism_params(columns, domain).chunk.adjustment_columns == (0, 1, 2)  # type: ignore[union-attr]
+    assert resolved_chunks(AteParams(epsilon=1.0, alpha=0.1), domain) == 4
+    for single in (
+        AteParams(epsilon=1.0, chunks=1),
+        AteParams(epsilon=1.0, nuisance="dp_ebm"),
+        AteParams(epsilon=1.0, clip="adaptive"),
+        AteParams(epsilon=1.0, cross_fit=True),
+        AteParams(epsilon=1.0, propensity_clip=0.2),
+        AteParams(epsilon=1.0, fold_fractions=[0.25, 0.25, 0.5]),
+        AteParams(epsilon=1.0, outcome_range=True),
+    ):
+        assert resolved_chunks(single, domain) is None
+        assert isinstance(to_mechanism_params(single, domain), AteStrictParams)
+    assert isinstance(
+        to_mechanism_params(AteParams(epsilon=1.0, estimator="ipw"), domain), AteIpwParams
+    )
+    trial = make_domain(n=8000, design=StudyDesign.RCT, p=0.5)
+    assert isinstance(to_mechanism_params(AteParams(epsilon=1.0), trial), AteRctParams)
+    # chunks = 1 changes nothing on a trial: the estimator rule still picks the difference in
+    # means, and the quote says the field was unused
+    assert isinstance(to_mechanism_params(AteParams(epsilon=1.0, chunks=1), trial), AteRctParams)
+    warned = AteKind().quote(AteParams(epsilon=1.0, chunks=1), trial)
+    assert "unused on a randomised design: chunks" in warned["warnings"][0]
+    # outside the range, one release
+    assert resolved_chunks(AteParams(epsilon=0.4), domain) is None
+    assert resolved_chunks(AteParams(epsilon=8.0), domain) is None
+
+
+def test_the_rule_keeps_one_release_where_its_chunks_would_not_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    domain = STUDIES["none"].domain(3000)
+    monkeypatch.setattr(aggregate, "DEFAULT_CHUNKS_MIN_N", 2000)
+    assert aggregate.default_chunks(domain, 1.0) == 4  # chunks of 750 rows: too few for 0.1
+    assert resolved_chunks(AteParams(epsilon=1.0), domain) is None
+    assert isinstance(to_mechanism_params(AteParams(epsilon=1.0), domain), AteStrictParams)
+
+
+def test_the_chunked_default_quotes_records_and_states_its_coverage() -> None:
+    domain = STUDIES["none"].domain(5000)
+    kind = AteKind()
+    quoted = kind.quote(AteParams(epsilon=1.0), domain)
+    assert quoted["half_width_basis"] == "assumed_chunk_spread"
+    assert quoted["chunks"] == 4
+    coverage = quoted["coverage"]
+    assert coverage["basis"] == "chunk_spread"
+    assert coverage["measured"]["nuisance"] == "chunks"
+    assert (coverage["measured"]["coverage_low"], coverage["measured"]["coverage_high"]) == (
+        0.94,
+        0.965,
+    )
+    record = kind.record(AteParams(epsilon=1.0), domain)
+    assert record.composition == Composition.CHUNKS
+    assert (record.epsilon, record.delta) == (1.0, quoted["delta"])
+    # a smaller delta than the chunks' default keeps the measured band; a larger one loses it
+    smaller = kind.quote(AteParams(epsilon=1.0, delta=quoted["delta"] / 10), domain)
+    assert smaller["coverage"]["measured"] is not None
+    larger = kind.quote(AteParams(epsilon=1.0, delta=min(0.5, quoted["delta"] * 10)), domain)
+    assert larger["coverage"]["measured"] is None
+    # the epsilon search follows the rule at each epsilon
+    target = kind.quote(
+        AteParams(epsilon=1.0, target_half_width=quoted["expected_half_width"]), domain
+    )
+    assert target["epsilon_for_target_half_width"] == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("n", [4000, 5000, 16_000, 20_000])
+@pytest.mark.parametrize("epsilon", [0.4, 0.5, 1.0, 4.0])
+@pytest.mark.parametrize("declared", [False, True])
+def test_the_mechanisms_default_release_is_the_kinds_default(
+    n: int, epsilon: float, declared: bool
+) -> None:
+    """``aggregate.default_release`` (what other kinds run as the ate default, uplift_table's
+    one-cell table) is exactly what an ``ate`` request of epsilon (and delta) resolves to: the
+    chunk preset at the rule's number of chunks where the rule applies, else None."""
+    domain = STUDIES["none"].domain(n)
+    if declared:
+        domain = replace(domain, adjustment_set=(0, 1, 2))
+    for delta in (None, 1e-7):
+        request = (
+            AteParams(epsilon=epsilon) if delta is None else AteParams(epsilon=epsilon, delta=delta)
+        )
+        kind = to_mechanism_params(request, domain)
+        mine = aggregate.default_release(domain, epsilon, delta)
+        if isinstance(kind, aggregate.AggregateParams):
+            assert mine == kind
+        else:
+            assert mine is None

@@ -20,7 +20,8 @@ RCT = replace(OBSERVATIONAL, design=StudyDesign.RCT, treatment_probability=0.5)
 PAPER = replace(OBSERVATIONAL, allow_paper_mode=True)
 
 COMBINATIONS: list[tuple[dict[str, Any], PublicDomain, str]] = [
-    ({}, OBSERVATIONAL, "strict"),
+    ({}, OBSERVATIONAL, "strict"),  # n eps 4000: the chunks rule (4 chunks)
+    ({"chunks": 1}, OBSERVATIONAL, "strict"),
     ({"nuisance": "dp_linear", "cross_fit": True}, OBSERVATIONAL, "strict"),
     ({"estimator": "ipw", "trim": 0.05}, OBSERVATIONAL, "strict"),
     ({"estimator": "rct_difference"}, RCT, "strict"),
@@ -46,6 +47,8 @@ def test_each_combination_records_and_quotes_both_ways(
     # paper mode quote the noise only
     noise_only = params.mode == "paper"
     basis = "noise_only" if noise_only else "assumed_scale"
+    if not extra and domain is OBSERVATIONAL:
+        basis = "assumed_chunk_spread"  # the chunks rule's t interval over 4 chunks
     assert preview["half_width_basis"].startswith(basis)
     width = preview["expected_half_width"]
     target = AteParams.model_validate({"epsilon": 1.0, **extra, "target_half_width": width})
@@ -56,7 +59,8 @@ def test_each_combination_records_and_quotes_both_ways(
 @pytest.mark.parametrize(
     ("extra", "domain", "basis"),
     [
-        ({}, OBSERVATIONAL, "nuisance_models"),
+        ({}, OBSERVATIONAL, "chunk_spread"),
+        ({"chunks": 1}, OBSERVATIONAL, "nuisance_models"),
         ({"estimator": "ipw"}, OBSERVATIONAL, "nuisance_models"),
         ({"mode": "paper"}, PAPER, "nuisance_models"),
         ({}, RCT, "design"),
@@ -74,7 +78,7 @@ def test_quote_states_what_the_interval_covers(
     coverage = preview["coverage"]
     assert coverage["basis"] == basis
     assert coverage["nuisance_error_covered"] is (basis == "design")
-    assert ("not the error left by the DP" in coverage["message"]) is (basis != "design")
+    assert ("not the error left by the DP" in coverage["message"]) is (basis == "nuisance_models")
 
 
 def test_rct_default_quote_solves_for_its_own_width_when_cross_fitted() -> None:
@@ -175,7 +179,8 @@ def test_default_deltas() -> None:
 def test_share_defaults_are_public_rules_and_legacy_dumps_still_validate() -> None:
     from service.releases.kinds.ate import to_mechanism_params
 
-    strict = to_mechanism_params(AteParams.model_validate({"epsilon": 1.0}), OBSERVATIONAL)
+    single = {"epsilon": 1.0, "chunks": 1}  # one release (the chunks rule cuts n eps 4000)
+    strict = to_mechanism_params(AteParams.model_validate(single), OBSERVATIONAL)
     assert strict.mean_share is None  # type: ignore[union-attr]  # resolved by the mechanism
     ipw = to_mechanism_params(
         AteParams.model_validate({"epsilon": 1.0, "estimator": "ipw"}), OBSERVATIONAL
@@ -220,7 +225,7 @@ def test_dp_linear_cross_fits_by_a_public_rule_in_n_epsilon() -> None:
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=0.5, cross_fit=True, **lin) is True
     folds = {"fold_fractions": (0.25, 0.25, 0.5)}
     assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=5.0, **lin, **folds) is False
-    assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=5.0) is False  # dp_ebm
+    assert _mechanism_cross_fit(OBSERVATIONAL, epsilon=5.0, chunks=1) is False  # dp_ebm
     assert _mechanism_cross_fit(RCT, epsilon=5.0, fold_fractions=(0.5, 0.5), **lin) is False
     # The record and the charge follow the resolved design (two halves, one charge).
     record = AteKind().record(AteParams.model_validate({"epsilon": 5.0, **lin}), OBSERVATIONAL)
@@ -229,11 +234,11 @@ def test_dp_linear_cross_fits_by_a_public_rule_in_n_epsilon() -> None:
 
 
 def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
-    """Below n eps = 2 * 10^4 the observational default is dp_linear, from there DP-EBM: each
-    block quotes the coverage measured for its own preset in the band of n * epsilon that
-    contains the request (or the nearest); ipw its own; other options none."""
+    """Below n eps = 2 * 10^4 the observational single release (chunks = 1) is dp_linear, from
+    there DP-EBM: each block quotes the coverage measured for its own preset in the band of
+    n * epsilon that contains the request (or the nearest); ipw its own; other options none."""
     kind = AteKind()
-    small = kind.quote(AteParams(epsilon=1.0), OBSERVATIONAL)["coverage"]  # n eps 4000
+    small = kind.quote(AteParams(chunks=1, epsilon=1.0), OBSERVATIONAL)["coverage"]  # n eps 4000
     assert small["measured"] == {
         "nuisance": "dp_linear",
         "n_epsilon": 4000.0,
@@ -249,13 +254,15 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     assert "DP linear models" in small["message"]
     assert "90.5-97.0 % of releases at n * epsilon = 4,000-8,000" in small["message"]
     assert "your n * epsilon is 4,000" in small["message"]
-    mid = kind.quote(AteParams(epsilon=5.0), OBSERVATIONAL)["coverage"]  # n eps 20000: DP-EBM
+    mid = kind.quote(AteParams(chunks=1, epsilon=5.0), OBSERVATIONAL)[
+        "coverage"
+    ]  # n eps 20000: DP-EBM
     assert mid["measured"]["nuisance"] == "dp_ebm"
     assert (mid["measured"]["coverage_low"], mid["measured"]["coverage_high"]) == (0.86, 0.915)
     assert "DP-EBM models" in mid["message"]
     assert "86.0-91.5 %" in mid["message"]
     # between bands: the nearest in log n eps, said to be the nearest
-    between = kind.quote(AteParams(epsilon=0.8), OBSERVATIONAL)["coverage"]  # n eps 3200
+    between = kind.quote(AteParams(chunks=1, epsilon=0.8), OBSERVATIONAL)["coverage"]  # n eps 3200
     assert between["measured"]["within_measured_range"] is False
     assert between["measured"]["n_epsilon_low"] == 4000.0  # log(4000/3200) < log(3200/2500)
     assert "the nearest measured to your n * epsilon of 3,200" in between["message"]
@@ -265,8 +272,8 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     assert "from 82 % to 91 %" in mid["message"]
     declared = replace(OBSERVATIONAL, adjustment_set=(1,))
     for adjusted, params in (
-        (declared, AteParams(epsilon=5.0)),
-        (OBSERVATIONAL, AteParams(epsilon=5.0, adjustment_columns=[0])),
+        (declared, AteParams(chunks=1, epsilon=5.0)),
+        (OBSERVATIONAL, AteParams(chunks=1, epsilon=5.0, adjustment_columns=[0])),
     ):
         block = kind.quote(params, adjusted)["coverage"]
         assert block["measured"]["nuisance"] == "dp_ebm"
@@ -276,7 +283,9 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
         assert "covered 91 %" in block["message"]
     assert "Those releases adjusted" not in mid["message"]
     # an explicit preset quotes its own measurement
-    linear = kind.quote(AteParams(epsilon=5.0, nuisance="dp_linear"), OBSERVATIONAL)["coverage"]
+    linear = kind.quote(AteParams(chunks=1, epsilon=5.0, nuisance="dp_linear"), OBSERVATIONAL)[
+        "coverage"
+    ]
     assert linear["measured"]["nuisance"] == "dp_linear"
     assert linear["measured"]["coverage_low"] == 0.0
     # ipw's default request quotes ipw's own bands (observational and trials), no hint
@@ -296,10 +305,10 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
         (AteParams(epsilon=1.0, nuisance="none"), RCT),
         (AteParams(epsilon=1.0, estimator="rct_difference", variance="public_bound"), RCT),
         # options other than the preset's defaults were not measured
-        (AteParams(epsilon=1.0, clip="adaptive"), OBSERVATIONAL),
-        (AteParams(epsilon=1.0, alpha=0.1), OBSERVATIONAL),
-        (AteParams(epsilon=1.0, propensity_clip=0.05), OBSERVATIONAL),
-        (AteParams(epsilon=5.0, nuisance="dp_ebm", quantile_bins=True), OBSERVATIONAL),
+        (AteParams(chunks=1, epsilon=1.0, clip="adaptive"), OBSERVATIONAL),
+        (AteParams(chunks=1, epsilon=1.0, alpha=0.1), OBSERVATIONAL),
+        (AteParams(chunks=1, epsilon=1.0, propensity_clip=0.05), OBSERVATIONAL),
+        (AteParams(chunks=1, epsilon=5.0, nuisance="dp_ebm", quantile_bins=True), OBSERVATIONAL),
     ):
         block = kind.quote(params, domain)["coverage"]
         assert block["measured"] is None
@@ -308,26 +317,26 @@ def test_the_coverage_block_quotes_the_measured_band_of_the_request() -> None:
     # A smaller delta than the default only adds noise: the band still applies (a statistician
     # whose owner followed the guide's small delta total lost it by naming delta 1e-7); a
     # larger one was not measured.
-    default_delta = kind.quote(AteParams(epsilon=1.0), OBSERVATIONAL)["delta"]
+    default_delta = kind.quote(AteParams(chunks=1, epsilon=1.0), OBSERVATIONAL)["delta"]
     for params in (
-        AteParams(epsilon=1.0, delta=1e-7),
+        AteParams(chunks=1, epsilon=1.0, delta=1e-7),
         AteParams(epsilon=1.0, estimator="ipw", delta=1e-9),
     ):
         assert kind.quote(params, OBSERVATIONAL)["coverage"]["measured"] is not None
-    larger = AteParams(epsilon=1.0, delta=default_delta * 2)
+    larger = AteParams(chunks=1, epsilon=1.0, delta=default_delta * 2)
     assert kind.quote(larger, OBSERVATIONAL)["coverage"]["measured"] is None
     # a narrower clip on observational data says what an early benchmark saw of it (an
     # analyst's adaptive interval at n 20 000 missed with nothing on record); not on trials
     for params in (
-        AteParams(epsilon=1.0, clip="adaptive"),
-        AteParams(epsilon=1.0, pseudo_outcome_clip=5.0),
+        AteParams(chunks=1, epsilon=1.0, clip="adaptive"),
+        AteParams(chunks=1, epsilon=1.0, pseudo_outcome_clip=5.0),
     ):
         narrowed = kind.quote(params, OBSERVATIONAL)["coverage"]
         assert "0-42 % coverage with dp_linear" in narrowed["message"]
         # ...and its range for programs (a CLI labels such an interval nominal)
         range_ = narrowed["narrowed_clip_coverage"]
         assert (range_["coverage_low"], range_["coverage_high"]) == (0.0, 0.75)
-    default = kind.quote(AteParams(epsilon=1.0), OBSERVATIONAL)["coverage"]
+    default = kind.quote(AteParams(chunks=1, epsilon=1.0), OBSERVATIONAL)["coverage"]
     assert "Not measured" not in default["message"]
     assert default["narrowed_clip_coverage"] is None
     trial = kind.quote(AteParams(epsilon=1.0, clip="adaptive"), RCT)["coverage"]

@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from service.mechanisms import ate_strict
 from service.mechanisms.ate_strict import (
     AteStrictParams,
+    aggregate,
     confidence_interval,
     d2_statistics,
     plan,
@@ -746,7 +747,9 @@ def test_kind_default_clip_is_adaptive_on_rct_and_declared_otherwise() -> None:
     observational = make_domain(n=4000)
     aipw = "aipw"  # a trial's omitted estimator is the difference in means at this n eps
     assert to_mechanism_params(AteParams(epsilon=1.0, estimator=aipw), rct).adaptive_clip is True
-    assert to_mechanism_params(AteParams(epsilon=1.0), observational).adaptive_clip is False
+    # the single release (chunks = 1; left out, the chunks rule releases in chunks at this n eps)
+    single = AteParams(epsilon=1.0, chunks=1)
+    assert to_mechanism_params(single, observational).adaptive_clip is False
     assert (
         to_mechanism_params(AteParams(epsilon=1.0, clip="adaptive"), observational).adaptive_clip
         is True
@@ -767,34 +770,39 @@ def test_kind_default_nuisance_is_dp_linear_on_rct_and_by_n_epsilon_otherwise() 
     assert to_mechanism_params(AteParams(epsilon=1.0, estimator="aipw"), rct).nuisance == (
         "dp_linear"
     )
-    # observational, 36 covariates: dp_linear below n epsilon = 2 * 10^4, DP-EBM from there
-    assert to_mechanism_params(AteParams(epsilon=4.5), observational).nuisance == "dp_linear"
-    assert to_mechanism_params(AteParams(epsilon=5.0), observational).nuisance == "dp_ebm"
+    # observational, 36 covariates: dp_linear below n epsilon = 2 * 10^4, DP-EBM from there (the
+    # single release's rule: chunks = 1, as the chunks rule would cut these requests in chunks)
+    assert (
+        to_mechanism_params(AteParams(chunks=1, epsilon=4.5), observational).nuisance == "dp_linear"
+    )
+    assert to_mechanism_params(AteParams(chunks=1, epsilon=5.0), observational).nuisance == "dp_ebm"
     # at most 12 covariates seen (q, the declared set or the request's columns): from 10^4
     few = make_domain(n=4000, q=2)
-    assert to_mechanism_params(AteParams(epsilon=2.4), few).nuisance == "dp_linear"
-    assert to_mechanism_params(AteParams(epsilon=2.5), few).nuisance == "dp_ebm"
+    assert to_mechanism_params(AteParams(chunks=1, epsilon=2.4), few).nuisance == "dp_linear"
+    assert to_mechanism_params(AteParams(chunks=1, epsilon=2.5), few).nuisance == "dp_ebm"
     declared = replace(observational, adjustment_set=tuple(range(12)))
-    assert to_mechanism_params(AteParams(epsilon=2.5), declared).nuisance == "dp_ebm"
-    assert to_mechanism_params(AteParams(epsilon=2.4), declared).nuisance == "dp_linear"
-    named = AteParams(epsilon=2.5, adjustment_columns=list(range(12)))
+    assert to_mechanism_params(AteParams(chunks=1, epsilon=2.5), declared).nuisance == "dp_ebm"
+    assert to_mechanism_params(AteParams(chunks=1, epsilon=2.4), declared).nuisance == "dp_linear"
+    named = AteParams(chunks=1, epsilon=2.5, adjustment_columns=list(range(12)))
     assert to_mechanism_params(named, observational).nuisance == "dp_ebm"
-    assert to_mechanism_params(AteParams(epsilon=2.5), observational).nuisance == "dp_linear"
+    assert (
+        to_mechanism_params(AteParams(chunks=1, epsilon=2.5), observational).nuisance == "dp_linear"
+    )
     # 24 covariates: halfway, n epsilon 15000
-    half = AteParams(epsilon=3.75, adjustment_columns=list(range(24)))
+    half = AteParams(chunks=1, epsilon=3.75, adjustment_columns=list(range(24)))
     assert to_mechanism_params(half, observational).nuisance == "dp_ebm"
-    below = AteParams(epsilon=3.7, adjustment_columns=list(range(24)))
+    below = AteParams(chunks=1, epsilon=3.7, adjustment_columns=list(range(24)))
     assert to_mechanism_params(below, observational).nuisance == "dp_linear"
-    assert to_mechanism_params(AteParams(epsilon=20.0), rct).nuisance == "dp_linear"
+    assert to_mechanism_params(AteParams(chunks=1, epsilon=20.0), rct).nuisance == "dp_linear"
     # a preset-only option names its preset
-    binned = AteParams(epsilon=1.0, quantile_bins=True)
+    binned = AteParams(chunks=1, epsilon=1.0, quantile_bins=True)
     assert to_mechanism_params(binned, observational).nuisance == "dp_ebm"
-    crossed = AteParams(epsilon=4.0, cross_fit=True)
+    crossed = AteParams(chunks=1, epsilon=4.0, cross_fit=True)
     assert to_mechanism_params(crossed, observational).nuisance == "dp_linear"
-    explicit = AteParams(epsilon=1.0, nuisance="dp_ebm")
+    explicit = AteParams(chunks=1, epsilon=1.0, nuisance="dp_ebm")
     assert to_mechanism_params(explicit, rct).nuisance == "dp_ebm"
     # the cross-fit rule is observational only: a trial keeps its (outcome, estimation) halves
-    trial = AteParams(epsilon=2.0, estimator="aipw")
+    trial = AteParams(chunks=1, epsilon=2.0, estimator="aipw")
     assert to_mechanism_params(trial, rct).cross_fit is False
 
 
@@ -813,8 +821,9 @@ def test_default_params_are_what_an_epsilon_only_ate_request_runs(
     design: StudyDesign, n: int, epsilon: float
 ) -> None:
     """``ate_strict.default_params`` (the CATE kinds' whole-data anchor) is exactly the
-    ``ate`` kind's aipw default: same nuisance, cross-fitting, clip and delta rules (the
-    estimator named: a trial's omitted one is the difference in means below n eps 5 * 10^4)."""
+    ``ate`` kind's single-release aipw default (``chunks: 1``): same nuisance, cross-fitting,
+    clip and delta rules (the estimator named: a trial's omitted one is the difference in means
+    below n eps 5 * 10^4)."""
     domain = PublicDomain(
         x_lower=np.zeros(3),
         x_upper=np.ones(3),
@@ -824,10 +833,16 @@ def test_default_params_are_what_an_epsilon_only_ate_request_runs(
         design=design,
         treatment_probability=0.5 if design == StudyDesign.RCT else None,
     )
-    request = to_mechanism_params(AteParams(epsilon=epsilon, estimator="aipw"), domain)
-    assert request == ate_strict.default_params(domain, epsilon)
-    explicit = to_mechanism_params(AteParams(epsilon=epsilon, delta=1e-7), domain)
-    assert explicit == ate_strict.default_params(domain, epsilon, 1e-7)
+    single = AteParams(epsilon=epsilon, estimator="aipw", chunks=1)
+    assert to_mechanism_params(single, domain) == ate_strict.default_params(domain, epsilon)
+    explicit = AteParams(epsilon=epsilon, delta=1e-7, chunks=1)
+    assert to_mechanism_params(explicit, domain) == ate_strict.default_params(domain, epsilon, 1e-7)
+    # left out, chunks follows its rule: in chunks on an observational dataset in its range
+    omitted = to_mechanism_params(AteParams(epsilon=epsilon, estimator="aipw"), domain)
+    if aggregate.default_chunks(domain, epsilon) is None:
+        assert omitted == ate_strict.default_params(domain, epsilon)
+    else:
+        assert isinstance(omitted, aggregate.AggregateParams)
 
 
 def test_dp_ebm_default_folds_rule() -> None:

@@ -528,23 +528,30 @@ def test_one_cell_observational_default_is_the_adjusted_ate() -> None:
         np.testing.assert_array_equal(up.predict(result, points), np.full(10, result["uplift"][0]))
 
 
-def test_adjusted_record_is_the_strict_ate_default() -> None:
+def test_adjusted_record_is_the_ate_default() -> None:
     """The one-cell observational record is the ``ate`` kind's default record (events, folds,
-    composition, epsilon, delta) under uplift_table's name; RCTs and >= 2 cells keep the table;
-    the observational refusal stands for them and for shrinkage "none"."""
+    composition, epsilon, delta; in chunks where its chunks rule applies, else the single
+    release's, ``ate_strict.default_params``) under uplift_table's name; RCTs and >= 2 cells
+    keep the table; the observational refusal stands for them and for shrinkage "none"."""
     from service.mechanisms import ate_strict
-    from service.releases.kinds.ate import AteParams
+    from service.mechanisms.records import Composition
+    from service.releases.kinds.ate import AteKind, AteParams
     from service.releases.kinds.ate import to_mechanism_params as ate_params
 
     for rct in (False, True):
         for epsilon in (0.5, 1.0, 4.0):
             dom = domain(5000, q=2, rct=rct)
-            default = ate_params(AteParams(epsilon=epsilon, estimator="aipw"), dom)
+            single = AteParams(epsilon=epsilon, estimator="aipw", chunks=1)
+            default = ate_params(single, dom)
             assert ate_strict.default_params(dom, epsilon) == default
     dom = domain(5000, q=2, rct=False)
-    for epsilon in (0.5, 4.0):
+    # n eps 2000 and 25000: one release; 2500 and 20000: the chunks rule's 4 chunks
+    for epsilon, chunked in ((0.4, False), (0.5, True), (4.0, True), (5.0, False)):
         record = up.plan(dom, up.UpliftParams(epsilon=epsilon, bins=(1, 1)))
-        ate = ate_strict.plan(dom, ate_strict.default_params(dom, epsilon))
+        ate = AteKind().record(AteParams(epsilon=epsilon), dom)
+        assert (record.composition == Composition.CHUNKS) is chunked
+        if not chunked:
+            assert ate == ate_strict.plan(dom, ate_strict.default_params(dom, epsilon))
         assert (record.mechanism, record.version) == ("uplift_table", up.VERSION)
         assert record.events == ate.events
         assert record.composition == ate.composition
@@ -558,9 +565,16 @@ def test_adjusted_record_is_the_strict_ate_default() -> None:
     ):
         with pytest.raises(InvalidParameters):
             up.plan(dom, refused)
+    # in chunks the cell's noise sd is the mean's: one chunk's over sqrt(4)
     quote = up.quote(dom, up.UpliftParams(epsilon=1.0, bins=(1, 1)))
     assert quote["delta"] == quote["adjusted_ate"]["delta"] > 0.0
-    assert quote["approx_uplift_sd_per_cell"] == quote["adjusted_ate"]["s_theta"]
+    assert quote["adjusted_ate"]["chunks"] == 4
+    assert quote["approx_uplift_sd_per_cell"] == quote["adjusted_ate"]["chunk_s_theta"] / 2.0
+    assert quote["expected_cell_error_sd"] == pytest.approx(
+        quote["adjusted_ate"]["expected_half_width"] / 1.959963984540054
+    )
+    single_quote = up.quote(dom, up.UpliftParams(epsilon=0.4, bins=(1, 1)))
+    assert single_quote["approx_uplift_sd_per_cell"] == single_quote["adjusted_ate"]["s_theta"]
 
 
 def test_a_one_cell_quote_says_the_table_cannot_beat_the_ate() -> None:
@@ -829,9 +843,14 @@ def test_a_one_cell_observational_table_states_what_its_interval_covers() -> Non
     n = 4000
     dom = domain(n, q=2, rct=False)
     kind = REGISTRY["uplift_table"]
+    # n eps 2000: one release, whose interval leaves the nuisance models' error out
+    single = kind.quote({"epsilon": 0.5, "bins": [1, 1]}, dom)["adjusted_ate"]["coverage"]
+    assert single["basis"] == "nuisance_models"
+    assert single["nuisance_error_covered"] is False
+    # n eps 4000: the ate default is 4 chunks, whose t interval covers their fit noise too
     quoted = kind.quote({"epsilon": 1.0, "bins": [1, 1]}, dom)
     coverage = quoted["adjusted_ate"]["coverage"]
-    assert coverage["basis"] == "nuisance_models"
+    assert coverage["basis"] == "chunk_spread"
     assert coverage["nuisance_error_covered"] is False
     arrays, _ = _confounded(n, 3)
     released = kind.run(
@@ -843,6 +862,9 @@ def test_a_one_cell_observational_table_states_what_its_interval_covers() -> Non
         progress=lambda f, s: None,
     )
     assert released["adjusted_ate"]["coverage"] == coverage
+    assert released["adjusted_ate"]["chunks"] == 4
+    assert len(released["adjusted_ate"]["chunk_estimates"]) == 4
+    assert released["uplift"] == [pytest.approx(released["adjusted_ate"]["estimate"])]
 
 
 def test_a_tables_verdict_names_its_own_anchor_and_two_cells_are_not_a_detection() -> None:

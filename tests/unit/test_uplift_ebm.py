@@ -170,7 +170,7 @@ def test_a_release_tabulates_the_ebm_cate_fit() -> None:
     assert np.all(np.isfinite(looked_up))
     assert np.all(np.abs(looked_up) <= dom.outcome_range)
     assert ebm_cate.VERSION
-    assert uplift.VERSION == "5"
+    assert uplift.VERSION == "6"
 
 
 def test_cate_vector_quotes_the_effect_columns_it_releases() -> None:

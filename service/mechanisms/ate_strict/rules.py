@@ -484,10 +484,12 @@ def default_params(
     *,
     nuisance_epsilon: float | None = None,
 ) -> AteStrictParams:
-    """The strict ``ate`` kind's defaults at ``(epsilon, delta)``: the public rules for the
-    nuisance, cross-fitting, the clip and (``delta=None``) delta, every other parameter at its
-    default. What an ``ate`` request with only ``epsilon`` (and ``delta``) runs; other kinds reuse
-    it as an adjusted DP ATE: the CATE kinds' whole-data anchor (``anchor.plan_ate_anchor``) and
+    """The strict ``ate`` kind's single-release defaults at ``(epsilon, delta)``: the public
+    rules for the nuisance, cross-fitting, the clip and (``delta=None``) delta, every other
+    parameter at its default. What an ``ate`` request with only ``epsilon`` (and ``delta``) and
+    ``chunks: 1`` runs (without ``chunks``, the chunks rule ``aggregate.default_chunks`` cuts an
+    observational request in its range into chunks instead); other kinds reuse it as an adjusted
+    DP ATE: the CATE kinds' whole-data anchor (``anchor.plan_ate_anchor``) and
     ``uplift_table``'s one-cell observational default (docs/proofs/uplift_table.md step 6).
     ``nuisance_epsilon`` (default ``epsilon``) is the budget whose rule picks the nuisance class:
     the anchor, at a share of a CATE's budget, takes the class of the ``ate`` release at the

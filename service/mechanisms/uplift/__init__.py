@@ -26,11 +26,12 @@ Claim:
     default, >= 2 cells) first spends 10 % of the table's epsilon on the arms' centred second
     moments (Laplace, L1 sensitivity W^2 / 2); the anchor (the count-weighted mean of the cell
     uplifts) and the James–Stein factor are post-processing. Exception (proof step 6): with
-    shrinkage ``"ate"``, a one-cell grid on an observational design adjusts for no covariate
-    (its uplift is a confounded difference in means), so the release is the strict DP AIPW ATE
-    at its public defaults instead (``ate_strict.default_params``: the ``ate`` kind's default
-    release), (epsilon, delta)-DP at the request's epsilon and that ATE's public default delta;
-    the record is that ATE's. Proof: docs/proofs/uplift_table.md.
+    shrinkage ``"ate"``, a one-cell grid on an observational design adjusts for no covariate (its
+    uplift is a confounded difference in means), so the release is the strict DP AIPW ATE at its
+    public defaults instead (the ``ate`` kind's default: ``aggregate.default_release`` in chunks
+    where its chunks rule applies, else ``ate_strict.default_params``), (epsilon, delta)-DP at
+    the request's epsilon and that ATE's public default delta; the record is that ATE's. Proof:
+    docs/proofs/uplift_table.md.
 
 The ebm estimator (proof step 7): where the DP-EBM effect model learns and effect modifiers are
 named (the request's ``effect_columns`` or the owner's declared ones), the default release is the

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.mechanisms import ate_strict
-from service.mechanisms.ate_strict import split_share
+from service.mechanisms.ate_strict import aggregate, split_share
 from service.mechanisms.calibration import validate_epsilon, validate_finite_positive
 from service.mechanisms.domain import PublicDomain, StudyDesign
 from service.mechanisms.errors import InvalidParameters
@@ -47,8 +47,10 @@ class Plan:
     shrinks: bool = False  # shrinkage "ate" (proof step 5)
     second_moments: LaplaceCalibration | None = None  # shrinkage "ate" with >= 2 cells
     # proof step 6: shrinkage "ate", one cell, observational design: the whole release is the
-    # strict DP AIPW ATE at its public defaults (no table is drawn; counts and sums unused).
+    # ate kind's default at the request's (epsilon, delta) (no table is drawn; counts and sums
+    # unused): the single release's plan, or in chunks (``adjusted_chunks``) one chunk's plan.
     adjusted: ate_strict.Plan | None = None
+    adjusted_chunks: aggregate.AggregateParams | None = None
     # proof step 8: each DP quantile's epsilon where quantile_cuts are asked for (None: none)
     quantile_epsilon: float | None = None
 
@@ -206,12 +208,20 @@ def validate_min_count(min_count: float, n: int) -> None:
 
 
 def _adjusted_plan(domain: PublicDomain, params: UpliftParams, epsilon: float) -> Plan:
-    """proof step 6: the record is the strict ATE default's at the request's epsilon (its
-    events, folds, composition and delta), under this mechanism's name and version."""
+    """proof step 6: the record is the ate kind's default's at the request's epsilon (its
+    events, folds, composition and delta; in chunks where its chunks rule applies, else the
+    single release's), under this mechanism's name and version."""
     validate_min_count(params.min_count, domain.n)
     validate_finite_positive(params.low_count_threshold, "low_count_threshold")
-    state = ate_strict.make_plan(domain, ate_strict.default_params(domain, epsilon, params.delta))
-    inner = state.record
+    chunked = aggregate.default_release(domain, epsilon, params.delta)
+    if chunked is not None:
+        state = ate_strict.make_plan(aggregate.chunk_domain(domain, chunked.chunks), chunked.chunk)
+        inner = aggregate.plan(domain, chunked)
+    else:
+        state = ate_strict.make_plan(
+            domain, ate_strict.default_params(domain, epsilon, params.delta)
+        )
+        inner = state.record
     record = MechanismRecord(
         mechanism=MECHANISM,
         version=VERSION,
@@ -223,7 +233,9 @@ def _adjusted_plan(domain: PublicDomain, params: UpliftParams, epsilon: float) -
         epsilon=inner.epsilon,
         delta=inner.delta,
     )
-    return Plan(params, 1, None, None, record, shrinks=True, adjusted=state)
+    return Plan(
+        params, 1, None, None, record, shrinks=True, adjusted=state, adjusted_chunks=chunked
+    )
 
 
 def _event(

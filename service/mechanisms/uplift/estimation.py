@@ -15,6 +15,7 @@ from scipy.special import ndtri
 
 from service.mechanisms import ate_strict, versus_ate
 from service.mechanisms.anchor import heterogeneity_factor, james_stein_factor
+from service.mechanisms.ate_strict import aggregate
 from service.mechanisms.domain import Arrays, PublicDomain
 from service.mechanisms.errors import ReleaseFailed
 from service.mechanisms.noise import NoiseSampler
@@ -492,13 +493,21 @@ def _run_adjusted(
     progress: Progress,
     rng: np.random.Generator,
 ) -> dict[str, Any]:
-    """proof step 6: the strict DP AIPW ATE at its public defaults (the whole charge); the one
-    cell's uplift is that ATE. No table noise is drawn, so no counts or cell means exist."""
+    """proof step 6: the ate kind's default at the request's (epsilon, delta) (the whole
+    charge; in chunks where its chunks rule applies); the one cell's uplift is that ATE. No table
+    noise is drawn, so no counts or cell means exist."""
     if state.adjusted is None:  # pragma: no cover - guarded by the caller
         raise ValueError("not an adjusted plan")
-    ate = ate_strict.run(
-        arrays, domain, state.adjusted.params, rng=rng, noise=noise, progress=progress
-    )
+    chunked = state.adjusted_chunks
+    if chunked is not None:
+        ate = aggregate.run(arrays, domain, chunked, rng=rng, noise=noise, progress=progress)
+        # the mean's privacy noise: each chunk's output noise, averaged over the chunks
+        noise_sd = float(ate["chunk_s_theta"]) / math.sqrt(chunked.chunks)
+    else:
+        ate = ate_strict.run(
+            arrays, domain, state.adjusted.params, rng=rng, noise=noise, progress=progress
+        )
+        noise_sd = float(ate["s_theta"])
     estimate = float(ate["estimate"])
     width = domain.outcome_range
     uplift = float(np.clip(estimate, -width, width))
@@ -523,7 +532,7 @@ def _run_adjusted(
         **shrinkage_fields(state),
         "uplift": [uplift],
         "uplift_unshrunk": None,
-        "uplift_noise_sd": [float(ate["s_theta"])],
+        "uplift_noise_sd": [noise_sd],
         "low_count": [False],
         "ate_anchor": uplift,
         "shrinkage_factor": 0.0,

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from service.mechanisms import ate_strict
+from service.mechanisms.ate_strict import aggregate
 from service.mechanisms.domain import PublicDomain
 from service.mechanisms.noise import quantile_scale
 from service.mechanisms.uplift.calibration import (
@@ -121,12 +122,19 @@ def quantile_cut_warnings(domain: PublicDomain, state: Plan) -> list[str]:
 
 
 def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[str, Any]:
-    """proof step 6: the one-cell observational default quotes the strict ATE it releases; the
-    cell's noise sd is that ATE's (public) noise sd ``s_theta``."""
+    """proof step 6: the one-cell observational default quotes the ATE it releases (the ate
+    kind's default, in chunks where its rule applies); the cell's noise sd is that ATE's
+    (public) privacy noise sd (in chunks, one chunk's over sqrt(chunks))."""
     if state.adjusted is None:  # pragma: no cover - guarded by the caller
         raise ValueError("not an adjusted plan")
     params = state.params
-    inner = ate_strict.quote(domain, state.adjusted.params)
+    chunked = state.adjusted_chunks
+    if chunked is not None:
+        inner = aggregate.quote(domain, chunked)
+        noise_sd = float(inner["chunk_s_theta"]) / math.sqrt(chunked.chunks)
+    else:
+        inner = ate_strict.quote(domain, state.adjusted.params)
+        noise_sd = float(inner["s_theta"])
     return {
         "mode": "strict",
         "guarantee": "strict",
@@ -138,8 +146,8 @@ def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[s
         "count_noise_scale": None,
         "sum_noise_scale": None,
         "expected_records_per_cell": float(domain.n),
-        "approx_uplift_sd_per_cell": float(inner["s_theta"]),
-        "approx_privacy_noise_sd_per_cell": float(inner["s_theta"]),
+        "approx_uplift_sd_per_cell": noise_sd,
+        "approx_privacy_noise_sd_per_cell": noise_sd,
         # one cell: the ATE itself, whose expected half-width the ate quote gives
         "expected_cell_error_sd": float(inner["expected_half_width"]) / 1.959963984540054,
         "adjusted_ate": inner,

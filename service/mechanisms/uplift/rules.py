@@ -22,8 +22,9 @@ MECHANISM = "uplift_table"
 # adjusted DP ATE (proof step 6); 4: the ebm estimator (the ebm_cate release read at the cell
 # centres of a grid over the effect columns, proof step 7); 5: from 3 cells the factor is
 # Cochran's Q at each cell's own precision, the arms' variances read at an upper confidence
-# level (proof step 5)
-VERSION = "5"
+# level (proof step 5); 6: the one-cell observational release is the ate kind's default, in
+# chunks where its chunks rule applies (subsample and aggregate, proof step 6)
+VERSION = "6"
 Progress = Callable[[float, str], None]
 
 MIN_EPSILON = 0.01

@@ -92,6 +92,9 @@ MIN_ALPHA = 1e-12
 RCT_DIFFERENCE_BELOW_N_EPSILON = ate_rct.DEFAULT_BELOW_N_EPSILON
 # The aipw-only fields (its combination's): naming one asks for the outcome-model estimator.
 _AIPW_ONLY = _FIELDS[("strict", "aipw")]
+# The strict aipw fields that ask for a single release: naming one turns the chunks rule off
+# (the chunk preset sets them itself; delta and the adjustment set pass through to each chunk).
+_SINGLE_RELEASE_OPTIONS = _AIPW_ONLY - {"delta", "adjustment_columns", "chunks"}
 
 
 class AteParams(KindParams):
@@ -149,9 +152,11 @@ class AteParams(KindParams):
     # rows are cut at random into this many disjoint chunks of n // chunks rows; each chunk gets
     # one whole strict release at the full (epsilon, delta) (parallel composition), and the
     # interval is the t interval over the chunks' DP estimates, so it also covers the DP nuisance
-    # models' fit noise. Fields left out take the chunk preset (``chunked_params``). None: one
-    # release on all rows.
-    chunks: StrictInt | None = Field(default=None, ge=aggregate.MIN_CHUNKS, le=aggregate.MAX_CHUNKS)
+    # models' fit noise. Fields left out take the chunk preset (``chunked_params``). 1: one
+    # release on all rows. None: the public rule (``resolved_chunks``: 4 or 8 chunks on an
+    # observational dataset where n * epsilon is 2,500-20,000, n >= 4,000 and the request names
+    # no single-release option; else one release).
+    chunks: StrictInt | None = Field(default=None, ge=1, le=aggregate.MAX_CHUNKS)
     trim: StrictFloat = Field(default=ate_ipw.DEFAULT_TRIM, gt=0, lt=0.5, allow_inf_nan=False)
     # ipw only: Horvitz-Thompson, Hajek (DP arm weights) or "auto" (public rule on the noise).
     normalization: Literal["auto", "horvitz_thompson", "hajek"] = "auto"
@@ -259,8 +264,10 @@ def unused_on_trials(params: AteParams) -> frozenset[str]:
     ask for aipw there (a trial re-test's propensity_clip 0.3 turned the estimator into aipw,
     which then ignored it and charged a delta): the propensity clip (the declared probability
     is the propensity), and quantile_bins / outcome_range set false (options of the DP-EBM
-    preset, off unless asked for)."""
+    preset, off unless asked for), and chunks = 1 (one release)."""
     unused = {"propensity_clip"}
+    if params.chunks == 1:
+        unused.add("chunks")  # one release is what a trial runs
     if params.quantile_bins is False:
         unused.add("quantile_bins")
     if params.outcome_range is False:
@@ -313,8 +320,9 @@ def to_mechanism_params(
             normalization=params.normalization,
             adjustment_columns=adjustment_columns(params, domain, None),
         )
-    if params.chunks is not None:
-        return chunked_params(params, domain)
+    chunks = resolved_chunks(params, domain)
+    if chunks is not None:
+        return chunked_params(params.model_copy(update={"chunks": chunks}), domain)
     nuisance_strict = _strict_nuisance(params, domain)
     cross_fit = params.cross_fit
     if cross_fit is None:
@@ -352,6 +360,29 @@ def to_mechanism_params(
     )
 
 
+def resolved_chunks(params: AteParams, domain: PublicDomain) -> int | None:
+    """The number of chunks a strict aipw request runs, None for one release: the request's
+    ``chunks`` (1: one release), else the public rule ``aggregate.default_chunks`` where the
+    request names no single-release option (``_SINGLE_RELEASE_OPTIONS``; the chunk preset sets
+    those itself) and the chunks fit their folds. Public inputs only (design, n, epsilon, the
+    request)."""
+    if params.chunks is not None:
+        return None if params.chunks == 1 else params.chunks
+    if params.mode != "strict" or any(
+        getattr(params, name) != AteParams.model_fields[name].default
+        for name in _SINGLE_RELEASE_OPTIONS
+    ):
+        return None
+    chunks = aggregate.default_chunks(domain, params.epsilon)
+    if chunks is None:
+        return None
+    try:
+        chunked_params(params.model_copy(update={"chunks": chunks}), domain)
+    except InvalidParameters:  # a chunk too small for its folds: one release
+        return None
+    return chunks
+
+
 def chunked_params(params: AteParams, domain: PublicDomain) -> aggregate.AggregateParams:
     """A ``chunks`` request's mechanism parameters: each chunk's strict release, resolved by the
     public rules at the chunk's size ``n // chunks``, with the chunk preset for the fields the
@@ -366,7 +397,7 @@ def chunked_params(params: AteParams, domain: PublicDomain) -> aggregate.Aggrega
             "trial the declared assignment probability makes one release's interval cover its "
             "outcome model's error, and chunks would only widen it; leave chunks out"
         )
-    updates: dict[str, Any] = {"chunks": None}
+    updates: dict[str, Any] = {"chunks": 1}
     nuisance = params.nuisance or "dp_ebm"
     updates["nuisance"] = nuisance
     if nuisance == "dp_ebm":
@@ -491,10 +522,11 @@ class AteKind:
 
 
 # The quote's subsample-and-aggregate suggestion (``chunks_alternative``): the chunk preset at
-# this many chunks, offered on an observational strict aipw quote where its expected interval is
-# narrower and n * epsilon is within a factor CHUNKS_ALTERNATIVE_REACH of the band where its
-# coverage was measured (``ate_coverage.MEASURED_BANDS["chunks"]``).
-SUGGESTED_CHUNKS = 4
+# the rule's number of chunks for n (``aggregate.chunks_for_n``), offered on an observational
+# single-release strict aipw quote (a request naming a single-release option, or chunks = 1)
+# where its expected interval is narrower and n * epsilon is within a factor
+# CHUNKS_ALTERNATIVE_REACH of the band where its coverage was measured
+# (``ate_coverage.MEASURED_BANDS["chunks"]``).
 CHUNKS_ALTERNATIVE_REACH = 2.0
 
 
@@ -516,10 +548,11 @@ def chunks_alternative(
     ):
         return None
     columns = mechanism.adjustment_columns
+    suggested = aggregate.chunks_for_n(domain.n)
     request = AteParams(
         epsilon=checked.epsilon,
         alpha=checked.alpha,
-        chunks=SUGGESTED_CHUNKS,
+        chunks=suggested,
         adjustment_columns=None if columns is None else list(columns),
     )
     try:
@@ -530,18 +563,18 @@ def chunks_alternative(
     if expected >= float(quoted["expected_half_width"]):
         return None
     message = (
-        f"With chunks = {SUGGESTED_CHUNKS} (subsample and aggregate: {SUGGESTED_CHUNKS} whole "
+        f"With chunks = {suggested} (subsample and aggregate: {suggested} whole "
         f"releases on disjoint parts of the rows, the same charge) the expected half-width "
         f"is {expected:.3g} against {float(quoted['expected_half_width']):.3g} for this "
         "request, and the interval also covers the DP models' fit noise: on the simulated "
         f"clinical studies it covered {100 * band.coverage_low:.1f}-"
         f"{100 * band.coverage_high:.1f} % of releases at n * epsilon = "
         f"{band.n_epsilon_low:,.0f}-{band.n_epsilon_high:,.0f} ({band.cells} cells, "
-        f"{band.releases_per_cell} releases each). Add chunks = {SUGGESTED_CHUNKS} to the "
+        f"{band.releases_per_cell} releases each). Set chunks = {suggested} in the "
         "request to use it (docs/guide-analyst.md, 'Subsample and aggregate')."
     )
     return {
-        "chunks": SUGGESTED_CHUNKS,
+        "chunks": suggested,
         "expected_half_width": expected,
         "coverage_low": band.coverage_low,
         "coverage_high": band.coverage_high,
@@ -565,13 +598,21 @@ def _coverage(domain: PublicDomain, checked: AteParams, mechanism: object) -> di
             chunks=mechanism.chunks,
             adjustment_columns=None if columns is None else list(columns),
         )
+        measured = True
         if checked.delta is not None:
+            # as for one release: a smaller delta than the preset's only adds noise, a larger
+            # one was not measured
+            resolved = to_mechanism_params(preset, domain)
+            measured = isinstance(resolved, aggregate.AggregateParams) and (
+                checked.delta <= resolved.chunk.delta
+            )
             preset = preset.model_copy(update={"delta": checked.delta})
+        measured = measured and to_mechanism_params(preset, domain) == mechanism
         return ate_coverage(
             domain,
             mode=checked.mode,
             estimator="aipw",
-            nuisance="chunks" if to_mechanism_params(preset, domain) == mechanism else None,
+            nuisance="chunks" if measured else None,
             epsilon=checked.epsilon,
             adjustment_set=columns is not None,
             chunks=mechanism.chunks,

@@ -1,8 +1,9 @@
 """The ``uplift_table`` release kind: epsilon-ADUM on a public grid or DP k-means cells (pure DP).
 
 Exception: the default (shrinkage "ate") on a one-cell grid of an observational dataset is the
-strict DP AIPW ATE at its public defaults, (epsilon, delta)-DP with the ``ate`` kind's default
-delta (docs/proofs/uplift_table.md step 6): one cell adjusts for no covariate.
+``ate`` kind's default release at the request's (epsilon, delta) (the strict DP AIPW ATE, in
+chunks where its chunks rule applies; docs/proofs/uplift_table.md step 6): one cell adjusts for
+no covariate.
 
 Where the public estimator rule picks ``"ebm"`` (effect modifiers named by the request or
 declared by the owner, the DP-EBM effect model learns at this (n, epsilon), every table field at
@@ -85,8 +86,9 @@ class UpliftTableRequest(KindParams):
     # (10 % of the table's epsilon buys the arms' DP second moments when there are >= 2 cells),
     # so cell differences the noise can explain fall back to that ATE. One grid cell (the
     # default grid on many covariates) on an observational dataset: the release is the strict
-    # DP AIPW ATE at its defaults (the whole epsilon, the ate kind's default delta; no
-    # adjustment_partition needed), since one cell adjusts for nothing. "none": the raw table.
+    # DP AIPW ATE of the ate kind's default (the whole epsilon, its default delta, in chunks
+    # where its chunks rule applies; no adjustment_partition needed), since one cell adjusts for
+    # nothing. "none": the raw table.
     shrinkage: Literal["ate", "none"] | None = None
     # "table": the epsilon-ADUM table above. "ebm": the strict ebm_cate default release (DP-EBM
     # DR learner, anchored) read at the centres of the grid's cells (default grid: every effect
@@ -446,10 +448,10 @@ def _with_coverage(
     out: dict[str, Any], request: UpliftTableRequest, domain: PublicDomain
 ) -> dict[str, Any]:
     """A one-cell observational table is the ``ate`` kind's default release at its (epsilon,
-    delta): its ``adjusted_ate`` gets that release's ``coverage`` block (what its interval
-    covers and the coverage measured), as an ``ate`` result has. A re-test's one-cell table
-    showed its interval without the warning that it leaves out the DP nuisance models' bias.
-    Public: the design and the request only."""
+    delta) (in chunks where its chunks rule applies): its ``adjusted_ate`` gets that release's
+    ``coverage`` block (what its interval covers and the coverage measured), as an ``ate``
+    result has. A re-test's one-cell table showed its interval without the warning that it
+    leaves out the DP nuisance models' bias. Public: the design and the request only."""
     adjusted = out.get("adjusted_ate")
     if not isinstance(adjusted, dict):
         return out

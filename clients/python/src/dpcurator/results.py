@@ -83,8 +83,9 @@ class AteResult:
 
     @property
     def chunk_estimates(self) -> tuple[float, ...] | None:
-        """A subsample-and-aggregate result's chunk estimates (the request's ``chunks``: one DP
-        estimate per disjoint chunk; the interval is the t interval over them), else None."""
+        """A subsample-and-aggregate result's chunk estimates (the request's ``chunks``, or the
+        observational default's by its public rule: one DP estimate per disjoint chunk; the
+        interval is the t interval over them), else None."""
         values = self.raw.get("chunk_estimates")
         if not isinstance(values, list):
             return None
