@@ -13,10 +13,10 @@ towards zero: a row-wise map with a DP constant, adaptive sequential composition
    lattice Gaussian mean calibrated at 2K / n2, as in ``ate_strict``'s adaptive clipping (proof
    §13 there).
 2. the whole-data anchor (``AteAnchorPlan``, ``plan_ate_anchor`` / ``draw_ate_anchor``): the
-   strict ``ate`` kind's default release on all n rows at the public share ``ate_anchor_share``
-   of (epsilon, delta) (on a trial below ``ate_rct.DEFAULT_BELOW_N_EPSILON`` the DP difference
-   in means, pure epsilon), composed sequentially with the CATE's own folds; used by
-   ``cate_vector`` and ``cate_function`` (docs/proofs/cate_vector.md step 7,
+   strict ``ate`` kind's single-release default (``chunks: 1``) on all n rows at the public share
+   ``ate_anchor_share`` of (epsilon, delta) (on a trial below ``ate_rct.DEFAULT_BELOW_N_EPSILON``
+   the DP difference in means, pure epsilon), composed sequentially with the CATE's own folds; used
+   by ``cate_vector`` and ``cate_function`` (docs/proofs/cate_vector.md step 7,
    docs/proofs/cate_function.md §7, where the share rule is stated) and by ``ebm_cate`` in
    randomised designs (its step 6.1).
 3. ``james_stein_factor``: the factor lambda, computed from DP outputs and public noise
@@ -307,8 +307,8 @@ ANCHOR_INTERVAL_ALPHA_V = 0.05
 def ate_default_params(
     domain: PublicDomain, epsilon: float, delta: float | None = None
 ) -> AnchorParams:
-    """The ``ate`` kind's default release at ``(epsilon, delta)`` (its estimator rule, public
-    inputs only): the DP difference in means on a trial below
+    """The ``ate`` kind's single-release default (``chunks: 1``) at ``(epsilon, delta)`` (its
+    estimator rule, public inputs only): the DP difference in means on a trial below
     ``ate_rct.DEFAULT_BELOW_N_EPSILON`` (pure epsilon: ``delta`` is not spent), else
     ``ate_strict.default_params``."""
     if ate_rct.is_trial_default(domain, epsilon):
@@ -319,18 +319,18 @@ def ate_default_params(
 def ate_anchor_params(
     domain: PublicDomain, epsilon: float, delta: float | None, whole_epsilon: float | None = None
 ) -> AnchorParams:
-    """The anchor release's public parameters: the ``ate`` kind's default at ``(epsilon,
-    delta)``. On a trial below n epsilon = ``ate_rct.DEFAULT_BELOW_N_EPSILON`` (the anchor's own
-    epsilon) that is the DP difference in means, pure epsilon (the ``ate`` default there since
-    its estimator rule; the anchor had stayed ``aipw``, and an ``ebm_cate`` release that was its
-    anchor had 1.4-1.8x the constant DP ATE's PEHE on trials of n 3000-5000 at eps 1).
-    Otherwise ``ate_strict.default_params`` with mean share ``ANCHOR_MEAN_SHARE`` and the
-    nuisance class the ``ate`` default picks at ``whole_epsilon``, the CATE's whole budget (the
-    anchor stands in for that release: on observational designs at 95 % of it, and a 5 % step
-    must not cross the rule's switch from DP linear to DP-EBM models: at n 5000, eps 4 on the
-    realistic studies it did, and the anchor's RMSE was 1.50x the whole-budget release's, 1.32x
-    with this rule; bench/README.md, "The anchor's interval"). Its cross-fitting, clip, folds
-    and outcome-range rules follow its own share."""
+    """The anchor release's public parameters: the ``ate`` kind's single-release default at
+    ``(epsilon, delta)``. On a trial below n epsilon = ``ate_rct.DEFAULT_BELOW_N_EPSILON`` (the
+    anchor's own epsilon) that is the DP difference in means, pure epsilon (the ``ate`` default
+    there since its estimator rule; the anchor had stayed ``aipw``, and an ``ebm_cate`` release that
+    was its anchor had 1.4-1.8x the constant DP ATE's PEHE on trials of n 3000-5000 at eps 1).
+    Otherwise ``ate_strict.default_params`` with mean share ``ANCHOR_MEAN_SHARE`` and the nuisance
+    class the ``ate`` default picks at ``whole_epsilon``, the CATE's whole budget (the anchor stands
+    in for that release: on observational designs at 95 % of it, and a 5 % step must not cross the
+    rule's switch from DP linear to DP-EBM models: at n 5000, eps 4 on the realistic studies it did,
+    and the anchor's RMSE was 1.50x the whole-budget release's, 1.32x with this rule;
+    bench/README.md, "The anchor's interval"). Its cross-fitting, clip, folds and outcome-range
+    rules follow its own share."""
     if ate_rct.is_trial_default(domain, epsilon):
         return ate_rct.AteRctParams(epsilon=epsilon)
     params = ate_strict.default_params(domain, epsilon, delta, nuisance_epsilon=whole_epsilon)
@@ -411,9 +411,9 @@ def plan_ate_anchor(
         state = ate_strict.make_plan(domain, params)
     except InvalidParameters as error:
         raise InvalidParameters(
-            f"the anchor (the strict ate default on all rows, at a share of the budget) cannot "
-            f"run at this epsilon/delta: {error}; use a smaller delta, shrinkage 'none' or a "
-            "given anchor"
+            "the anchor (the strict single-release ate default on all rows, at a share of the "
+            f"budget) cannot run at this epsilon/delta: {error}; use a smaller delta, "
+            "shrinkage 'none' or a given anchor"
         ) from None
     return AteAnchorPlan(params=params, record=state.record, n2=state.n2)
 

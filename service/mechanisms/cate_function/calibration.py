@@ -48,11 +48,11 @@ Nuisance = Literal["dp_ebm", "none"]
 Shrinkage = Literal["ate", "none"]
 
 MECHANISM = "cate_function_gp"
-# 3: the anchor is the strict ate default on all rows (proof §7); 4: the strict DP-EBM
-# nuisances adjust for the schema's declared adjustment set (proof §8); 5: the anchor's
-# nuisance class is the ate default's at the whole epsilon, its interval released (§7 step 1);
-# 6: on a trial below n epsilon = 5 * 10^4 the anchor is the DP difference in means (the ate
-# default there), pure epsilon
+# 3: the anchor is the strict single-release ate default on all rows (proof §7); 4: the strict
+# DP-EBM nuisances adjust for the schema's declared adjustment set (proof §8); 5: the anchor's
+# nuisance class is the ate default's at the whole epsilon, its interval released (§7 step 1); 6: on
+# a trial below n epsilon = 5 * 10^4 the anchor is the DP difference in means (the ate default
+# there), pure epsilon
 VERSION = "6"
 # proof §7: public reference points (the first Sobol points of the scaled box) at which the
 # released function's deviation from the anchor is read to set the shrinkage factor; an exact

@@ -199,7 +199,8 @@ def _run(
     anchor: float | None = state.fixed_anchor
     interval: dict[str, float] | None = None
     if state.anchor is not None:
-        # proof §7 step 1: the whole-data anchor, the strict ate default on all n rows.
+        # proof §7 step 1: the whole-data anchor, the strict single-release ate default on all n
+        # rows.
         anchor, interval = draw_ate_anchor(
             arrays,
             domain,

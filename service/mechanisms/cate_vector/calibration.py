@@ -45,10 +45,10 @@ from service.mechanisms.partition import checked_fractions, fold_sizes
 from service.mechanisms.records import Composition, Guarantee, MechanismRecord, NoiseEvent
 
 MECHANISM = "cate_vector"
-# 2: the anchor is the strict ate default on all rows (proof step 7); 3: its nuisance class is
-# the ate default's at the whole epsilon, and its interval is released (ate_anchor_interval);
-# 4: on a trial below n epsilon = 5 * 10^4 the anchor is the DP difference in means (the ate
-# default there), pure epsilon
+# 2: the anchor is the strict single-release ate default on all rows (proof step 7); 3: its nuisance
+# class is the ate default's at the whole epsilon, and its interval is released
+# (ate_anchor_interval); 4: on a trial below n epsilon = 5 * 10^4 the anchor is the DP difference in
+# means (the ate default there), pure epsilon
 VERSION = "4"
 
 Learner = Literal["r", "dr"]
@@ -70,7 +70,7 @@ MIN_RIDGE = 1e-3
 STRICT_RIDGE_GRID = (0.1, 0.3, 1.0, 3.0)
 RIDGE_RULE_FRACTION = 0.2
 PAPER_RIDGE = 1e-3
-# proof step 7: the anchor is the strict ate default on all rows at the public share
+# proof step 7: the anchor is the strict single-release ate default on all rows at the public share
 # ``anchor.ate_anchor_share`` of (epsilon, delta) (the smallest share whose anchor is expected
 # within 1.1x the error of an ate release at the whole budget); the vector gets the rest.
 

@@ -241,7 +241,8 @@ def fit(
     anchor: float | None = None
     interval: dict[str, float] | None = None
     if state.anchor is not None:
-        # proof step 7: the whole-data anchor (the strict ate default on all n rows) first.
+        # proof step 7: the whole-data anchor (the strict single-release ate default on all n rows)
+        # first.
         if noise is None:
             raise ValueError("the anchor ATE needs the noise sampler")
         anchor, interval = draw_ate_anchor(

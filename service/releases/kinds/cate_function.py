@@ -65,8 +65,8 @@ class CateFunctionParams(KindParams):
     batch_max: StrictInt = Field(default=1000, ge=1, le=mech.MAX_BATCH)
     jitter: StrictFloat = Field(default=gp.DEFAULT_JITTER, gt=0, le=1e-2, allow_inf_nan=False)
     nuisance: Literal["dp_ebm", "none"] = "dp_ebm"
-    # None: "ate" in strict mode (a DP anchor ATE, the strict ate default on all rows at the
-    # public share anchor.ate_anchor_share of the budget, 0.2-0.95; the release is shrunk
+    # None: "ate" in strict mode (a DP anchor ATE, the strict single-release ate default on all rows
+    # at the public share anchor.ate_anchor_share of the budget, 0.2-0.95; the release is shrunk
     # towards it unless heterogeneity is detectable; proof §7), "none" in paper mode.
     shrinkage: Literal["ate", "none"] | None = None
     # shrinkage "ate": anchor at this public value instead of buying a DP anchor (e.g. the
@@ -209,7 +209,8 @@ class CateFunctionKind:
             lambda r: _noise_sd_by_rule(r, domain),
             anchored=out["shrinkage"] == "ate",
             retention=lambda r: _retention_by_rule(r, domain),
-            anchor_source="ate_release",  # the ate kind's default on all rows (proof §7)
+            # the ate kind's single-release default on all rows (proof §7)
+            anchor_source="ate_release",
         )
         if request.basis is None and not ebm_kind.changed_fields(request, KERNEL_DEFAULTS):
             # naming effect_columns would make this request's basis the ebm model

@@ -168,7 +168,7 @@ class CateVectorKind:
             domain,
             lambda r: _noise_sd_by_rule(r, domain),
             anchored=checked.anchor,
-            anchor_source="ate_release",  # the ate kind's default on all rows
+            anchor_source="ate_release",  # the ate kind's single-release default on all rows
         )
         if request.estimator is None and not ebm_kind.changed_fields(request, RIDGE_DEFAULTS):
             # naming effect_columns would make this request's estimator the ebm release

@@ -160,11 +160,13 @@ class EbmCateKind:
             # default itself (a re-test found the observational caution on a trial's quote)
             caution = (
                 "so do it only if it is at least as accurate as this anchor would be (on the "
-                "realistic observational benchmark studies the ate default's estimate was the "
-                "less accurate one at n epsilon 5000-20000: bench/README.md, 'A given anchor')"
+                "realistic observational benchmark studies the single-release ate default's "
+                "estimate (chunks 1) was the less accurate one at n epsilon 5000-20000: "
+                "bench/README.md, 'A given anchor'; an ate release in chunks was not compared)"
                 if out["anchor_source"] == "effect_fold"
-                else "which is as accurate as this anchor (the ate default on all rows, at a "
-                "share of the budget) if that release had at least this anchor's epsilon"
+                else "which is as accurate as this anchor (the single-release ate default on all "
+                "rows, at a share of the budget) if that release had at least this anchor's "
+                "epsilon"
             )
             out["anchor_hint"] = (
                 f"this release buys its own DP ATE anchor with {out['anchor_share']:.0%} of its "
