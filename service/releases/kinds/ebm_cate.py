@@ -161,8 +161,9 @@ class EbmCateKind:
             caution = (
                 "so do it only if it is at least as accurate as this anchor would be (on the "
                 "realistic observational benchmark studies the single-release ate default's "
-                "estimate (chunks 1) was the less accurate one at n epsilon 5000-20000: "
-                "bench/README.md, 'A given anchor'; an ate release in chunks was not compared)"
+                "estimate (chunks 1) was the less accurate one at n epsilon 5000-20000, and the "
+                "ate default in chunks about as accurate as this anchor: bench/README.md, 'A "
+                "given anchor' and 'The CATE kinds against the chunked ATE default')"
                 if out["anchor_source"] == "effect_fold"
                 else "which is as accurate as this anchor (the single-release ate default on all "
                 "rows, at a share of the budget) if that release had at least this anchor's "
