@@ -335,6 +335,12 @@ def _chunk_progress(progress: Progress, c: int, chunks: int) -> Progress:
     return report
 
 
+def mean_noise_sd(params: AggregateParams, chunk_s_theta: float) -> float:
+    """The privacy noise sd of the chunks' mean (public): one chunk's output noise sd
+    ``chunk_s_theta`` over sqrt(chunks), the chunks' noise being independent."""
+    return float(chunk_s_theta) / math.sqrt(params.chunks)
+
+
 def c4(m: int) -> float:
     """E[s] / sigma for m normal draws (the sample sd's bias factor)."""
     return math.exp(0.5 * math.log(2.0 / (m - 1)) + gammaln(m / 2.0) - gammaln((m - 1) / 2.0))

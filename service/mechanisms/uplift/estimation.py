@@ -501,8 +501,7 @@ def _run_adjusted(
     chunked = state.adjusted_chunks
     if chunked is not None:
         ate = aggregate.run(arrays, domain, chunked, rng=rng, noise=noise, progress=progress)
-        # the mean's privacy noise: each chunk's output noise, averaged over the chunks
-        noise_sd = float(ate["chunk_s_theta"]) / math.sqrt(chunked.chunks)
+        noise_sd = aggregate.mean_noise_sd(chunked, ate["chunk_s_theta"])
     else:
         ate = ate_strict.run(
             arrays, domain, state.adjusted.params, rng=rng, noise=noise, progress=progress

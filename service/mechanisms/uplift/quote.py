@@ -131,7 +131,7 @@ def _adjusted_quote(domain: PublicDomain, state: Plan, p_treat: float) -> dict[s
     chunked = state.adjusted_chunks
     if chunked is not None:
         inner = aggregate.quote(domain, chunked)
-        noise_sd = float(inner["chunk_s_theta"]) / math.sqrt(chunked.chunks)
+        noise_sd = aggregate.mean_noise_sd(chunked, inner["chunk_s_theta"])
     else:
         inner = ate_strict.quote(domain, state.adjusted.params)
         noise_sd = float(inner["s_theta"])

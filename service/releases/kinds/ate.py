@@ -320,9 +320,9 @@ def to_mechanism_params(
             normalization=params.normalization,
             adjustment_columns=adjustment_columns(params, domain, None),
         )
-    chunks = resolved_chunks(params, domain)
-    if chunks is not None:
-        return chunked_params(params.model_copy(update={"chunks": chunks}), domain)
+    chunked = _chunked_release(params, domain)
+    if chunked is not None:
+        return chunked
     nuisance_strict = _strict_nuisance(params, domain)
     cross_fit = params.cross_fit
     if cross_fit is None:
@@ -366,8 +366,15 @@ def resolved_chunks(params: AteParams, domain: PublicDomain) -> int | None:
     request names no single-release option (``_SINGLE_RELEASE_OPTIONS``; the chunk preset sets
     those itself) and the chunks fit their folds. Public inputs only (design, n, epsilon, the
     request)."""
+    chunked = _chunked_release(params, domain)
+    return None if chunked is None else chunked.chunks
+
+
+def _chunked_release(params: AteParams, domain: PublicDomain) -> aggregate.AggregateParams | None:
+    """The chunked release ``resolved_chunks`` describes, resolved once (None: one release); a
+    request's own ``chunks`` that cannot run raises ``InvalidParameters``."""
     if params.chunks is not None:
-        return None if params.chunks == 1 else params.chunks
+        return None if params.chunks == 1 else chunked_params(params, domain)
     if params.mode != "strict" or any(
         getattr(params, name) != AteParams.model_fields[name].default
         for name in _SINGLE_RELEASE_OPTIONS
@@ -377,10 +384,9 @@ def resolved_chunks(params: AteParams, domain: PublicDomain) -> int | None:
     if chunks is None:
         return None
     try:
-        chunked_params(params.model_copy(update={"chunks": chunks}), domain)
+        return chunked_params(params.model_copy(update={"chunks": chunks}), domain)
     except InvalidParameters:  # a chunk too small for its folds: one release
         return None
-    return chunks
 
 
 def chunked_params(params: AteParams, domain: PublicDomain) -> aggregate.AggregateParams:
